@@ -1,0 +1,66 @@
+#!/usr/bin/env bun
+import { Command, CommanderError } from "commander";
+import { isAppError } from "../src/lib/errors";
+import { VERSION } from "../src/lib/version";
+import { CliError, EngineClient } from "./client";
+import { registerServe } from "./commands/serve";
+import { registerTemplates } from "./commands/templates";
+import { registerTokens } from "./commands/tokens";
+import { emit, type Output } from "./output";
+
+/** buildProgram assembles the `engine` command line. */
+export function buildProgram(): Command {
+  const program = new Command("engine")
+    .description("engine: a self-healing platform for one GPU workstation")
+    .version(VERSION, "-V, --version-flag", "print the CLI version")
+    .option("--json", "machine-readable JSON output")
+    .option("--data-dir <dir>", "data directory (ENGINE_DATA_DIR, default ~/.local/share/engine)")
+    .option("--url <url>", "engine API base URL (ENGINE_URL); default: the local unix socket")
+    .option("--token <token>", "bearer token (ENGINE_TOKEN); default: <data-dir>/admin.token")
+    .showHelpAfterError()
+    .exitOverride();
+
+  const globals = () => program.opts<{ json?: boolean; dataDir?: string; url?: string; token?: string }>();
+  const client = () => new EngineClient({ url: globals().url, token: globals().token, dataDir: globals().dataDir });
+  const output = (): Output => ({ json: globals().json === true });
+
+  registerServe(program);
+  registerTokens(program, client, output);
+  registerTemplates(program, client, output);
+
+  program
+    .command("version")
+    .description("print the CLI version and, when reachable, the daemon's")
+    .action(async () => {
+      const daemon = await client()
+        .request<{ version: string; pid: number }>("GET", "/api/health")
+        .catch(() => undefined);
+      const value = { cli: VERSION, daemon: daemon?.version ?? null };
+      emit(output(), value, () => process.stdout.write(`engine ${VERSION}${daemon ? ` (daemon ${daemon.version}, pid ${daemon.pid})` : " (daemon not reachable)"}\n`));
+    });
+  return program;
+}
+
+/** main runs the CLI; user errors print one line and exit non-zero, never a stack trace. */
+export async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv);
+    return 0;
+  } catch (error) {
+    if (error instanceof CommanderError) return error.exitCode;
+    if (error instanceof CliError || isAppError(error)) {
+      const code = (error as { code: string }).code;
+      process.stderr.write(`engine: ${error.message}${code && code !== "error" ? ` [${code}]` : ""}\n`);
+      return 1;
+    }
+    process.stderr.write(`engine: unexpected error: ${(error as Error).message}\n`);
+    return 1;
+  }
+}
+
+if (import.meta.main) {
+  const code = await main(process.argv);
+  // `serve` keeps running on its own; every other command ends here.
+  if (code !== 0 || !process.argv.includes("serve")) process.exit(code);
+}

@@ -1,0 +1,21 @@
+/** Output prints either machine JSON (--json) or human tables. */
+export interface Output {
+  json: boolean;
+}
+
+export function printJson(value: unknown): void {
+  process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+}
+
+/** printTable writes rows as aligned columns with a header; empty cells show as "-". */
+export function printTable(columns: string[], rows: (string | number | boolean | null | undefined)[][]): void {
+  const cells = rows.map((row) => row.map((cell) => (cell === null || cell === undefined || cell === "" ? "-" : String(cell))));
+  const widths = columns.map((column, index) => Math.max(column.length, ...cells.map((row) => (row[index] ?? "").length)));
+  const line = (row: string[]) => row.map((cell, index) => cell.padEnd(widths[index] ?? 0)).join("  ").trimEnd();
+  process.stdout.write(`${[line(columns.map((c) => c.toUpperCase())), ...cells.map(line)].join("\n")}\n`);
+}
+
+export function emit(output: Output, value: unknown, human: () => void): void {
+  if (output.json) printJson(value);
+  else human();
+}

@@ -1,0 +1,231 @@
+/**
+ * Schemas of the local engine API (../shared/spec/local-engine-api.md).
+ *
+ * Every route validates its input with these and declares its output with them, so the
+ * document served at GET /api/openapi.json is generated from the same source the routes
+ * check against and cannot drift. The link client and the cloud server import the same ones.
+ */
+import { type Static, Type as t } from "@sinclair/typebox";
+
+/** A date-time string in RFC 3339 form, as the spec's `date-time` fields are. */
+export const DateTime = t.String({ format: "date-time" });
+const NullableDateTime = t.Union([DateTime, t.Null()]);
+const NullableInteger = t.Union([t.Integer(), t.Null()]);
+
+/** Names of services, tokens and templates: lower-case DNS label rules, so they can be host names too. */
+export const NAME_PATTERN = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$";
+export const ServiceName = t.String({ pattern: NAME_PATTERN, minLength: 1, maxLength: 63 });
+
+export const Role = t.Union([t.Literal("admin"), t.Literal("submitter"), t.Literal("readonly")]);
+export type Role = Static<typeof Role>;
+export const ROLES: readonly Role[] = ["admin", "submitter", "readonly"];
+
+export const Token = t.Object(
+  {
+    id: t.String(),
+    name: t.String(),
+    role: Role,
+    created_at: DateTime,
+    max_gpus: NullableInteger,
+    max_concurrent_jobs: NullableInteger,
+    last_used_at: NullableDateTime,
+    revoked: t.Boolean(),
+    expires_at: NullableDateTime,
+    scope_services: t.Array(t.String()),
+  },
+  { $id: "Token", description: "An access token. The secret itself is never part of this record." },
+);
+export type Token = Static<typeof Token>;
+
+export const TokenCreate = t.Object(
+  {
+    name: t.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9][A-Za-z0-9 ._-]*$" }),
+    role: t.Optional(Role),
+    max_gpus: t.Optional(t.Union([t.Integer({ minimum: 0, maximum: 1024 }), t.Null()])),
+    max_concurrent_jobs: t.Optional(t.Union([t.Integer({ minimum: 1, maximum: 100000 }), t.Null()])),
+    expires_at: t.Optional(t.Union([DateTime, t.Null()])),
+    scope_services: t.Optional(t.Array(ServiceName, { maxItems: 256, uniqueItems: true })),
+  },
+  { additionalProperties: false },
+);
+export type TokenCreate = Static<typeof TokenCreate>;
+
+export const CreatedToken = t.Composite([Token, t.Object({ token: t.String({ description: "The secret, shown once." }) })], {
+  $id: "CreatedToken",
+});
+export type CreatedToken = Static<typeof CreatedToken>;
+
+export const TokenIdParams = t.Object({ id: t.String({ minLength: 1, maxLength: 64 }) });
+
+export const DeployDefaults = t.Object({
+  port: t.Integer({ minimum: 0, maximum: 65535 }),
+  gpus: t.Integer({ minimum: 0, maximum: 64 }),
+  start: t.String({ minLength: 1 }),
+  health: t.String(),
+});
+
+export const EnvSchemaEntry = t.Object({
+  name: t.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }),
+  required: t.Boolean(),
+  secret: t.Boolean(),
+});
+
+export const AppTemplate = t.Object(
+  {
+    id: t.String({ pattern: NAME_PATTERN }),
+    name: t.String({ minLength: 1 }),
+    icon: t.String(),
+    category: t.String({ minLength: 1 }),
+    repo_url: t.String(),
+    ref: t.String(),
+    subdir: t.String(),
+    ai_hint: t.String(),
+    deploy_defaults: DeployDefaults,
+    env_schema: t.Array(EnvSchemaEntry),
+  },
+  { $id: "AppTemplate", additionalProperties: false },
+);
+export type AppTemplate = Static<typeof AppTemplate>;
+
+export const TemplateIdParams = t.Object({ template_id: t.String({ pattern: NAME_PATTERN, maxLength: 63 }) });
+
+const Obj = (description: string) => t.Record(t.String(), t.Unknown(), { description });
+
+export const ProxyStatus = t.Object(
+  {
+    state: t.String(),
+    mode: t.String(),
+    hostname: t.String(),
+    scheme: t.String(),
+    base_domain: t.String(),
+    enabled: t.Boolean(),
+    available: t.Boolean(),
+    https_port: t.Integer(),
+    tls: Obj("TLS listener state"),
+    ca: Obj("Local certificate authority"),
+    apex: Obj("The apex host name"),
+    respawn: Obj("Proxy listener restarts"),
+    routes: Obj("Routing table summary"),
+    mdns: Obj("mDNS publication of .local names"),
+    acme: Obj("ACME account and orders"),
+    domains: t.Array(t.Record(t.String(), t.Unknown())),
+  },
+  { $id: "ProxyStatus" },
+);
+export type ProxyStatus = Static<typeof ProxyStatus>;
+
+export const ServiceKind = t.Union([t.Literal("batch"), t.Literal("service"), t.Literal("model"), t.Literal("database")]);
+export const SERVICE_STATUSES = ["pending", "scheduled", "running", "paused", "completed", "failed", "cancelled", "retrying", "building", "degraded", "restarting", "stopped"] as const;
+export const ServiceStatus = t.Union([
+  t.Literal("pending"),
+  t.Literal("scheduled"),
+  t.Literal("running"),
+  t.Literal("paused"),
+  t.Literal("completed"),
+  t.Literal("failed"),
+  t.Literal("cancelled"),
+  t.Literal("retrying"),
+  t.Literal("building"),
+  t.Literal("degraded"),
+  t.Literal("restarting"),
+  t.Literal("stopped"),
+]);
+
+export const Diagnosis = t.Object(
+  {
+    service_name: t.String(),
+    kind: ServiceKind,
+    status: ServiceStatus,
+    error: t.Union([t.Object({ class: t.String(), message: t.String() }), t.Null()]),
+    forensics: t.Object({
+      last_exit_code: NullableInteger,
+      oom_killed: t.Boolean(),
+      gpu_oom: t.Boolean(),
+      priv_denied: t.Boolean(),
+      last_crash_at: NullableDateTime,
+    }),
+    restarts: t.Object({
+      max_restarts: t.Integer(),
+      window_seconds: t.Integer(),
+      policy: t.String(),
+      count: t.Integer(),
+      window_start: NullableDateTime,
+      last_exit_at: NullableDateTime,
+      backoff_s: t.Integer(),
+      next_retry_in_s: NullableInteger,
+    }),
+    health: t.Object({
+      spec: t.Union([Obj("Health probe definition"), t.Null()]),
+      probe: t.Union([Obj("Last probe result"), t.Null()]),
+      observations: t.Array(t.String()),
+    }),
+    bindings: t.Object({ waiting: t.Boolean(), messages: t.Array(t.String()) }),
+    build: t.Object({ last_result: t.Union([t.String(), t.Null()]), version: t.Integer(), reason: t.Union([t.String(), t.Null()]) }),
+    injected_env_keys_source: t.String(),
+    remediation: t.Union([t.Object({ code: t.String(), detail: t.String() }), t.Null()]),
+    desired_state: t.String(),
+    last_deploy: t.Union([Obj("Last deployment"), t.Null()]),
+    last_run: t.Union([Obj("Last run"), t.Null()]),
+    last_dump: t.Union([Obj("Last database dump"), t.Null()]),
+    injected_env_keys: t.Array(t.String()),
+    pending_env_keys: t.Array(t.String()),
+    logs: t.Array(t.Record(t.String(), t.Unknown())),
+  },
+  { $id: "Diagnosis" },
+);
+export type Diagnosis = Static<typeof Diagnosis>;
+
+export const ServiceIdentParams = t.Object({ ident: t.String({ minLength: 1, maxLength: 128 }) });
+export const DatabaseNameParams = t.Object({ name: ServiceName });
+export const DomainParams = t.Object({
+  name: ServiceName,
+  domain: t.String({ minLength: 1, maxLength: 253, pattern: "^[A-Za-z0-9*]([A-Za-z0-9.-]*[A-Za-z0-9])?$" }),
+});
+
+export const RestoreRequest = t.Object({
+  dump: t.String({ minLength: 1, maxLength: 4096, description: "Path of the dump file on the engine's host" }),
+  timeout_s: t.Integer({ minimum: 1, maximum: 86400 }),
+});
+export const RestoreResult = t.Object(
+  { service_name: t.String(), dump: t.String(), engine: t.String(), duration_s: t.Number() },
+  { $id: "RestoreResult" },
+);
+
+export const DomainRemovalResult = t.Object(
+  { service_name: t.String(), domain: t.String(), removed: t.Boolean() },
+  { $id: "DomainRemovalResult" },
+);
+
+export const DaemonRestartRequest = t.Object({ drain_timeout_s: t.Integer({ minimum: 0, maximum: 3600 }) });
+export const Empty = t.Object({}, { additionalProperties: false });
+
+export const VcsTokenPush = t.Object({
+  installation_id: t.Integer({ minimum: 1 }),
+  token: t.String({ minLength: 1, maxLength: 4096, description: "The code-host credential; never returned." }),
+  expires_at: DateTime,
+  issued_at: DateTime,
+  repos: t.Array(t.String({ minLength: 1, maxLength: 200 }), { maxItems: 10000 }),
+});
+export type VcsTokenPush = Static<typeof VcsTokenPush>;
+export const VcsTokenPushResult = t.Object(
+  { applied: t.Boolean(), installation_id: t.Integer(), expires_at: DateTime, repos_count: t.Integer() },
+  { $id: "VcsTokenPushResult" },
+);
+
+export const Health = t.Object({ status: t.Literal("ok"), version: t.String(), pid: t.Integer(), uptime_s: t.Number() });
+
+export const ValidationErrorItem = t.Object({
+  loc: t.Array(t.Union([t.String(), t.Integer()])),
+  msg: t.String(),
+  type: t.String(),
+  input: t.Unknown(),
+  ctx: t.Record(t.String(), t.Unknown()),
+});
+export const ValidationErrorBody = t.Object({ detail: t.Array(ValidationErrorItem) }, { $id: "ValidationError" });
+export type ValidationErrorItem = Static<typeof ValidationErrorItem>;
+
+export const ErrorBody = t.Object(
+  { error: t.Object({ code: t.String(), message: t.String(), request_id: t.String() }) },
+  { $id: "Error" },
+);
+export type ErrorBody = Static<typeof ErrorBody>;

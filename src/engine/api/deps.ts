@@ -1,0 +1,31 @@
+import type { Logger } from "../../lib/logger";
+import type { Principal, TokenStore } from "../auth";
+import type { VcsTokenStore } from "../link";
+import type { ProxyStatusSource } from "../proxy";
+import type { ServiceDirectory } from "../services";
+import type { TemplateCatalog } from "../templates";
+
+/** DaemonControl is what the API may ask of the daemon itself. */
+export interface DaemonControl {
+  /** requestRestart starts a drain-and-restart in the background and returns at once. */
+  requestRestart(drainTimeoutS: number): void;
+  readonly draining: boolean;
+}
+
+/** ApiDeps are the modules the HTTP API calls. Handlers are thin: validate, call, answer. */
+export interface ApiDeps {
+  log: Logger;
+  version: string;
+  startedAt: number;
+  tokens: TokenStore;
+  templates: TemplateCatalog;
+  vcs: VcsTokenStore;
+  proxy: ProxyStatusSource;
+  services: ServiceDirectory;
+  daemon: DaemonControl;
+}
+
+/** RequestContext resolves per-request facts the auth hook established. */
+export interface RequestContext {
+  principalOf(request: Request): Principal;
+}

@@ -1,0 +1,60 @@
+import { Elysia } from "elysia";
+import {
+  DatabaseNameParams,
+  Diagnosis,
+  DomainParams,
+  DomainRemovalResult,
+  ProxyStatus,
+  RestoreRequest,
+  RestoreResult,
+  ServiceIdentParams,
+} from "../../contract/engine";
+import { assertServiceInScope } from "../auth";
+import type { ApiDeps, RequestContext } from "./deps";
+import { AUTHED, errorResponses } from "./responses";
+
+/** serviceRoutes serves diagnosis, domain removal, database restore and the proxy's status. */
+export function serviceRoutes(deps: ApiDeps, ctx: RequestContext) {
+  return new Elysia({ name: "services" })
+    .get("/api/proxy/status", () => deps.proxy.status(), {
+      response: { 200: ProxyStatus, ...errorResponses(...AUTHED) },
+      detail: { tags: ["proxy"], summary: "Reverse proxy status" },
+    })
+    .get(
+      "/api/services/:ident/diagnose",
+      ({ params, request }) => {
+        assertServiceInScope(ctx.principalOf(request), deps.services.serviceName(params.ident));
+        return deps.services.diagnose(params.ident);
+      },
+      {
+        params: ServiceIdentParams,
+        response: { 200: Diagnosis, ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["services"], summary: "Diagnose a service: status, forensics, restarts, health, bindings, build, logs" },
+      },
+    )
+    .delete(
+      "/api/services/:name/domains/:domain",
+      ({ params, request }) => {
+        assertServiceInScope(ctx.principalOf(request), params.name);
+        return deps.services.removeDomain(params.name, params.domain.toLowerCase());
+      },
+      {
+        params: DomainParams,
+        response: { 200: DomainRemovalResult, ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["services"], summary: "Remove a domain from a service" },
+      },
+    )
+    .post(
+      "/api/databases/:name/restore",
+      ({ params, body, request }) => {
+        assertServiceInScope(ctx.principalOf(request), params.name);
+        return deps.services.restoreDatabase(params.name, body.dump, body.timeout_s);
+      },
+      {
+        params: DatabaseNameParams,
+        body: RestoreRequest,
+        response: { 200: RestoreResult, ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["databases"], summary: "Restore a dump into a database service" },
+      },
+    );
+}

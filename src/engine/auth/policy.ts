@@ -1,0 +1,43 @@
+import type { Role } from "../../contract/engine";
+
+/**
+ * Access is what a route demands:
+ * - `public`: no credential (the contract, the docs page, the health check);
+ * - `read`: any valid token (admin, submitter, readonly);
+ * - `write`: admin or submitter; the handler also checks the token's service scope and caps;
+ * - `admin`: admin only.
+ */
+export type Access = "public" | "read" | "write" | "admin";
+
+export const ACCESS_ROLES: Record<Exclude<Access, "public">, readonly Role[]> = {
+  read: ["admin", "submitter", "readonly"],
+  write: ["admin", "submitter"],
+  admin: ["admin"],
+};
+
+/**
+ * ROUTE_ACCESS is the role × route matrix, keyed by `METHOD /path/:param` exactly as the
+ * router names routes. Every route must have an entry: the API refuses to start with one
+ * missing (see api/index.ts), so no route can be left open by accident. docs/roles.md
+ * mirrors this table and a test checks the two agree.
+ */
+export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
+  "GET /api/health": "public",
+  "GET /api/openapi.json": "public",
+  "GET /api/docs": "public",
+  "GET /api/tokens": "read",
+  "POST /api/tokens": "admin",
+  "DELETE /api/tokens/:id": "admin",
+  "GET /api/app-templates": "read",
+  "GET /api/app-templates/:template_id": "read",
+  "GET /api/proxy/status": "read",
+  "GET /api/services/:ident/diagnose": "read",
+  "DELETE /api/services/:name/domains/:domain": "write",
+  "POST /api/databases/:name/restore": "write",
+  "POST /api/daemon/restart": "admin",
+  "PUT /api/link/vcs-token": "admin",
+};
+
+export function roleMay(role: Role, access: Access): boolean {
+  return access === "public" || ACCESS_ROLES[access].includes(role);
+}

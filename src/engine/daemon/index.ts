@@ -1,0 +1,203 @@
+import type { Server } from "bun";
+import { accessSync, chmodSync, constants, existsSync, mkdirSync, rmSync, statSync } from "node:fs";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import { type Clock, systemClock } from "../../lib/clock";
+import type { EngineConfig } from "../../lib/config";
+import { AppError } from "../../lib/errors";
+import { createLogger, type Logger } from "../../lib/logger";
+import { VERSION } from "../../lib/version";
+import { createApi, type DaemonControl } from "../api";
+import { bootstrapAdminToken, TokenStore } from "../auth";
+import { loadSecretKey, VcsTokenStore } from "../link";
+import { proxyNotRunning } from "../proxy";
+import { noServices, type ServiceDirectory } from "../services";
+import { openStore } from "../store";
+import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
+import { reexecSelf } from "./reexec";
+
+export interface DaemonOptions {
+  clock?: Clock;
+  /** restart replaces the process after a drain; the default re-executes it in place. Tests pass their own. */
+  restart?: () => void;
+  /** services is the scheduler's directory; without the scheduler module no service exists. */
+  services?: ServiceDirectory;
+}
+
+/** RunningDaemon is a started engine. stop() is safe to call more than once. */
+export interface RunningDaemon {
+  config: EngineConfig;
+  url: string;
+  port: number;
+  socketPath: string;
+  log: Logger;
+  stop(): Promise<void>;
+  /** restarted resolves when a requested restart has drained and closed everything. */
+  readonly restarting: Promise<void> | undefined;
+}
+
+/**
+ * withRoutableUrl works around a router assumption: Elysia finds the path by searching for "/"
+ * from index 11, so a one- to three-letter host (`curl --unix-socket s http://x/api/...`, or
+ * `Host: a`) would be misrouted. Such rare requests are rebuilt with the host `localhost`.
+ */
+function withRoutableUrl(request: Request): Request {
+  const slash = request.url.indexOf("/", request.url.indexOf("//") + 2);
+  if (slash >= 11 || slash === -1) return request;
+  return new Request(`http://localhost${request.url.slice(slash)}`, request);
+}
+
+/** prepareDataDir creates the data dir (0700) and proves it writable, with one clear error if not. */
+function prepareDataDir(dataDir: string): void {
+  try {
+    if (!existsSync(dataDir)) mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    if (!statSync(dataDir).isDirectory()) throw new Error("it is not a directory");
+    accessSync(dataDir, constants.W_OK | constants.R_OK | constants.X_OK);
+  } catch (error) {
+    throw new AppError(
+      "data_dir_unwritable",
+      `the data dir ${dataDir} is not usable (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}): choose another with --data-dir or ENGINE_DATA_DIR`,
+    );
+  }
+}
+
+/** claimSocket refuses to start a second engine on one data dir, and removes a stale socket left by a crash. */
+async function claimSocket(socketPath: string): Promise<void> {
+  if (!existsSync(socketPath)) return;
+  const alive = await fetch("http://engine/api/health", { unix: socketPath, signal: AbortSignal.timeout(1000) })
+    .then(() => true)
+    .catch(() => false);
+  if (alive) throw new AppError("port_in_use", `another engine is already running on this data dir (socket ${socketPath})`);
+  rmSync(socketPath, { force: true });
+}
+
+function listen(config: EngineConfig, fetchHandler: (request: Request) => Response | Promise<Response>): Server<undefined> {
+  try {
+    return Bun.serve({ hostname: config.host, port: config.port, fetch: fetchHandler, idleTimeout: 120 });
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "EADDRINUSE") {
+      throw new AppError(
+        "port_in_use",
+        `port ${config.port} on ${config.host} is already in use (another engine?): choose another with --port or ENGINE_PORT`,
+      );
+    }
+    throw new AppError("config_invalid", `cannot listen on ${config.host}:${config.port}: ${(error as Error).message}`);
+  }
+}
+
+/**
+ * startDaemon is the engine's composition root: it starts every module in order and returns
+ * a handle whose stop() undoes them in reverse, also after a partial start.
+ */
+export async function startDaemon(config: EngineConfig, options: DaemonOptions = {}): Promise<RunningDaemon> {
+  const clock = options.clock ?? systemClock;
+  const startedAt = Date.now();
+  prepareDataDir(config.dataDir);
+  const { log, flush } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
+  const cleanups: (() => void | Promise<void>)[] = [flush];
+  const runCleanups = async () => {
+    while (cleanups.length > 0) {
+      const cleanup = cleanups.pop();
+      try {
+        await cleanup?.();
+      } catch (error) {
+        log.error({ err: error }, "cleanup failed");
+      }
+    }
+  };
+
+  try {
+    await claimSocket(config.socketPath);
+    const db = openStore(join(config.dataDir, "engine.db"));
+    cleanups.push(() => db.close());
+
+    const tokens = new TokenStore(db, clock);
+    tokens.start(config.lastUsedFlushMs);
+    cleanups.push(() => tokens.stop());
+    bootstrapAdminToken(tokens, config.dataDir, config.adminToken, log);
+
+    const templates = new TemplateCatalog(
+      [...bundledTemplateSources(), ...readTemplateDir(config.templatesDir ?? join(config.dataDir, "templates"))],
+      log,
+    );
+    const vcs = new VcsTokenStore(db, loadSecretKey(config.dataDir), clock);
+    const services = options.services ?? noServices;
+
+    let restarting: Promise<void> | undefined;
+    const daemon: DaemonControl = {
+      get draining() {
+        return restarting !== undefined;
+      },
+      requestRestart(drainTimeoutS) {
+        if (restarting) throw new AppError("draining", "a restart is already under way");
+        log.info({ drain_timeout_s: drainTimeoutS }, "restart requested: draining");
+        restarting = (async () => {
+          // Let the 202 reach the client before the listener goes away.
+          await Bun.sleep(10);
+          await services.drain(Date.now() + drainTimeoutS * 1000);
+          await runCleanups();
+          const restart = options.restart ?? (() => reexecSelf());
+          const failure = restart() as unknown;
+          if (failure instanceof Error) {
+            console.error(`engine: restart failed: ${failure.message}; exiting with 75 so a supervisor restarts the engine`);
+            process.exit(75);
+          }
+        })();
+      },
+    };
+
+    const api = createApi({
+      log,
+      version: VERSION,
+      startedAt,
+      tokens,
+      templates,
+      vcs,
+      proxy: proxyNotRunning(hostname()),
+      services,
+      daemon,
+    });
+
+    const tcp = listen(config, (request) => api.app.handle(withRoutableUrl(request)));
+    cleanups.push(() => tcp.stop(true));
+    // The data dir is 0700, so the socket is private from the moment it exists; chmod makes it explicit.
+    const unix = Bun.serve({
+      unix: config.socketPath,
+      fetch(raw) {
+        const request = withRoutableUrl(raw);
+        api.markLocal(request);
+        return api.app.handle(request);
+      },
+    });
+    chmodSync(config.socketPath, 0o600);
+    cleanups.push(() => {
+      unix.stop(true);
+      rmSync(config.socketPath, { force: true });
+    });
+
+    const port = tcp.port ?? config.port;
+    const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
+    log.info({ url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length }, "listening");
+
+    let stopped = false;
+    return {
+      config,
+      url,
+      port,
+      socketPath: config.socketPath,
+      log,
+      get restarting() {
+        return restarting;
+      },
+      async stop() {
+        if (stopped) return;
+        stopped = true;
+        await runCleanups();
+      },
+    };
+  } catch (error) {
+    await runCleanups();
+    throw error;
+  }
+}

@@ -1,0 +1,1 @@
+export { loadSecretKey, type VcsCredential, VcsTokenStore } from "./vcs-token";

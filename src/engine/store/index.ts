@@ -1,0 +1,50 @@
+import { Database } from "bun:sqlite";
+import { AppError } from "../../lib/errors";
+import { type Migration, MIGRATIONS } from "./migrations";
+
+export type { Database } from "bun:sqlite";
+
+/**
+ * PRAGMAS are set in this one place for every connection: WAL so readers never block the
+ * writer, synchronous=NORMAL (durable at checkpoints, safe with WAL), a busy timeout instead
+ * of SQLITE_BUSY errors under contention, and enforced foreign keys.
+ */
+const PRAGMAS = ["journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 5000", "foreign_keys = ON"];
+
+/** openStore opens (creating if needed) the engine's database and applies pending migrations. */
+export function openStore(path: string, migrations: readonly Migration[] = MIGRATIONS): Database {
+  let db: Database;
+  try {
+    db = new Database(path, { create: true, strict: true });
+  } catch (error) {
+    throw new AppError("data_dir_unwritable", `cannot open the state database ${path}: ${(error as Error).message}`);
+  }
+  for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
+  migrate(db, migrations);
+  return db;
+}
+
+/** migrate applies, in order and each in its own transaction, the migrations not yet recorded. */
+export function migrate(db: Database, migrations: readonly Migration[]): string[] {
+  db.exec("CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)");
+  const applied = new Set(db.query<{ id: string }, []>("SELECT id FROM schema_migrations").all().map((row) => row.id));
+  const known = new Set(migrations.map((m) => m.id));
+  const unknown = [...applied].filter((id) => !known.has(id));
+  if (unknown.length > 0) {
+    // A newer engine wrote this database; running older code over it could corrupt it.
+    throw new AppError(
+      "config_invalid",
+      `the state database has migrations this engine does not know (${unknown.join(", ")}): it was written by a newer engine`,
+    );
+  }
+  const ran: string[] = [];
+  for (const migration of migrations) {
+    if (applied.has(migration.id)) continue;
+    db.transaction(() => {
+      db.exec(migration.sql);
+      db.query("INSERT INTO schema_migrations (id, applied_at) VALUES (?, ?)").run(migration.id, new Date().toISOString());
+    })();
+    ran.push(migration.id);
+  }
+  return ran;
+}

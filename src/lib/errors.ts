@@ -1,0 +1,50 @@
+/**
+ * AppError is the one error type modules throw for conditions a caller can act on.
+ * It carries a stable machine code and a human message, never an HTTP status: each app
+ * maps codes to statuses in one place (see src/engine/api/errors.ts).
+ */
+export class AppError extends Error {
+  readonly code: ErrorCode;
+  readonly details?: Record<string, unknown>;
+
+  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>) {
+    super(message);
+    this.name = "AppError";
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/** The stable error codes. Clients branch on these; never rename one, only add. */
+export const ErrorCodes = {
+  // authentication and authorization
+  unauthenticated: "unauthenticated",
+  invalid_token: "invalid_token",
+  token_revoked: "token_revoked",
+  token_expired: "token_expired",
+  forbidden: "forbidden",
+  out_of_scope: "out_of_scope",
+  // resources
+  not_found: "not_found",
+  token_not_found: "token_not_found",
+  template_not_found: "template_not_found",
+  service_not_found: "service_not_found",
+  database_not_found: "database_not_found",
+  token_name_taken: "token_name_taken",
+  last_admin_token: "last_admin_token",
+  invalid_request: "invalid_request",
+  // daemon state
+  draining: "draining",
+  not_available: "not_available",
+  // configuration and start-up
+  config_invalid: "config_invalid",
+  data_dir_unwritable: "data_dir_unwritable",
+  port_in_use: "port_in_use",
+  daemon_not_running: "daemon_not_running",
+  internal: "internal",
+} as const;
+export type ErrorCode = keyof typeof ErrorCodes;
+
+export function isAppError(error: unknown): error is AppError {
+  return error instanceof AppError;
+}
