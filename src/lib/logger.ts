@@ -1,3 +1,4 @@
+import { openSync } from "node:fs";
 import { join } from "node:path";
 import pino from "pino";
 import type { LogLevel } from "./config";
@@ -48,7 +49,10 @@ export function createLogger(options: LoggerOptions): { log: Logger; flush: () =
     streams.push({ stream: out, level: options.level === "silent" ? "fatal" : options.level });
   }
   if (options.dataDir) {
-    const file = pino.destination({ dest: join(options.dataDir, "engine.log"), sync: false, mkdir: true });
+    // The file is opened here, synchronously, so the destination is ready at once: an exit
+    // during start-up then flushes cleanly instead of failing on a half-open stream.
+    const fd = openSync(join(options.dataDir, "engine.log"), "a", 0o600);
+    const file = pino.destination({ dest: fd, sync: false });
     destinations.push(file);
     streams.push({ stream: file, level: options.level === "silent" ? "fatal" : options.level });
   }

@@ -79,6 +79,10 @@ function expandNullable(issue: SchemaIssue): SchemaIssue[] {
 /** describeIssue turns a TypeBox error into the contract's `type`, `msg` and `ctx`. */
 function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg" | "ctx"> {
   const s = issue.schema;
+  // An absent property fails its type check with no value; report it as missing, once.
+  if (issue.value === undefined && issue.path !== "" && issue.type !== ValueErrorType.ObjectAdditionalProperties) {
+    return { type: "missing", msg: "Field required", ctx: {} };
+  }
   switch (issue.type) {
     case ValueErrorType.ObjectRequiredProperty:
       return { type: "missing", msg: "Field required", ctx: {} };
@@ -143,12 +147,12 @@ function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg
  */
 export function toValidationDetail(part: string, issues: SchemaIssue[]): ValidationDetail[] {
   issues = issues.flatMap(expandNullable);
-  const missing = new Set(issues.filter((i) => i.type === ValueErrorType.ObjectRequiredProperty).map((i) => i.path));
+  const isMissing = (i: SchemaIssue) => i.type === ValueErrorType.ObjectRequiredProperty || (i.value === undefined && i.path !== "");
+  const missing = new Set(issues.filter(isMissing).map((i) => i.path));
   const seen = new Set<string>();
   const detail: ValidationDetail[] = [];
   for (const issue of issues) {
-    if (missing.has(issue.path) && issue.type !== ValueErrorType.ObjectRequiredProperty) continue;
-    const key = `${issue.path}\u0000${issue.type}`;
+    const key = missing.has(issue.path) ? `${issue.path}\u0000missing` : `${issue.path}\u0000${issue.type}`;
     if (seen.has(key)) continue;
     seen.add(key);
     const described = describeIssue(issue);

@@ -43,8 +43,31 @@ export interface Api {
 }
 
 function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (request: Request) => void; requestId: (request: Request) => string }) {
+  // Elysia wraps whatever a parser throws into a bare PARSE error; the real reason waits here.
+  const parseFailures = new WeakMap<Request, InputError>();
+  const refuseBody = (request: Request, failure: InputError): never => {
+    parseFailures.set(request, failure);
+    throw failure;
+  };
   return new Elysia()
     .onRequest(({ request }) => hooks.onRequest(request))
+    .onParse({ as: "global" }, async ({ request, contentType }) => {
+      if (!contentType?.startsWith("application/json")) return;
+      const text = await request.text();
+      let value: unknown;
+      try {
+        value = JSON.parse(text);
+      } catch (error) {
+        refuseBody(request, new InputError([
+          { loc: ["body"], msg: "JSON decode error: the body is not valid JSON", type: "json_invalid", input: null, ctx: { error: (error as Error).message } },
+        ]));
+      }
+      // Every body of this API is a JSON object; say so before field checks run on a coerced value.
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        refuseBody(request, new InputError([{ loc: ["body"], msg: "Input should be a valid object", type: "dict_type", input: value }]));
+      }
+      return value;
+    })
     .onAfterHandle({ as: "global" }, ({ request, set }) => {
       set.headers["x-request-id"] = hooks.requestId(request);
     })
@@ -61,6 +84,8 @@ function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (reque
       }
       if (error instanceof InputError) return validationResponse(error.detail, requestId);
       if (code === "PARSE") {
+        const failure = parseFailures.get(request);
+        if (failure) return validationResponse(failure.detail, requestId);
         return validationResponse(
           [{ loc: ["body"], msg: "JSON decode error: the body is not valid JSON", type: "json_invalid", input: null, ctx: {} }],
           requestId,

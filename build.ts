@@ -1,0 +1,36 @@
+/**
+ * build.ts compiles the engine into one self-contained executable, dist/engine, with
+ * `bun build --compile`: the runtime, SQLite, the CLI, the API and the app templates inside,
+ * so it runs with no node_modules beside it.
+ *
+ * Usage: bun build.ts [--outfile dist/engine]
+ */
+import { mkdirSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { readTemplateDir } from "./src/engine/templates";
+
+const root = import.meta.dir;
+const args = process.argv.slice(2);
+const outIndex = args.indexOf("--outfile");
+const outfile = resolve(outIndex >= 0 && args[outIndex + 1] ? args[outIndex + 1] : join(root, "dist", "engine"));
+mkdirSync(dirname(outfile), { recursive: true });
+
+// Templates travel inside the binary; file names keep only their base name.
+const templates = readTemplateDir(join(root, "templates")).map((source) => ({
+  file: `templates/${source.file.split("/").at(-1)}`,
+  text: source.text,
+}));
+
+const started = performance.now();
+const result = await Bun.build({
+  entrypoints: [join(root, "cli", "engine.ts")],
+  compile: { outfile },
+  minify: true,
+  sourcemap: "linked",
+  define: { __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)) },
+});
+if (!result.success) {
+  for (const log of result.logs) console.error(log);
+  process.exit(1);
+}
+console.log(`built ${outfile} with ${templates.length} templates in ${Math.round(performance.now() - started)} ms`);

@@ -1,0 +1,48 @@
+/**
+ * SAMPLE_REQUESTS holds one well-formed request per authenticated route, and the status the
+ * route answers an admin on an engine with no services (the scheduler is not built yet).
+ * Tests use it for the role matrix and the golden shapes.
+ */
+export interface SampleRequest {
+  key: string;
+  method: string;
+  path: string;
+  body?: unknown;
+  adminStatus: number;
+  /** mutates marks routes whose success changes state the matrix must not repeat (restart). */
+  mutates?: boolean;
+}
+
+export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => string): SampleRequest[] {
+  const inAnHour = new Date(Date.now() + 3600_000).toISOString();
+  return [
+    { key: "GET /api/tokens", method: "GET", path: "/api/tokens", adminStatus: 200 },
+    { key: "POST /api/tokens", method: "POST", path: "/api/tokens", body: { name: uniqueName(), role: "readonly" }, adminStatus: 201 },
+    { key: "DELETE /api/tokens/:id", method: "DELETE", path: `/api/tokens/${tokenIdToRevoke()}`, adminStatus: 200 },
+    { key: "GET /api/app-templates", method: "GET", path: "/api/app-templates", adminStatus: 200 },
+    { key: "GET /api/app-templates/:template_id", method: "GET", path: "/api/app-templates/vllm", adminStatus: 200 },
+    { key: "GET /api/proxy/status", method: "GET", path: "/api/proxy/status", adminStatus: 200 },
+    { key: "GET /api/services/:ident/diagnose", method: "GET", path: "/api/services/web/diagnose", adminStatus: 404 },
+    {
+      key: "DELETE /api/services/:name/domains/:domain",
+      method: "DELETE",
+      path: "/api/services/web/domains/web.example.com",
+      adminStatus: 404,
+    },
+    {
+      key: "POST /api/databases/:name/restore",
+      method: "POST",
+      path: "/api/databases/web/restore",
+      body: { dump: "/tmp/dump.sql", timeout_s: 30 },
+      adminStatus: 404,
+    },
+    { key: "POST /api/daemon/restart", method: "POST", path: "/api/daemon/restart", body: { drain_timeout_s: 1 }, adminStatus: 202, mutates: true },
+    {
+      key: "PUT /api/link/vcs-token",
+      method: "PUT",
+      path: "/api/link/vcs-token",
+      body: { installation_id: 42, token: "ghs_sampleSecretValue123", expires_at: inAnHour, issued_at: new Date().toISOString(), repos: ["acme/app"] },
+      adminStatus: 200,
+    },
+  ];
+}

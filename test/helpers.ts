@@ -1,0 +1,163 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { readAdminTokenFile } from "../src/engine/auth/bootstrap";
+import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
+import type { Clock } from "../src/lib/clock";
+import { type ConfigInput, resolveConfig } from "../src/lib/config";
+
+/** eventually polls `check` until it returns a truthy value or the deadline passes. */
+export async function eventually<T>(check: () => T | Promise<T>, { timeoutMs = 5000, intervalMs = 20 } = {}): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const value = await check();
+      if (value) return value;
+    } catch (error) {
+      lastError = error;
+    }
+    await Bun.sleep(intervalMs);
+  }
+  throw new Error(`condition not met within ${timeoutMs} ms${lastError ? `: ${(lastError as Error).message}` : ""}`);
+}
+
+export function tempDir(prefix = "engine-test-"): string {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/** MutableClock is a test clock that starts at the real time and can be moved forward. */
+export class MutableClock implements Clock {
+  offsetMs = 0;
+  now(): Date {
+    return new Date(Date.now() + this.offsetMs);
+  }
+  advance(ms: number): void {
+    this.offsetMs += ms;
+  }
+}
+
+export interface TestEngine {
+  daemon: RunningDaemon;
+  dataDir: string;
+  url: string;
+  adminToken: string;
+  clock: MutableClock;
+  call(method: string, path: string, options?: { token?: string | null; body?: unknown; raw?: string }): Promise<Response>;
+  json<T = unknown>(method: string, path: string, options?: { token?: string | null; body?: unknown }): Promise<{ status: number; body: T }>;
+  close(): Promise<void>;
+}
+
+/** startTestEngine starts a real daemon on port 0 in a temp dir; close() stops it and removes the dir. */
+export async function startTestEngine(config: ConfigInput = {}, options: DaemonOptions = {}): Promise<TestEngine> {
+  const dataDir = config.dataDir ?? tempDir();
+  const clock = new MutableClock();
+  const daemon = await startDaemon(
+    resolveConfig({ port: 0, logLevel: "info", logToStdout: false, ...config, dataDir }, {}),
+    { clock, restart: () => {}, ...options },
+  );
+  const adminToken = readAdminTokenFile(dataDir) ?? config.adminToken ?? "";
+  const call: TestEngine["call"] = (method, path, options = {}) => {
+    const headers: Record<string, string> = {};
+    const token = options.token === undefined ? adminToken : options.token;
+    if (token !== null) headers.authorization = `Bearer ${token}`;
+    let body: string | undefined;
+    if (options.raw !== undefined) body = options.raw;
+    else if (options.body !== undefined) body = JSON.stringify(options.body);
+    if (body !== undefined) headers["content-type"] = "application/json";
+    return fetch(`${daemon.url}${path}`, { method, headers, body });
+  };
+  return {
+    daemon,
+    dataDir,
+    url: daemon.url,
+    adminToken,
+    clock,
+    call,
+    async json(method, path, options) {
+      const response = await call(method, path, options);
+      const text = await response.text();
+      return { status: response.status, body: (text ? JSON.parse(text) : undefined) as never };
+    },
+    async close() {
+      await daemon.stop();
+      if (!config.dataDir) rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** createToken makes a token through the API and returns its secret and id. */
+export async function createToken(engine: TestEngine, body: Record<string, unknown>): Promise<{ id: string; secret: string }> {
+  const { status, body: created } = await engine.json<{ id: string; token: string }>("POST", "/api/tokens", { body });
+  if (status !== 201) throw new Error(`token creation failed with ${status}: ${JSON.stringify(created)}`);
+  return { id: created.id, secret: created.token };
+}
+
+export const REPO_ROOT = join(import.meta.dir, "..");
+
+export interface SpawnedEngine {
+  proc: ReturnType<typeof Bun.spawn>;
+  port: number;
+  url: string;
+  output(): string;
+  stop(): Promise<number>;
+}
+
+/** ENGINE_ENTRY runs the CLI from source, as `npm start` does. */
+export const ENGINE_ENTRY = [process.execPath, join(REPO_ROOT, "cli", "engine.ts")];
+
+/**
+ * spawnEngine starts `engine serve` as a real process and waits for its "listening" line.
+ * `command` defaults to the source CLI; pass a compiled binary's path to test that instead.
+ */
+export async function spawnEngine(
+  dataDir: string,
+  { command = ENGINE_ENTRY, env = {}, args = [] }: { command?: string[]; env?: Record<string, string>; args?: string[] } = {},
+): Promise<SpawnedEngine> {
+  const proc = Bun.spawn([...command, "serve", "--data-dir", dataDir, "--port", "0", ...args], {
+    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp", ...env },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  let text = "";
+  const decoder = new TextDecoder();
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    for await (const chunk of stream) text += decoder.decode(chunk, { stream: true });
+  };
+  void pump(proc.stdout as ReadableStream<Uint8Array>);
+  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  const port = await eventually(
+    () => {
+      if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${text}`);
+      const match = /"msg":"listening"/.test(text) ? /"port":(\d+)/.exec(text.slice(text.lastIndexOf('"msg":"listening"') - 400)) : null;
+      return match ? Number(match[1]) : 0;
+    },
+    { timeoutMs: 20000 },
+  );
+  return {
+    proc,
+    port,
+    url: `http://127.0.0.1:${port}`,
+    output: () => text,
+    async stop() {
+      if (proc.exitCode === null) proc.kill("SIGTERM");
+      const exited = await Promise.race([proc.exited, Bun.sleep(10000).then(() => null)]);
+      if (exited === null) {
+        proc.kill("SIGKILL");
+        return proc.exited;
+      }
+      return exited;
+    },
+  };
+}
+
+/** runCli runs one CLI command to completion and returns its exit code and output. */
+export async function runCli(args: string[], env: Record<string, string> = {}, command = ENGINE_ENTRY) {
+  const proc = Bun.spawn([...command, ...args], {
+    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp", ...env },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  return { code, stdout, stderr };
+}
