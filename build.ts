@@ -12,7 +12,8 @@ import { readTemplateDir } from "./src/engine/templates";
 const root = import.meta.dir;
 const args = process.argv.slice(2);
 const outIndex = args.indexOf("--outfile");
-const outfile = resolve(outIndex >= 0 && args[outIndex + 1] ? args[outIndex + 1] : join(root, "dist", "engine"));
+const outArg = outIndex >= 0 ? args[outIndex + 1] : undefined;
+const outfile = resolve(outArg ?? join(root, "dist", "engine"));
 mkdirSync(dirname(outfile), { recursive: true });
 
 // Templates travel inside the binary; file names keep only their base name.

@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { defaultDataDir } from "../src/lib/config";
 import { readAdminTokenFile } from "../src/engine/auth/bootstrap";
+import { defaultDataDir } from "../src/lib/config";
 
 /** CliError is a user-facing failure: printed as one line, never with a stack trace. */
 export class CliError extends Error {
@@ -50,13 +50,25 @@ export class EngineClient {
     let response: Response;
     try {
       if (this.#target.kind === "unix") {
-        response = await fetch(`http://engine${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), unix: this.#target.socket });
+        response = await fetch(`http://engine${path}`, {
+          method,
+          headers,
+          body: body === undefined ? undefined : JSON.stringify(body),
+          unix: this.#target.socket,
+        });
       } else {
         if (this.#target.token) headers.authorization = `Bearer ${this.#target.token}`;
-        response = await fetch(`${this.#target.base}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+        response = await fetch(`${this.#target.base}${path}`, {
+          method,
+          headers,
+          body: body === undefined ? undefined : JSON.stringify(body),
+        });
       }
     } catch (error) {
-      throw new CliError(`cannot reach the engine at ${this.describe()}: is \`engine serve\` running? (${(error as Error).message})`, "daemon_not_running");
+      throw new CliError(
+        `cannot reach the engine at ${this.describe()}: is \`engine serve\` running? (${(error as Error).message})`,
+        "daemon_not_running",
+      );
     }
     const text = await response.text();
     let parsed: unknown;

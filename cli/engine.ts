@@ -36,7 +36,9 @@ export function buildProgram(): Command {
         .request<{ version: string; pid: number }>("GET", "/api/health")
         .catch(() => undefined);
       const value = { cli: VERSION, daemon: daemon?.version ?? null };
-      emit(output(), value, () => process.stdout.write(`engine ${VERSION}${daemon ? ` (daemon ${daemon.version}, pid ${daemon.pid})` : " (daemon not reachable)"}\n`));
+      emit(output(), value, () =>
+        process.stdout.write(`engine ${VERSION}${daemon ? ` (daemon ${daemon.version}, pid ${daemon.pid})` : " (daemon not reachable)"}\n`),
+      );
     });
   return program;
 }

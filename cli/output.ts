@@ -11,7 +11,11 @@ export function printJson(value: unknown): void {
 export function printTable(columns: string[], rows: (string | number | boolean | null | undefined)[][]): void {
   const cells = rows.map((row) => row.map((cell) => (cell === null || cell === undefined || cell === "" ? "-" : String(cell))));
   const widths = columns.map((column, index) => Math.max(column.length, ...cells.map((row) => (row[index] ?? "").length)));
-  const line = (row: string[]) => row.map((cell, index) => cell.padEnd(widths[index] ?? 0)).join("  ").trimEnd();
+  const line = (row: string[]) =>
+    row
+      .map((cell, index) => cell.padEnd(widths[index] ?? 0))
+      .join("  ")
+      .trimEnd();
   process.stdout.write(`${[line(columns.map((c) => c.toUpperCase())), ...cells.map(line)].join("\n")}\n`);
 }
 

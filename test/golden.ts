@@ -31,7 +31,8 @@ export function expectGolden(name: string, status: number, body: unknown): void 
   if (process.env.UPDATE_GOLDEN === "1" || !existsSync(file)) {
     mkdirSync(GOLDEN_DIR, { recursive: true });
     writeFileSync(file, `${JSON.stringify(actual, null, 2)}\n`);
-    if (process.env.UPDATE_GOLDEN !== "1" && process.env.CI) throw new Error(`golden file ${name}.json is missing; run with UPDATE_GOLDEN=1`);
+    if (process.env.UPDATE_GOLDEN !== "1" && process.env.CI)
+      throw new Error(`golden file ${name}.json is missing; run with UPDATE_GOLDEN=1`);
     return;
   }
   expect(actual).toEqual(JSON.parse(readFileSync(file, "utf8")));

@@ -44,7 +44,11 @@ export interface TestEngine {
   adminToken: string;
   clock: MutableClock;
   call(method: string, path: string, options?: { token?: string | null; body?: unknown; raw?: string }): Promise<Response>;
-  json<T = unknown>(method: string, path: string, options?: { token?: string | null; body?: unknown }): Promise<{ status: number; body: T }>;
+  json<T = unknown>(
+    method: string,
+    path: string,
+    options?: { token?: string | null; body?: unknown },
+  ): Promise<{ status: number; body: T }>;
   close(): Promise<void>;
 }
 
@@ -52,10 +56,11 @@ export interface TestEngine {
 export async function startTestEngine(config: ConfigInput = {}, options: DaemonOptions = {}): Promise<TestEngine> {
   const dataDir = config.dataDir ?? tempDir();
   const clock = new MutableClock();
-  const daemon = await startDaemon(
-    resolveConfig({ port: 0, logLevel: "info", logToStdout: false, ...config, dataDir }, {}),
-    { clock, restart: () => {}, ...options },
-  );
+  const daemon = await startDaemon(resolveConfig({ port: 0, logLevel: "info", logToStdout: false, ...config, dataDir }, {}), {
+    clock,
+    restart: () => {},
+    ...options,
+  });
   const adminToken = readAdminTokenFile(dataDir) ?? config.adminToken ?? "";
   const call: TestEngine["call"] = (method, path, options = {}) => {
     const headers: Record<string, string> = {};
@@ -122,7 +127,8 @@ export async function spawnEngine(
   let text = "";
   const decoder = new TextDecoder();
   const pump = async (stream: ReadableStream<Uint8Array>) => {
-    for await (const chunk of stream) text += decoder.decode(chunk, { stream: true });
+    const reader = stream.getReader();
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += decoder.decode(chunk.value, { stream: true });
   };
   void pump(proc.stdout as ReadableStream<Uint8Array>);
   void pump(proc.stderr as ReadableStream<Uint8Array>);

@@ -58,7 +58,12 @@ export function registerTokens(program: Command, client: () => EngineClient, out
         role: options.role,
         max_gpus: integerOption("--max-gpus", options.maxGpus),
         max_concurrent_jobs: integerOption("--max-concurrent-jobs", options.maxConcurrentJobs),
-        scope_services: options.scope ? options.scope.split(",").map((s) => s.trim()).filter(Boolean) : undefined,
+        scope_services: options.scope
+          ? options.scope
+              .split(",")
+              .map((s) => s.trim())
+              .filter(Boolean)
+          : undefined,
         expires_at: options.expiresIn ? new Date(Date.now() + parseDuration(options.expiresIn)).toISOString() : options.expiresAt,
       };
       const created = await client().request<CreatedToken>("POST", "/api/tokens", body);

@@ -115,7 +115,20 @@ export const ProxyStatus = t.Object(
 export type ProxyStatus = Static<typeof ProxyStatus>;
 
 export const ServiceKind = t.Union([t.Literal("batch"), t.Literal("service"), t.Literal("model"), t.Literal("database")]);
-export const SERVICE_STATUSES = ["pending", "scheduled", "running", "paused", "completed", "failed", "cancelled", "retrying", "building", "degraded", "restarting", "stopped"] as const;
+export const SERVICE_STATUSES = [
+  "pending",
+  "scheduled",
+  "running",
+  "paused",
+  "completed",
+  "failed",
+  "cancelled",
+  "retrying",
+  "building",
+  "degraded",
+  "restarting",
+  "stopped",
+] as const;
 export const ServiceStatus = t.Union([
   t.Literal("pending"),
   t.Literal("scheduled"),
@@ -224,8 +237,5 @@ export const ValidationErrorItem = t.Object({
 export const ValidationErrorBody = t.Object({ detail: t.Array(ValidationErrorItem) }, { $id: "ValidationError" });
 export type ValidationErrorItem = Static<typeof ValidationErrorItem>;
 
-export const ErrorBody = t.Object(
-  { error: t.Object({ code: t.String(), message: t.String(), request_id: t.String() }) },
-  { $id: "Error" },
-);
+export const ErrorBody = t.Object({ error: t.Object({ code: t.String(), message: t.String(), request_id: t.String() }) }, { $id: "Error" });
 export type ErrorBody = Static<typeof ErrorBody>;

@@ -155,8 +155,8 @@ export function toValidationDetail(part: string, issues: SchemaIssue[]): Validat
     const key = missing.has(issue.path) ? `${issue.path}\u0000missing` : `${issue.path}\u0000${issue.type}`;
     if (seen.has(key)) continue;
     seen.add(key);
-    const described = describeIssue(issue);
-    detail.push({ loc: [part, ...pathSegments(issue.path)], input: issue.value ?? null, ...described });
+    const { type, msg, ctx } = describeIssue(issue);
+    detail.push({ loc: [part, ...pathSegments(issue.path)], msg, type, input: issue.value ?? null, ctx });
   }
   return detail;
 }

@@ -6,10 +6,14 @@ import { AUTHED, errorResponses } from "./responses";
 /** daemonRoutes serves the daemon's own routes: health, restart, and the link's vcs-token push. */
 export function daemonRoutes(deps: ApiDeps) {
   return new Elysia({ name: "daemon" })
-    .get("/api/health", () => ({ status: "ok" as const, version: deps.version, pid: process.pid, uptime_s: (Date.now() - deps.startedAt) / 1000 }), {
-      response: { 200: Health },
-      detail: { tags: ["daemon"], summary: "Liveness: answers while the daemon serves requests (no credential)", security: [] },
-    })
+    .get(
+      "/api/health",
+      () => ({ status: "ok" as const, version: deps.version, pid: process.pid, uptime_s: (Date.now() - deps.startedAt) / 1000 }),
+      {
+        response: { 200: Health },
+        detail: { tags: ["daemon"], summary: "Liveness: answers while the daemon serves requests (no credential)", security: [] },
+      },
+    )
     .post(
       "/api/daemon/restart",
       ({ body, set }) => {
@@ -27,7 +31,10 @@ export function daemonRoutes(deps: ApiDeps) {
       "/api/link/vcs-token",
       ({ body }) => {
         const outcome = deps.vcs.push(body);
-        deps.log.info({ installation_id: outcome.installation_id, applied: outcome.applied, repos_count: outcome.repos_count }, "vcs token pushed");
+        deps.log.info(
+          { installation_id: outcome.installation_id, applied: outcome.applied, repos_count: outcome.repos_count },
+          "vcs token pushed",
+        );
         return outcome;
       },
       {

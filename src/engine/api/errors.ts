@@ -28,7 +28,13 @@ export const STATUS_BY_CODE: Record<ErrorCode, number> = {
 const JSON_HEADERS = { "content-type": "application/json" };
 
 /** errorResponse writes the one error envelope every non-422 failure uses. */
-export function errorResponse(status: number, code: string, message: string, requestId: string, extraHeaders?: Record<string, string>): Response {
+export function errorResponse(
+  status: number,
+  code: string,
+  message: string,
+  requestId: string,
+  extraHeaders?: Record<string, string>,
+): Response {
   return new Response(JSON.stringify({ error: { code, message, request_id: requestId } }), {
     status,
     headers: { ...JSON_HEADERS, "x-request-id": requestId, ...extraHeaders },

@@ -42,7 +42,11 @@ export interface Api {
   markLocal(request: Request): void;
 }
 
-function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (request: Request) => void; requestId: (request: Request) => string }) {
+function buildApp(
+  deps: ApiDeps,
+  ctx: RequestContext,
+  hooks: { onRequest: (request: Request) => void; requestId: (request: Request) => string },
+) {
   // Elysia wraps whatever a parser throws into a bare PARSE error; the real reason waits here.
   const parseFailures = new WeakMap<Request, InputError>();
   const refuseBody = (request: Request, failure: InputError): never => {
@@ -58,9 +62,18 @@ function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (reque
       try {
         value = JSON.parse(text);
       } catch (error) {
-        refuseBody(request, new InputError([
-          { loc: ["body"], msg: "JSON decode error: the body is not valid JSON", type: "json_invalid", input: null, ctx: { error: (error as Error).message } },
-        ]));
+        refuseBody(
+          request,
+          new InputError([
+            {
+              loc: ["body"],
+              msg: "JSON decode error: the body is not valid JSON",
+              type: "json_invalid",
+              input: null,
+              ctx: { error: (error as Error).message },
+            },
+          ]),
+        );
       }
       // Every body of this API is a JSON object; say so before field checks run on a coerced value.
       if (value === null || typeof value !== "object" || Array.isArray(value)) {
@@ -121,7 +134,9 @@ function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (reque
                 tags: ["daemon"],
                 summary: "The installed contract (OpenAPI 3.1); no credential",
                 security: [],
-                responses: { "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } } },
+                responses: {
+                  "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
+                },
               },
             },
           },
@@ -181,9 +196,7 @@ export function createApi(deps: ApiDeps): Api {
   };
 
   const app = buildApp(deps, ctx, { onRequest, requestId });
-  const declared = new Set(
-    app.routes.filter((r) => r.method !== "HEAD" && r.method !== "OPTIONS").map((r) => `${r.method} ${r.path}`),
-  );
+  const declared = new Set(app.routes.filter((r) => r.method !== "HEAD" && r.method !== "OPTIONS").map((r) => `${r.method} ${r.path}`));
   const missing = [...declared].filter((key) => !(key in ROUTE_ACCESS));
   const stale = Object.keys(ROUTE_ACCESS).filter((key) => !declared.has(key));
   if (missing.length > 0 || stale.length > 0) {

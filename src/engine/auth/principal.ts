@@ -29,6 +29,9 @@ export const LOCAL_PRINCIPAL: Principal = Object.freeze({
 /** assertServiceInScope throws 403 `out_of_scope` when a scoped principal names a service outside its scope. */
 export function assertServiceInScope(principal: Principal, serviceName: string): void {
   if (principal.scopeServices.length > 0 && !principal.scopeServices.includes(serviceName)) {
-    throw new AppError("out_of_scope", `this token is scoped to ${principal.scopeServices.join(", ")}: ${serviceName} is outside its scope`);
+    throw new AppError(
+      "out_of_scope",
+      `this token is scoped to ${principal.scopeServices.join(", ")}: ${serviceName} is outside its scope`,
+    );
   }
 }

@@ -1,7 +1,7 @@
-import type { Server } from "bun";
 import { accessSync, chmodSync, constants, existsSync, mkdirSync, rmSync, statSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
+import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { AppError } from "../../lib/errors";
@@ -178,7 +178,10 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
 
     const port = tcp.port ?? config.port;
     const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
-    log.info({ url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length }, "listening");
+    log.info(
+      { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length },
+      "listening",
+    );
 
     let stopped = false;
     return {

@@ -11,7 +11,11 @@ export interface ServiceDirectory {
   /** serviceName resolves a name or id to the service's name, for scope checks. */
   serviceName(ident: string): string;
   removeDomain(name: string, domain: string): { service_name: string; domain: string; removed: boolean };
-  restoreDatabase(name: string, dump: string, timeoutS: number): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }>;
+  restoreDatabase(
+    name: string,
+    dump: string,
+    timeoutS: number,
+  ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }>;
   /** drain waits, at most until the deadline, for work that must finish before a restart. */
   drain(deadline: number): Promise<void>;
 }

@@ -1,6 +1,6 @@
 import { Database } from "bun:sqlite";
 import { AppError } from "../../lib/errors";
-import { type Migration, MIGRATIONS } from "./migrations";
+import { MIGRATIONS, type Migration } from "./migrations";
 
 export type { Database } from "bun:sqlite";
 
@@ -27,7 +27,12 @@ export function openStore(path: string, migrations: readonly Migration[] = MIGRA
 /** migrate applies, in order and each in its own transaction, the migrations not yet recorded. */
 export function migrate(db: Database, migrations: readonly Migration[]): string[] {
   db.exec("CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)");
-  const applied = new Set(db.query<{ id: string }, []>("SELECT id FROM schema_migrations").all().map((row) => row.id));
+  const applied = new Set(
+    db
+      .query<{ id: string }, []>("SELECT id FROM schema_migrations")
+      .all()
+      .map((row) => row.id),
+  );
   const known = new Set(migrations.map((m) => m.id));
   const unknown = [...applied].filter((id) => !known.has(id));
   if (unknown.length > 0) {

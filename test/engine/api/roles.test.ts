@@ -18,7 +18,9 @@ beforeAll(async () => {
   const revoked = await createToken(engine, { name: "gone", role: "admin" });
   await engine.call("DELETE", `/api/tokens/${revoked.id}`);
   secrets.revoked = revoked.secret;
-  secrets.expiring = (await createToken(engine, { name: "short", role: "admin", expires_at: new Date(Date.now() + 60_000).toISOString() })).secret;
+  secrets.expiring = (
+    await createToken(engine, { name: "short", role: "admin", expires_at: new Date(Date.now() + 60_000).toISOString() })
+  ).secret;
 });
 afterAll(() => engine.close());
 
@@ -26,7 +28,10 @@ const throwaway = async () => (await createToken(engine, { name: `throwaway-${++
 
 async function send(key: string, token: string | null) {
   const id = key === "DELETE /api/tokens/:id" ? await throwaway() : "unused";
-  const sample = sampleRequests(() => id, () => `matrix-${++counter}`).find((s) => s.key === key);
+  const sample = sampleRequests(
+    () => id,
+    () => `matrix-${++counter}`,
+  ).find((s) => s.key === key);
   if (!sample) throw new Error(`no sample for ${key}`);
   const response = await engine.call(sample.method, sample.path, { token, body: sample.body });
   return { sample, status: response.status, body: (await response.json()) as { error?: { code: string } } };
@@ -36,14 +41,20 @@ const protectedRoutes = Object.entries(ROUTE_ACCESS).filter(([, access]) => acce
 
 describe("role matrix", () => {
   test("every route of the API is in the matrix and has a sample request", () => {
-    const keys = sampleRequests(() => "x", () => "y").map((s) => s.key);
+    const keys = sampleRequests(
+      () => "x",
+      () => "y",
+    ).map((s) => s.key);
     expect(protectedRoutes.map(([key]) => key).sort()).toEqual(keys.sort());
   });
 
   test.each(protectedRoutes)("%s (%s)", async (key, access) => {
     for (const role of ["admin", "submitter", "readonly"] as const) {
       const allowed = ACCESS_ROLES[access as "read"].includes(role);
-      const sample = sampleRequests(() => "x", () => "y").find((s) => s.key === key);
+      const sample = sampleRequests(
+        () => "x",
+        () => "y",
+      ).find((s) => s.key === key);
       if (allowed && sample?.mutates) continue; // the restart itself is tested in daemon tests
       const { status, body, sample: sent } = await send(key, secrets[role] ?? "");
       if (allowed) expect({ role, status }).toEqual({ role, status: sent.adminStatus });
@@ -85,7 +96,10 @@ describe("role matrix", () => {
     const outside = await engine.call("DELETE", "/api/services/db/domains/db.example.com", { token: secrets.scoped ?? "" });
     expect(outside.status).toBe(403);
     expect(((await outside.json()) as { error: { code: string } }).error.code).toBe("out_of_scope");
-    const restoreOutside = await engine.call("POST", "/api/databases/db/restore", { token: secrets.scoped ?? "", body: { dump: "/x", timeout_s: 5 } });
+    const restoreOutside = await engine.call("POST", "/api/databases/db/restore", {
+      token: secrets.scoped ?? "",
+      body: { dump: "/x", timeout_s: 5 },
+    });
     expect(restoreOutside.status).toBe(403);
     // Inside its scope the request reaches the module, which finds no such service.
     const inside = await engine.call("DELETE", "/api/services/web/domains/web.example.com", { token: secrets.scoped ?? "" });

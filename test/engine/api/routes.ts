@@ -36,12 +36,25 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
       body: { dump: "/tmp/dump.sql", timeout_s: 30 },
       adminStatus: 404,
     },
-    { key: "POST /api/daemon/restart", method: "POST", path: "/api/daemon/restart", body: { drain_timeout_s: 1 }, adminStatus: 202, mutates: true },
+    {
+      key: "POST /api/daemon/restart",
+      method: "POST",
+      path: "/api/daemon/restart",
+      body: { drain_timeout_s: 1 },
+      adminStatus: 202,
+      mutates: true,
+    },
     {
       key: "PUT /api/link/vcs-token",
       method: "PUT",
       path: "/api/link/vcs-token",
-      body: { installation_id: 42, token: "ghs_sampleSecretValue123", expires_at: inAnHour, issued_at: new Date().toISOString(), repos: ["acme/app"] },
+      body: {
+        installation_id: 42,
+        token: "ghs_sampleSecretValue123",
+        expires_at: inAnHour,
+        issued_at: new Date().toISOString(),
+        repos: ["acme/app"],
+      },
       adminStatus: 200,
     },
   ];

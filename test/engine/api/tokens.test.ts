@@ -91,7 +91,8 @@ describe("tokens", () => {
     await eventually(() => {
       const db = new Database(join(engine.dataDir, "engine.db"), { readonly: true });
       try {
-        return db.query<{ last_used_at: string | null }, [string]>("SELECT last_used_at FROM tokens WHERE id = ?").get(user.id)?.last_used_at;
+        return db.query<{ last_used_at: string | null }, [string]>("SELECT last_used_at FROM tokens WHERE id = ?").get(user.id)
+          ?.last_used_at;
       } finally {
         db.close();
       }

@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, rmSync, statSync, writeFileSync } from "node:fs"
 import { join } from "node:path";
 import { eventually, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
-const cleanups: (() => Promise<unknown> | void)[] = [];
+const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
   while (cleanups.length > 0) await cleanups.pop()?.();
 });
@@ -63,7 +63,11 @@ describe("daemon process", () => {
     const before = (await (await fetch(`${engine.url}/api/health`)).json()) as { pid: number; uptime_s: number };
     // --port 0 picks a new port after the re-exec, so find it from the new "listening" line.
     const linesBefore = engine.output().split('"msg":"listening"').length;
-    const response = await fetch(`${engine.url}/api/daemon/restart`, { method: "POST", headers: auth, body: JSON.stringify({ drain_timeout_s: 2 }) });
+    const response = await fetch(`${engine.url}/api/daemon/restart`, {
+      method: "POST",
+      headers: auth,
+      body: JSON.stringify({ drain_timeout_s: 2 }),
+    });
     expect(response.status).toBe(202);
     expect(await response.json()).toEqual({});
     await eventually(() => engine.output().split('"msg":"listening"').length > linesBefore, { timeoutMs: 15000 });
@@ -110,7 +114,7 @@ describe("daemon process", () => {
     const result = await runCli(["serve", "--data-dir", dir, "--port", "0", ...args], env as Record<string, string>);
     expect(result.code).toBe(1);
     expect(result.stderr).toContain(message);
-    expect(result.stderr).not.toContain("short\"");
+    expect(result.stderr).not.toContain('short"');
     expect(result.stderr.trim().split("\n").length).toBe(1);
   });
 
@@ -124,7 +128,9 @@ describe("daemon process", () => {
     expect(engine.output()).toContain("broken.json");
     expect(engine.output()).toContain("custom.json");
     const token = (await Bun.file(join(dir, "admin.token")).text()).trim();
-    const list = (await (await fetch(`${engine.url}/api/app-templates`, { headers: { authorization: `Bearer ${token}` } })).json()) as { id: string }[];
+    const list = (await (await fetch(`${engine.url}/api/app-templates`, { headers: { authorization: `Bearer ${token}` } })).json()) as {
+      id: string;
+    }[];
     expect(list.map((t) => t.id)).not.toContain("custom");
   });
 });

@@ -1,0 +1,101 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
+import { join } from "node:path";
+import { runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+
+let engine: SpawnedEngine;
+let dataDir: string;
+beforeAll(async () => {
+  dataDir = tempDir();
+  engine = await spawnEngine(dataDir);
+});
+afterAll(async () => {
+  await engine.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+const cli = (...args: string[]) => runCli(["--data-dir", dataDir, ...args]);
+
+describe("engine CLI", () => {
+  test("tokens create / list / revoke over the unix socket, human and --json", async () => {
+    const created = await cli(
+      "--json",
+      "tokens",
+      "create",
+      "ci",
+      "--role",
+      "submitter",
+      "--max-gpus",
+      "2",
+      "--scope",
+      "web,db",
+      "--expires-in",
+      "30d",
+    );
+    expect(created.code).toBe(0);
+    const record = JSON.parse(created.stdout) as {
+      id: string;
+      token: string;
+      scope_services: string[];
+      max_gpus: number;
+      expires_at: string;
+    };
+    expect(record.token).toStartWith("eng_");
+    expect(record).toMatchObject({ scope_services: ["web", "db"], max_gpus: 2 });
+    expect(Date.parse(record.expires_at) - Date.now()).toBeGreaterThan(29 * 86400_000);
+
+    const table = await cli("tokens", "list");
+    expect(table.code).toBe(0);
+    expect(table.stdout.split("\n")[0]).toMatch(/^ID\s+NAME\s+ROLE\s+STATE/);
+    expect(table.stdout).toContain("ci");
+    expect(table.stdout).not.toContain(record.token);
+
+    const revoked = await cli("tokens", "revoke", "ci");
+    expect(revoked).toMatchObject({ code: 0, stdout: `revoked ci (${record.id})\n` });
+    const json = JSON.parse((await cli("--json", "tokens", "list")).stdout) as { id: string; revoked: boolean }[];
+    expect(json.find((t) => t.id === record.id)?.revoked).toBe(true);
+  });
+
+  test("templates list / show", async () => {
+    const list = await cli("templates", "list");
+    expect(list.code).toBe(0);
+    expect(list.stdout).toContain("vllm");
+    const show = await cli("templates", "show", "vllm");
+    expect(show.code).toBe(0);
+    expect(show.stdout).toMatch(/^id\s+vllm$/m);
+    expect(show.stdout).toContain("https://github.com/vllm-project/vllm");
+    const json = JSON.parse((await cli("--json", "templates", "show", "redis")).stdout) as { id: string };
+    expect(json.id).toBe("redis");
+  });
+
+  test("HTTP with a token instead of the socket: --url and --token", async () => {
+    const token = (await Bun.file(join(dataDir, "admin.token")).text()).trim();
+    const ok = await runCli(["--url", engine.url, "--token", token, "--json", "tokens", "list"]);
+    expect(ok.code).toBe(0);
+    const bad = await runCli(["--url", engine.url, "--token", "eng_wrong", "tokens", "list"]);
+    expect(bad).toMatchObject({ code: 1, stderr: "engine: the bearer token is not valid [invalid_token]\n" });
+  });
+
+  test("version reports the CLI and the daemon", async () => {
+    const version = await cli("--json", "version");
+    expect(JSON.parse(version.stdout)).toEqual({ cli: "0.6.0", daemon: "0.6.0" });
+  });
+
+  test.each([
+    [["templates", "show", "nope"], 'engine: no app template with id "nope" [template_not_found]\n'],
+    [["tokens", "create", "x", "--role", "root"], "engine: role: Input should be 'admin', 'submitter' or 'readonly' [validation]\n"],
+    [["tokens", "create", "x", "--max-gpus", "two"], 'engine: --max-gpus takes a whole number (got "two")\n'],
+    [["tokens", "revoke", "ghost"], 'engine: no active token named "ghost" [token_not_found]\n'],
+  ])("user error %p is one line and exit 1", async (args, message) => {
+    const result = await cli(...args);
+    expect(result).toMatchObject({ code: 1, stderr: message });
+  });
+
+  test("a daemon that is not running is a clear error", async () => {
+    const empty = tempDir();
+    const result = await runCli(["--data-dir", empty, "--url", "http://127.0.0.1:1", "tokens", "list"]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toStartWith("engine: cannot reach the engine at http://127.0.0.1:1: is `engine serve` running?");
+    rmSync(empty, { recursive: true, force: true });
+  });
+});

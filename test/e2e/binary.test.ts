@@ -1,0 +1,65 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { copyFileSync, existsSync, readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+
+/** specPaths reads the endpoint table of the local engine contract. */
+function specPaths(): string[] {
+  const candidates = [
+    join(REPO_ROOT, "..", "shared", "spec", "local-engine-api.md"),
+    join(REPO_ROOT, "shared", "spec", "local-engine-api.md"),
+  ];
+  const file = candidates.find((c) => existsSync(c));
+  if (!file) throw new Error("local-engine-api.md not found beside the repository");
+  const rows = readFileSync(file, "utf8").matchAll(/^\| (GET|POST|PUT|DELETE|PATCH) \| (\/api\/[^ |]*) \|/gm);
+  return [...rows].map((row) => `${row[1]} ${row[2]}`);
+}
+
+let workDir: string;
+let binary: string;
+let engine: SpawnedEngine;
+
+beforeAll(async () => {
+  workDir = tempDir("engine-e2e-");
+  const built = join(workDir, "build", "engine");
+  const build = Bun.spawnSync([process.execPath, join(REPO_ROOT, "build.ts"), "--outfile", built], { cwd: REPO_ROOT, stderr: "pipe" });
+  if (build.exitCode !== 0) throw new Error(`build failed: ${build.stderr.toString()}`);
+  // Run it from a directory with nothing beside it: no node_modules, no sources, no templates.
+  binary = join(workDir, "bin", "engine");
+  Bun.spawnSync(["mkdir", "-p", join(workDir, "bin")]);
+  copyFileSync(built, binary);
+  Bun.spawnSync(["chmod", "755", binary]);
+  engine = await spawnEngine(join(workDir, "data"), { command: [binary] });
+}, 180_000);
+
+afterAll(async () => {
+  await engine?.stop();
+  rmSync(workDir, { recursive: true, force: true });
+});
+
+describe("compiled dist/engine", () => {
+  test("runs with no node_modules and answers /api/openapi.json listing every path of the spec", async () => {
+    const response = await fetch(`${engine.url}/api/openapi.json`);
+    expect(response.status).toBe(200);
+    const doc = (await response.json()) as { openapi: string; paths: Record<string, Record<string, unknown>> };
+    expect(doc.openapi).toStartWith("3.1");
+    const served = Object.entries(doc.paths).flatMap(([path, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${path}`));
+    const required = specPaths();
+    expect(required.length).toBe(10);
+    for (const route of required) expect({ route, served: served.includes(route) }).toEqual({ route, served: true });
+  });
+
+  test("serves the offline docs page without any CDN", async () => {
+    const response = await fetch(`${engine.url}/api/docs`);
+    expect(response.status).toBe(200);
+    const html = await response.text();
+    expect(html).toContain("/api/openapi.json");
+    expect(html).not.toMatch(/https?:\/\/(cdn|unpkg|fonts)\./);
+  });
+
+  test("carries the templates inside and its CLI talks to its daemon", async () => {
+    const result = await runCli(["--data-dir", join(workDir, "data"), "--json", "templates", "list"], {}, [binary]);
+    expect(result.code).toBe(0);
+    expect((JSON.parse(result.stdout) as unknown[]).length).toBeGreaterThanOrEqual(12);
+  });
+});
