@@ -49,7 +49,13 @@ export async function loadTest(
   await run(warmupMs, false);
   const { latencies, errors, elapsed } = await run(durationMs, true);
   latencies.sort((a, b) => a - b);
-  return { requests: latencies.length, errors, rps: (latencies.length / elapsed) * 1000, p50: percentile(latencies, 50), p99: percentile(latencies, 99) };
+  return {
+    requests: latencies.length,
+    errors,
+    rps: (latencies.length / elapsed) * 1000,
+    p50: percentile(latencies, 50),
+    p99: percentile(latencies, 99),
+  };
 }
 
 /** waitForHttp polls a URL until it answers, or throws after the deadline. */

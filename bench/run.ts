@@ -3,6 +3,9 @@ import { join } from "node:path";
 
 const benches = ["api.ts"];
 for (const bench of benches) {
-  const result = Bun.spawnSync([process.execPath, join(import.meta.dir, bench), ...process.argv.slice(2)], { stdout: "inherit", stderr: "inherit" });
+  const result = Bun.spawnSync([process.execPath, join(import.meta.dir, bench), ...process.argv.slice(2)], {
+    stdout: "inherit",
+    stderr: "inherit",
+  });
   if (result.exitCode !== 0) process.exit(result.exitCode ?? 1);
 }
