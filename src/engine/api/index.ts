@@ -33,6 +33,14 @@ function compileRouteAccess(): CompiledRoute[] {
   });
 }
 
+/** pathOf returns a URL's path without its query, without the cost of a URL object. */
+function pathOf(url: string): string {
+  const start = url.indexOf("/", url.indexOf("//") + 2);
+  if (start === -1) return "/";
+  const query = url.indexOf("?", start);
+  return url.slice(start, query === -1 ? undefined : query);
+}
+
 /** PART_NAMES maps Elysia's validation targets to the `loc` roots of the 422 body. */
 const PART_NAMES: Record<string, string> = { body: "body", params: "path", query: "query", headers: "header", cookie: "cookie" };
 
@@ -163,12 +171,15 @@ export function createApi(deps: ApiDeps): Api {
   const local = new WeakSet<Request>();
   const principals = new WeakMap<Request, Principal>();
   const requestIds = new WeakMap<Request, string>();
+  // Request ids are a random per-process prefix and a counter: unique across restarts, and cheap.
+  const bootPrefix = randomId("req").slice(4, 12);
+  let requestCounter = 0;
 
   const requestId = (request: Request): string => {
     let id = requestIds.get(request);
     if (!id) {
       const given = request.headers.get("x-request-id");
-      id = given && /^[A-Za-z0-9._-]{1,64}$/.test(given) ? given : randomId("req");
+      id = given && /^[A-Za-z0-9._-]{1,64}$/.test(given) ? given : `req_${bootPrefix}${(++requestCounter).toString(36)}`;
       requestIds.set(request, id);
     }
     return id;
@@ -176,7 +187,7 @@ export function createApi(deps: ApiDeps): Api {
 
   const onRequest = (request: Request) => {
     requestId(request);
-    const path = new URL(request.url).pathname;
+    const path = pathOf(request.url);
     const method = request.method === "HEAD" ? "GET" : request.method;
     const route = routes.find((r) => r.method === method && r.pattern.test(path));
     if (!route || route.access === "public") return;

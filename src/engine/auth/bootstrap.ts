@@ -17,7 +17,7 @@ export function bootstrapAdminToken(tokens: TokenStore, dataDir: string, adminTo
   const file = join(dataDir, ADMIN_TOKEN_FILE);
   if (adminToken !== undefined) {
     if (!tokens.hasDigestOf(adminToken)) {
-      tokens.create({ name: `env-admin-${Date.now().toString(36)}`, role: "admin" }, "env", adminToken);
+      createNamed(tokens, "env-admin", "env", adminToken);
       log.info("registered ENGINE_ADMIN_TOKEN as an admin token");
     }
   }
@@ -25,9 +25,20 @@ export function bootstrapAdminToken(tokens: TokenStore, dataDir: string, adminTo
     if (!existsSync(file)) log.info("an admin token exists; admin.token is absent, so the CLI uses the unix socket");
     return;
   }
-  const { record, secret } = tokens.create({ name: `bootstrap-admin-${Date.now().toString(36)}`, role: "admin" }, "bootstrap");
+  const { record, secret } = createNamed(tokens, "bootstrap-admin", "bootstrap");
   writePrivateFile(file, `${secret}\n`);
   log.info({ file, token_id: record.id }, "created the first admin token; it is in the file named here");
+}
+
+/** createNamed creates an admin token named `name`, or `name-2`, `name-3`... when an active token holds the name. */
+function createNamed(tokens: TokenStore, name: string, origin: string, secret?: string) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return tokens.create({ name: attempt === 1 ? name : `${name}-${attempt}`, role: "admin" }, origin, secret);
+    } catch (error) {
+      if ((error as { code?: string }).code !== "token_name_taken" || attempt > 100) throw error;
+    }
+  }
 }
 
 /** readAdminTokenFile returns the token in `<data-dir>/admin.token`, or undefined when there is none. */

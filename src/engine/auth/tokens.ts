@@ -34,6 +34,11 @@ export class TokenStore {
   readonly #db: Database;
   readonly #clock: Clock;
   readonly #pendingLastUsed = new Map<string, string>();
+  /**
+   * #byDigest caches rows of presented tokens. Every write to `tokens` goes through this
+   * store and clears it, so a revocation takes effect on the next request.
+   */
+  readonly #byDigest = new Map<string, TokenRow>();
   #flushTimer: ReturnType<typeof setInterval> | undefined;
 
   constructor(db: Database, clock: Clock) {
@@ -128,6 +133,7 @@ export class TokenStore {
       this.#db.query("UPDATE tokens SET revoked_at = ? WHERE id = ?").run(iso(this.#clock.now()), id);
     });
     revoke.immediate();
+    this.#byDigest.clear();
     this.#pendingLastUsed.delete(id);
     return this.get(id);
   }
@@ -162,7 +168,14 @@ export class TokenStore {
     const match = BEARER.exec(header);
     if (!match?.[1]) throw new AppError("invalid_token", "the Authorization header is not a well-formed bearer token");
     const digest = digestSecret(match[1]);
-    const row = this.#db.query<TokenRow, [string]>("SELECT * FROM tokens WHERE digest = ?").get(digest);
+    let row = this.#byDigest.get(digest) ?? null;
+    if (!row) {
+      row = this.#db.query<TokenRow, [string]>("SELECT * FROM tokens WHERE digest = ?").get(digest);
+      if (row) {
+        if (this.#byDigest.size >= 10_000) this.#byDigest.clear();
+        this.#byDigest.set(digest, row);
+      }
+    }
     if (!row || !constantTimeEqual(row.digest, digest)) throw new AppError("invalid_token", "the bearer token is not valid");
     if (row.revoked_at !== null) throw new AppError("token_revoked", "the bearer token has been revoked");
     const now = this.#clock.now();

@@ -122,9 +122,12 @@ describe("role matrix", () => {
     const doc = readFileSync(join(REPO_ROOT, "docs", "roles.md"), "utf8");
     for (const [key, access] of Object.entries(ROUTE_ACCESS)) {
       const [method, path] = key.split(" ");
-      const line = doc.split("\n").find((l) => l.includes(`| ${method} | \`${path}\``));
-      expect({ key, line: line !== undefined }).toEqual({ key, line: true });
-      expect({ key, access: line?.split("|")[3]?.trim() }).toEqual({ key, access });
+      const cells = doc
+        .split("\n")
+        .map((l) => l.split("|").map((c) => c.trim()))
+        .find((c) => c[1] === method && c[2] === `\`${path}\``);
+      expect({ key, listed: cells !== undefined }).toEqual({ key, listed: true });
+      expect({ key, access: cells?.[3] }).toEqual({ key, access });
     }
   });
 });
