@@ -32,10 +32,8 @@ export const ErrorCodes = {
   database_not_found: "database_not_found",
   token_name_taken: "token_name_taken",
   last_admin_token: "last_admin_token",
-  invalid_request: "invalid_request",
   // daemon state
   draining: "draining",
-  not_available: "not_available",
   // configuration and start-up
   config_invalid: "config_invalid",
   data_dir_unwritable: "data_dir_unwritable",

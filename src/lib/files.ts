@@ -1,4 +1,4 @@
-import { chmodSync, closeSync, constants, existsSync, fsyncSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
+import { chmodSync, closeSync, constants, fsyncSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
 import { dirname } from "node:path";
 
 /**
@@ -18,8 +18,4 @@ export function writePrivateFile(path: string, contents: string | Uint8Array): v
   }
   chmodSync(temporary, 0o600);
   renameSync(temporary, path);
-}
-
-export function ensureDir(path: string, mode = 0o700): void {
-  if (!existsSync(path)) mkdirSync(path, { recursive: true, mode });
 }
