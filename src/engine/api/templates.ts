@@ -4,14 +4,17 @@ import type { ApiDeps } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
 export function templateRoutes(deps: ApiDeps) {
-  return new Elysia({ name: "app-templates" })
-    .get("/api/app-templates", () => deps.templates.list(), {
-      response: { 200: t.Array(AppTemplate), ...errorResponses(...AUTHED) },
-      detail: { tags: ["app-templates"], summary: "List app templates" },
-    })
-    .get("/api/app-templates/:template_id", ({ params }) => deps.templates.get(params.template_id), {
-      params: TemplateIdParams,
-      response: { 200: AppTemplate, ...errorResponses(...AUTHED, 404, 422) },
-      detail: { tags: ["app-templates"], summary: "Get one app template" },
-    });
+  return (
+    new Elysia({ name: "app-templates" })
+      // The list was validated when loaded and never changes, so its JSON is built once.
+      .get("/api/app-templates", () => new Response(deps.templates.listJson(), { headers: { "content-type": "application/json" } }), {
+        response: { 200: t.Array(AppTemplate), ...errorResponses(...AUTHED) },
+        detail: { tags: ["app-templates"], summary: "List app templates" },
+      })
+      .get("/api/app-templates/:template_id", ({ params }) => deps.templates.get(params.template_id), {
+        params: TemplateIdParams,
+        response: { 200: AppTemplate, ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["app-templates"], summary: "Get one app template" },
+      })
+  );
 }

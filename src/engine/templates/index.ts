@@ -78,8 +78,16 @@ export class TemplateCatalog {
     }
   }
 
+  #listJson: string | undefined;
+
   list(): AppTemplate[] {
     return [...this.#templates.values()].sort((a, b) => a.id.localeCompare(b.id));
+  }
+
+  /** listJson is list() serialized once: the catalog does not change after start-up. */
+  listJson(): string {
+    this.#listJson ??= JSON.stringify(this.list());
+    return this.#listJson;
   }
 
   get(id: string): AppTemplate {

@@ -9,10 +9,13 @@ beforeAll(async () => {
 afterAll(() => engine.close());
 
 async function golden(name: string, method: string, path: string, expectedStatus: number, body?: unknown) {
-  const response = await engine.json(method, path, { body });
+  const response = await engine.call(method, path, { body });
   expect(response.status).toBe(expectedStatus);
-  expectGolden(name, response.status, response.body);
-  return response.body;
+  expect(response.headers.get("x-request-id")).toMatch(/^req_[a-z0-9]+$/);
+  expect(response.headers.get("content-type")).toStartWith("application/json");
+  const parsed: unknown = await response.json();
+  expectGolden(name, response.status, parsed);
+  return parsed;
 }
 
 describe("golden responses, one per route", () => {
