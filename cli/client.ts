@@ -1,6 +1,6 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { readAdminTokenFile } from "../src/engine/auth/bootstrap";
+import { readAdminTokenFile } from "../src/engine/auth";
 import { defaultDataDir } from "../src/lib/config";
 
 /** CliError is a user-facing failure: printed as one line, never with a stack trace. */

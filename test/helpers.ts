@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { readAdminTokenFile } from "../src/engine/auth/bootstrap";
+import { readAdminTokenFile } from "../src/engine/auth";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
 import type { Clock } from "../src/lib/clock";
 import { type ConfigInput, resolveConfig } from "../src/lib/config";
@@ -58,7 +58,7 @@ export async function startTestEngine(config: ConfigInput = {}, options: DaemonO
   const clock = new MutableClock();
   const daemon = await startDaemon(resolveConfig({ port: 0, logLevel: "info", logToStdout: false, ...config, dataDir }, {}), {
     clock,
-    restart: () => {},
+    restart: () => undefined,
     ...options,
   });
   const adminToken = readAdminTokenFile(dataDir) ?? config.adminToken ?? "";

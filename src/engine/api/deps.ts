@@ -9,7 +9,6 @@ import type { TemplateCatalog } from "../templates";
 export interface DaemonControl {
   /** requestRestart starts a drain-and-restart in the background and returns at once. */
   requestRestart(drainTimeoutS: number): void;
-  readonly draining: boolean;
 }
 
 /** ApiDeps are the modules the HTTP API calls. Handlers are thin: validate, call, answer. */

@@ -41,6 +41,11 @@ function pathOf(url: string): string {
   return url.slice(start, query === -1 ? undefined : query);
 }
 
+/** jsonInvalid is the 422 entry for a body that is not JSON at all. */
+function jsonInvalid(ctx: Record<string, unknown>) {
+  return { loc: ["body"], msg: "JSON decode error: the body is not valid JSON", type: "json_invalid", input: null, ctx };
+}
+
 /** PART_NAMES maps Elysia's validation targets to the `loc` roots of the 422 body. */
 const PART_NAMES: Record<string, string> = { body: "body", params: "path", query: "query", headers: "header", cookie: "cookie" };
 
@@ -70,18 +75,7 @@ function buildApp(
       try {
         value = JSON.parse(text);
       } catch (error) {
-        refuseBody(
-          request,
-          new InputError([
-            {
-              loc: ["body"],
-              msg: "JSON decode error: the body is not valid JSON",
-              type: "json_invalid",
-              input: null,
-              ctx: { error: (error as Error).message },
-            },
-          ]),
-        );
+        refuseBody(request, new InputError([jsonInvalid({ error: (error as Error).message })]));
       }
       // Every body of this API is a JSON object; say so before field checks run on a coerced value.
       if (value === null || typeof value !== "object" || Array.isArray(value)) {
@@ -96,7 +90,7 @@ function buildApp(
       const requestId = hooks.requestId(request);
       if (error instanceof ValidationError) {
         if (error.type === "response") {
-          deps.log.error({ request_id: requestId, path: new URL(request.url).pathname, issues: error.all }, "response failed its schema");
+          deps.log.error({ request_id: requestId, path: pathOf(request.url), issues: error.all }, "response failed its schema");
           return errorResponse(500, "internal", "internal error", requestId);
         }
         const part = PART_NAMES[error.type] ?? error.type;
@@ -107,10 +101,7 @@ function buildApp(
       if (code === "PARSE") {
         const failure = parseFailures.get(request);
         if (failure) return validationResponse(failure.detail, requestId);
-        return validationResponse(
-          [{ loc: ["body"], msg: "JSON decode error: the body is not valid JSON", type: "json_invalid", input: null, ctx: {} }],
-          requestId,
-        );
+        return validationResponse([jsonInvalid({})], requestId);
       }
       if (code === "NOT_FOUND") return errorResponse(404, "not_found", "no such route", requestId);
       if (isAppError(error)) {
@@ -120,7 +111,7 @@ function buildApp(
         return errorResponse(status, error.code, error.message, requestId, headers);
       }
       // Anything else is a bug: log it once with the request id, and tell the client only the id.
-      deps.log.error({ request_id: requestId, err: error, path: new URL(request.url).pathname }, "unhandled error");
+      deps.log.error({ request_id: requestId, err: error, path: pathOf(request.url) }, "unhandled error");
       return errorResponse(500, "internal", "internal error; the engine log has the details under this request id", requestId);
     })
     .use(

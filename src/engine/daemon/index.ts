@@ -18,8 +18,11 @@ import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
   clock?: Clock;
-  /** restart replaces the process after a drain; the default re-executes it in place. Tests pass their own. */
-  restart?: () => void;
+  /**
+   * restart replaces the process after a drain; the default re-executes it in place and
+   * returns only an Error, on failure. Tests pass their own.
+   */
+  restart?: () => Error | undefined;
   /** services is the scheduler's directory; without the scheduler module no service exists. */
   services?: ServiceDirectory;
 }
@@ -126,9 +129,6 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
 
     let restarting: Promise<void> | undefined;
     const daemon: DaemonControl = {
-      get draining() {
-        return restarting !== undefined;
-      },
       requestRestart(drainTimeoutS) {
         if (restarting) throw new AppError("draining", "a restart is already under way");
         log.info({ drain_timeout_s: drainTimeoutS }, "restart requested: draining");
@@ -137,9 +137,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
           await Bun.sleep(10);
           await services.drain(Date.now() + drainTimeoutS * 1000);
           await runCleanups();
-          const restart = options.restart ?? (() => reexecSelf());
-          const failure = restart() as unknown;
-          if (failure instanceof Error) {
+          const failure = (options.restart ?? reexecSelf)();
+          if (failure) {
             console.error(`engine: restart failed: ${failure.message}; exiting with 75 so a supervisor restarts the engine`);
             process.exit(75);
           }
