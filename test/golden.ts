@@ -10,10 +10,12 @@ export function normalize(value: unknown, key = ""): unknown {
   if (value !== null && typeof value === "object") {
     return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, normalize(v, k)]));
   }
-  if (typeof value === "number" && ["pid", "uptime_s", "duration_s"].includes(key)) return "<number>";
+  if (typeof value === "number" && ["pid", "uptime_s", "duration_s", "duration_ms"].includes(key)) return "<number>";
   if (typeof value !== "string") return value;
   if (/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/.test(value)) return "<date-time>";
   if (/^tok_[a-z0-9]+$/.test(value)) return "<token-id>";
+  if (/^svc_[a-z0-9]+$/.test(value)) return "<service-id>";
+  if (/^run_[a-z0-9]+$/.test(value)) return "<run-id>";
   if (/^eng_[A-Za-z0-9_-]+$/.test(value)) return "<token-secret>";
   if (/^req_[a-z0-9]+$/.test(value)) return "<request-id>";
   if (key === "hostname" || key === "base_domain" || key === "host") return "<host>";

@@ -1,10 +1,52 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
+import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
 import type { Clock } from "../src/lib/clock";
 import { type ConfigInput, resolveConfig } from "../src/lib/config";
+
+let shimPath: string | undefined;
+/** testShim compiles the process shim once per test process, so each test engine need not. */
+export function testShim(): string {
+  if (shimPath && existsSync(shimPath)) return shimPath;
+  const source = shimSource() ?? "";
+  const hash = new Bun.CryptoHasher("sha256").update(source).digest("hex").slice(0, 12);
+  shimPath = join(tmpdir(), `engine-test-shim-${process.getuid?.() ?? 0}-${hash}`);
+  if (!existsSync(shimPath)) compileShim(source, shimPath);
+  return shimPath;
+}
+
+/**
+ * reapWorkloads kills every workload and shim an engine started under `dataDir` and removes
+ * their cgroups: engines hand workloads over on stop, so tests must end them themselves.
+ */
+export function reapWorkloads(dataDir: string): void {
+  const runIds: string[] = [];
+  for (const file of new Bun.Glob("services/*/runs/*/pids").scanSync({ cwd: dataDir })) {
+    const [shim, child] = readFileSync(join(dataDir, file), "utf8").trim().split(" ").map(Number);
+    runIds.push(file.split("/")[3] ?? "");
+    for (const target of [-(child ?? 0), child ?? 0, shim ?? 0]) {
+      try {
+        if (target !== 0) process.kill(target, "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
+  }
+  const cgroups = detectCgroupDriver();
+  if (!cgroups.driver) return;
+  for (const runId of runIds) {
+    const dir = join(cgroups.driver.parent, runId);
+    if (existsSync(dir)) cgroups.driver.remove(dir);
+    try {
+      rmdirSync(dir);
+    } catch {
+      // removed
+    }
+  }
+}
 
 /** eventually polls `check` until it returns a truthy value or the deadline passes. */
 export async function eventually<T>(check: () => T | Promise<T>, { timeoutMs = 5000, intervalMs = 20 } = {}): Promise<T> {
@@ -56,11 +98,14 @@ export interface TestEngine {
 export async function startTestEngine(config: ConfigInput = {}, options: DaemonOptions = {}): Promise<TestEngine> {
   const dataDir = config.dataDir ?? tempDir();
   const clock = new MutableClock();
-  const daemon = await startDaemon(resolveConfig({ port: 0, logLevel: "info", logToStdout: false, ...config, dataDir }, {}), {
-    clock,
-    restart: () => undefined,
-    ...options,
-  });
+  const daemon = await startDaemon(
+    resolveConfig({ port: 0, logLevel: "info", logToStdout: false, shimPath: testShim(), ...config, dataDir }, {}),
+    {
+      clock,
+      restart: () => undefined,
+      ...options,
+    },
+  );
   const adminToken = readAdminTokenFile(dataDir) ?? config.adminToken ?? "";
   const call: TestEngine["call"] = (method, path, options = {}) => {
     const headers: Record<string, string> = {};
@@ -86,6 +131,7 @@ export async function startTestEngine(config: ConfigInput = {}, options: DaemonO
     },
     async close() {
       await daemon.stop();
+      reapWorkloads(dataDir);
       if (!config.dataDir) rmSync(dataDir, { recursive: true, force: true });
     },
   };
@@ -120,7 +166,7 @@ export async function spawnEngine(
   { command = ENGINE_ENTRY, env = {}, args = [] }: { command?: string[]; env?: Record<string, string>; args?: string[] } = {},
 ): Promise<SpawnedEngine> {
   const proc = Bun.spawn([...command, "serve", "--data-dir", dataDir, "--port", "0", ...args], {
-    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp", ...env },
+    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp", ENGINE_SHIM: testShim(), ...env },
     stdout: "pipe",
     stderr: "pipe",
   });

@@ -188,6 +188,140 @@ export const Diagnosis = t.Object(
 );
 export type Diagnosis = Static<typeof Diagnosis>;
 
+/** Environment variable names: POSIX portable names. */
+const EnvName = t.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$", maxLength: 128 });
+const EnvMap = t.Record(EnvName, t.String({ maxLength: 65536 }), { maxProperties: 256 });
+
+export const RestartPolicyName = t.Union([t.Literal("always"), t.Literal("on-failure"), t.Literal("never")]);
+export const RestartSpec = t.Object(
+  {
+    policy: t.Optional(RestartPolicyName),
+    max_restarts: t.Optional(t.Integer({ minimum: 0, maximum: 1000 })),
+    window_seconds: t.Optional(t.Integer({ minimum: 1, maximum: 604800 })),
+    backoff_s: t.Optional(t.Integer({ minimum: 0, maximum: 3600 })),
+  },
+  { additionalProperties: false },
+);
+export const HealthSpec = t.Object(
+  {
+    type: t.Union([t.Literal("http"), t.Literal("tcp"), t.Literal("exec")]),
+    path: t.Optional(t.String({ pattern: "^/", maxLength: 2048 })),
+    port: t.Optional(t.Integer({ minimum: 1, maximum: 65535 })),
+    command: t.Optional(
+      t.Union([t.String({ minLength: 1, maxLength: 4096 }), t.Array(t.String({ maxLength: 4096 }), { minItems: 1, maxItems: 256 })]),
+    ),
+    interval_s: t.Optional(t.Number({ exclusiveMinimum: 0, maximum: 3600 })),
+    timeout_s: t.Optional(t.Number({ exclusiveMinimum: 0, maximum: 3600 })),
+    failure_threshold: t.Optional(t.Integer({ minimum: 1, maximum: 100 })),
+  },
+  { additionalProperties: false },
+);
+export const BuildSpec = t.Object(
+  {
+    repo_url: t.String({ minLength: 1, maxLength: 2048 }),
+    ref: t.Optional(t.String({ minLength: 1, maxLength: 255 })),
+    subdir: t.Optional(t.String({ maxLength: 1024 })),
+    command: t.Optional(t.String({ maxLength: 65536 })),
+  },
+  { additionalProperties: false },
+);
+
+export const ServiceDeploy = t.Object(
+  {
+    name: ServiceName,
+    kind: t.Optional(ServiceKind),
+    command: t.Optional(
+      t.Union([t.String({ minLength: 1, maxLength: 65536 }), t.Array(t.String({ maxLength: 65536 }), { minItems: 1, maxItems: 1024 })]),
+    ),
+    template_id: t.Optional(t.String({ pattern: NAME_PATTERN, maxLength: 63 })),
+    cwd: t.Optional(t.String({ pattern: "^/", maxLength: 4096 })),
+    env: t.Optional(EnvMap),
+    secrets: t.Optional(EnvMap),
+    gpus: t.Optional(t.Integer({ minimum: 0, maximum: 64 })),
+    gpu_memory_mb: t.Optional(t.Integer({ minimum: 1, maximum: 4194304 })),
+    memory_mb: t.Optional(t.Integer({ minimum: 4, maximum: 16777216 })),
+    port: t.Optional(t.Integer({ minimum: 1, maximum: 65535 })),
+    priority: t.Optional(t.Integer({ minimum: -1000, maximum: 1000 })),
+    stop_timeout_s: t.Optional(t.Integer({ minimum: 0, maximum: 3600 })),
+    restart: t.Optional(RestartSpec),
+    health: t.Optional(t.Union([HealthSpec, t.Null()])),
+    build: t.Optional(t.Union([BuildSpec, t.Null()])),
+    bindings: t.Optional(t.Array(ServiceName, { maxItems: 64, uniqueItems: true })),
+  },
+  { additionalProperties: false, $id: "ServiceDeploy" },
+);
+export type ServiceDeploy = Static<typeof ServiceDeploy>;
+
+export const ServiceRecord = t.Object(
+  {
+    id: t.String(),
+    name: t.String(),
+    kind: ServiceKind,
+    status: ServiceStatus,
+    status_message: t.Union([t.String(), t.Null()]),
+    desired_state: t.String(),
+    version: t.Integer(),
+    pid: NullableInteger,
+    port: NullableInteger,
+    command: t.Array(t.String()),
+    template_id: t.Union([t.String(), t.Null()]),
+    cwd: t.Union([t.String(), t.Null()]),
+    env: t.Record(t.String(), t.String()),
+    secret_keys: t.Array(t.String(), { description: "Names of the secrets; their values are never returned." }),
+    gpus: t.Integer(),
+    gpu_memory_mb: t.Integer(),
+    gpu_devices: t.Array(t.String(), { description: "Devices the running workload holds (CUDA_VISIBLE_DEVICES entries)." }),
+    memory_mb: NullableInteger,
+    priority: t.Integer(),
+    restart: t.Object({ policy: RestartPolicyName, max_restarts: t.Integer(), window_seconds: t.Integer(), backoff_s: t.Integer() }),
+    health: t.Union([Obj("Health probe definition"), t.Null()]),
+    build: t.Union([Obj("Build definition"), t.Null()]),
+    bindings: t.Array(t.String()),
+    restarts: t.Integer({ description: "Restarts counted in the current window." }),
+    created_at: DateTime,
+    updated_at: DateTime,
+    started_at: NullableDateTime,
+  },
+  { $id: "Service" },
+);
+export type ServiceRecord = Static<typeof ServiceRecord>;
+
+export const ServiceAction = t.Object({
+  ident: t.String({ minLength: 1, maxLength: 128 }),
+  action: t.Union([t.Literal("start"), t.Literal("stop"), t.Literal("restart"), t.Literal("pause"), t.Literal("resume")]),
+});
+export const LogsQuery = t.Object({
+  tail: t.Optional(t.String({ pattern: "^[0-9]{1,6}$", description: "How many of the latest lines (default 100)" })),
+  follow: t.Optional(t.Union([t.Literal("true"), t.Literal("false"), t.Literal("1"), t.Literal("0")])),
+});
+export const LogLine = t.Object({ ts: t.String(), stream: t.String(), line: t.String() });
+export type LogLine = Static<typeof LogLine>;
+
+export const GpuInventoryRecord = t.Object(
+  {
+    source: t.String({ description: "nvidia-smi, declared (ENGINE_GPUS: not detected) or none" }),
+    refreshed_at: t.Union([DateTime, t.Null()]),
+    warnings: t.Array(t.String()),
+    devices: t.Array(
+      t.Object({
+        index: t.Integer(),
+        uuid: t.String(),
+        name: t.String(),
+        source: t.String(),
+        memory_total_mb: t.Integer(),
+        memory_used_mb: NullableInteger,
+        utilization_pct: NullableInteger,
+        mig_profile: t.Union([t.String(), t.Null()]),
+        visible_id: t.String(),
+        reserved_mb: t.Integer(),
+        holders: t.Array(t.Object({ service: t.String(), whole: t.Boolean(), memory_mb: t.Integer() })),
+      }),
+    ),
+  },
+  { $id: "GpuInventory" },
+);
+export type GpuInventoryRecord = Static<typeof GpuInventoryRecord>;
+
 export const ServiceIdentParams = t.Object({ ident: t.String({ minLength: 1, maxLength: 128 }) });
 export const DatabaseNameParams = t.Object({ name: ServiceName });
 export const DomainParams = t.Object({

@@ -18,6 +18,19 @@ export interface EngineConfig {
   templatesDir: string | undefined;
   /** lastUsedFlushMs is how often coalesced token `last_used_at` updates are written. */
   lastUsedFlushMs: number;
+  /** gpus declares GPUs (ENGINE_GPUS: "2", "2x24576", "RTX 4090:24564,A100:40960") instead of asking nvidia-smi. */
+  gpus: string | undefined;
+  /** nvidiaSmi is the nvidia-smi executable; by default it is looked up on PATH. */
+  nvidiaSmi: string | undefined;
+  /** shimPath is a prebuilt process shim to use instead of the embedded or compiled one. */
+  shimPath: string | undefined;
+  /** serviceLogMaxBytes and serviceLogMaxFiles bound each service's log: the file rotates at the size, keeping that many files. */
+  serviceLogMaxBytes: number;
+  serviceLogMaxFiles: number;
+  /** cgroups turns per-run memory cgroups (limits and OOM detection) on or off. */
+  cgroups: boolean;
+  /** workloadEnv is the part of the daemon's environment workloads inherit (PATH, HOME, LANG, ...). */
+  workloadEnv: Record<string, string | undefined>;
 }
 
 /** ConfigInput is what flags and the environment may set; every field is optional. */
@@ -30,6 +43,13 @@ export interface ConfigInput {
   logToStdout?: boolean;
   templatesDir?: string;
   lastUsedFlushMs?: number;
+  gpus?: string;
+  nvidiaSmi?: string;
+  shimPath?: string;
+  serviceLogMaxBytes?: string | number;
+  serviceLogMaxFiles?: string | number;
+  cgroups?: boolean;
+  workloadEnv?: Record<string, string | undefined>;
 }
 
 export const DEFAULT_PORT = 9321;
@@ -49,7 +69,20 @@ export function configFromEnv(env: Record<string, string | undefined> = process.
     adminToken: env.ENGINE_ADMIN_TOKEN || undefined,
     logLevel: env.ENGINE_LOG_LEVEL || undefined,
     templatesDir: env.ENGINE_TEMPLATES_DIR || undefined,
+    gpus: env.ENGINE_GPUS || undefined,
+    nvidiaSmi: env.ENGINE_NVIDIA_SMI || undefined,
+    shimPath: env.ENGINE_SHIM || undefined,
+    serviceLogMaxBytes: env.ENGINE_SERVICE_LOG_MAX_BYTES || undefined,
+    serviceLogMaxFiles: env.ENGINE_SERVICE_LOG_MAX_FILES || undefined,
+    cgroups: env.ENGINE_CGROUPS ? !["0", "off", "false", "no"].includes(env.ENGINE_CGROUPS.toLowerCase()) : undefined,
+    workloadEnv: { ...env },
   };
+}
+
+function positiveInteger(field: string, raw: string | number, min: number, max: number): number {
+  const value = typeof raw === "number" ? raw : /^\d+$/.test(raw) ? Number(raw) : Number.NaN;
+  if (!Number.isInteger(value) || value < min || value > max) throw invalid(field, `must be an integer from ${min} to ${max}`, raw);
+  return value;
 }
 
 function invalid(field: string, message: string, value: unknown): AppError {
@@ -99,5 +132,12 @@ export function resolveConfig(flags: ConfigInput, env: ConfigInput = configFromE
     logToStdout: merged.logToStdout ?? true,
     templatesDir: merged.templatesDir ? resolve(merged.templatesDir) : undefined,
     lastUsedFlushMs: merged.lastUsedFlushMs ?? 5000,
+    gpus: merged.gpus,
+    nvidiaSmi: merged.nvidiaSmi,
+    shimPath: merged.shimPath ? resolve(merged.shimPath) : undefined,
+    serviceLogMaxBytes: positiveInteger("service_log_max_bytes", merged.serviceLogMaxBytes ?? 10 * 1024 * 1024, 4096, 2 ** 40),
+    serviceLogMaxFiles: positiveInteger("service_log_max_files", merged.serviceLogMaxFiles ?? 5, 1, 100),
+    cgroups: merged.cgroups ?? true,
+    workloadEnv: merged.workloadEnv ?? { ...process.env },
   };
 }

@@ -51,6 +51,7 @@ export const ErrorCodes = {
   data_dir_unwritable: "data_dir_unwritable",
   port_in_use: "port_in_use",
   daemon_not_running: "daemon_not_running",
+  not_supported: "not_supported",
   internal: "internal",
 } as const;
 export type ErrorCode = keyof typeof ErrorCodes;

@@ -30,6 +30,7 @@ export const STATUS_BY_CODE: Record<ErrorCode, number> = {
   data_dir_unwritable: 500,
   port_in_use: 500,
   daemon_not_running: 503,
+  not_supported: 501,
   internal: 500,
 };
 

@@ -11,6 +11,7 @@ import { errorResponse, STATUS_BY_CODE, validationResponse } from "./errors";
 import { serviceRoutes } from "./services";
 import { templateRoutes } from "./templates";
 import { tokenRoutes } from "./tokens";
+import { workloadRoutes } from "./workloads";
 
 export type { ApiDeps, DaemonControl } from "./deps";
 
@@ -149,6 +150,7 @@ function buildApp(
     .use(tokenRoutes(deps, ctx))
     .use(templateRoutes(deps))
     .use(serviceRoutes(deps, ctx))
+    .use(workloadRoutes(deps, ctx))
     .use(daemonRoutes(deps));
 }
 

@@ -4,15 +4,18 @@ import { join } from "node:path";
 import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
+import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
 import { bootstrapAdminToken, TokenStore } from "../auth";
+import { GpuInventory } from "../gpu";
 import { loadSecretKey, VcsTokenStore } from "../link";
 import { proxyNotRunning } from "../proxy";
-import { noServices, type ServiceDirectory } from "../services";
+import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
 import { openStore } from "../store";
+import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { reexecSelf } from "./reexec";
 
@@ -23,8 +26,8 @@ export interface DaemonOptions {
    * returns only an Error, on failure. Tests pass their own.
    */
   restart?: () => Error | undefined;
-  /** services is the scheduler's directory; without the scheduler module no service exists. */
-  services?: ServiceDirectory;
+  /** decorateServices lets tests wrap the service directory (to inject a fault, say). */
+  decorateServices?: (services: ServiceDirectory) => ServiceDirectory;
 }
 
 /** RunningDaemon is a started engine. stop() is safe to call more than once. */
@@ -124,8 +127,38 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       [...bundledTemplateSources(), ...readTemplateDir(config.templatesDir ?? join(config.dataDir, "templates"))],
       log,
     );
-    const vcs = new VcsTokenStore(db, loadSecretKey(config.dataDir), clock);
-    const services = options.services ?? noServices;
+    const secretKey = loadSecretKey(config.dataDir);
+    const vcs = new VcsTokenStore(db, secretKey, clock);
+
+    const supervisor = new Supervisor({
+      dataDir: config.dataDir,
+      log,
+      shimPath: config.shimPath,
+      logMaxBytes: config.serviceLogMaxBytes,
+      logMaxFiles: config.serviceLogMaxFiles,
+      cgroups: config.cgroups,
+    });
+    if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
+    supervisor.start();
+    cleanups.push(() => supervisor.stop());
+    const gpus = new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock });
+    const manager = new ServiceManager({
+      store: new ServiceStore(db),
+      supervisor,
+      gpus,
+      templates,
+      vcs,
+      secretBox: new SecretBox(secretKey),
+      clock,
+      log,
+      dataDir: config.dataDir,
+      logMaxFiles: config.serviceLogMaxFiles,
+      env: config.workloadEnv,
+    });
+    // Workloads outlive the daemon: stopping it hands them over, it never kills them.
+    cleanups.push(() => manager.handOver());
+    await manager.start();
+    const services = options.decorateServices ? options.decorateServices(manager) : manager;
 
     let restarting: Promise<void> | undefined;
     const daemon: DaemonControl = {

@@ -1,35 +1,38 @@
-import type { Diagnosis } from "../../contract/engine";
-import { AppError } from "../../lib/errors";
+import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
+import type { Principal } from "../auth";
+
+export { followLog, parseLogLine, tailLog } from "./logs";
+export { describeExit, type ManagerOptions, ServiceManager } from "./manager";
+export { decideAfterExit, defaultRestartPolicy, type RestartPolicy, type RestartState } from "./restart-policy";
+export { normalizeDeploy, type ServiceSpec } from "./spec";
+export { ServiceStore } from "./store";
+
+export type ServiceAction = "start" | "stop" | "restart" | "pause" | "resume";
 
 /**
- * ServiceDirectory is what the API needs from the scheduler to find and diagnose services.
- * Until the scheduler module exists, the engine runs with `noServices`, under which no service
- * exists: lookups answer `service_not_found`, the truth, rather than invented records.
+ * ServiceDirectory is what the API asks of the services module; ServiceManager implements it.
+ * Handlers stay thin: they validate, check scope, call one of these and answer.
  */
 export interface ServiceDirectory {
+  deploy(body: ServiceDeploy, principal: Principal): Promise<{ record: ServiceRecord; created: boolean }>;
+  list(principal?: Principal): ServiceRecord[];
+  get(ident: string): ServiceRecord;
+  control(ident: string, action: ServiceAction): Promise<ServiceRecord>;
+  remove(ident: string): Promise<void>;
+  logs(ident: string, tail: number): LogLine[];
+  followLogs(ident: string, signal: AbortSignal): AsyncGenerator<LogLine>;
   diagnose(ident: string): Diagnosis;
   /** serviceName resolves a name or id to the service's name, for scope checks. */
   serviceName(ident: string): string;
+  gpuInventory(): GpuInventoryRecord;
   removeDomain(name: string, domain: string): { service_name: string; domain: string; removed: boolean };
   restoreDatabase(
     name: string,
     dump: string,
     timeoutS: number,
   ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }>;
-  /** drain waits, at most until the deadline, for work that must finish before a restart. */
+  /** drain refuses deploys and waits, at most until the deadline, for batch jobs to finish. */
   drain(deadline: number): Promise<void>;
+  /** handOver stops in-process work and leaves workloads running for the next daemon. */
+  handOver(): void;
 }
-
-function notFound(ident: string): never {
-  throw new AppError("service_not_found", `no service named or with id ${JSON.stringify(ident)}`);
-}
-
-export const noServices: ServiceDirectory = {
-  diagnose: notFound,
-  serviceName: notFound,
-  removeDomain: notFound,
-  restoreDatabase: async (name) => {
-    throw new AppError("database_not_found", `no database service named ${JSON.stringify(name)}`);
-  },
-  drain: async () => {},
-};

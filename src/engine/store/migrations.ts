@@ -41,4 +41,56 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    id: "2026-11-21-03-services",
+    sql: `
+      CREATE TABLE services (
+        id              TEXT PRIMARY KEY,
+        name            TEXT NOT NULL UNIQUE,
+        kind            TEXT NOT NULL CHECK (kind IN ('batch', 'service', 'model', 'database')),
+        version         INTEGER NOT NULL,
+        desired_state   TEXT NOT NULL,
+        status          TEXT NOT NULL,
+        status_message  TEXT,
+        owner           TEXT NOT NULL DEFAULT '{}',
+        priority        INTEGER NOT NULL DEFAULT 0,
+        submitted_at    TEXT NOT NULL,
+        created_at      TEXT NOT NULL,
+        updated_at      TEXT NOT NULL,
+        restart_state   TEXT NOT NULL DEFAULT '{}',
+        forensics       TEXT NOT NULL DEFAULT '{}',
+        current_run_id  TEXT
+      );
+      CREATE TABLE service_versions (
+        service_id   TEXT NOT NULL REFERENCES services(id) ON DELETE CASCADE,
+        version      INTEGER NOT NULL,
+        spec         TEXT NOT NULL,
+        sealed_secrets TEXT,
+        created_at   TEXT NOT NULL,
+        build_result TEXT,
+        build_reason TEXT,
+        build_commit TEXT,
+        build_dir    TEXT,
+        PRIMARY KEY (service_id, version)
+      );
+      CREATE TABLE runs (
+        id          TEXT PRIMARY KEY,
+        service_id  TEXT NOT NULL REFERENCES services(id) ON DELETE CASCADE,
+        version     INTEGER NOT NULL,
+        run_dir     TEXT NOT NULL,
+        shim_pid    INTEGER,
+        shim_start  INTEGER,
+        pid         INTEGER,
+        pid_start   INTEGER,
+        cgroup_dir  TEXT,
+        gpus        TEXT NOT NULL DEFAULT 'null',
+        env_keys    TEXT NOT NULL DEFAULT '[]',
+        started_at  TEXT NOT NULL,
+        ended_at    TEXT,
+        exit        TEXT,
+        end_reason  TEXT
+      );
+      CREATE INDEX runs_by_service ON runs(service_id, started_at);
+    `,
+  },
 ];

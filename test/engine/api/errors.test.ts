@@ -1,20 +1,23 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { noServices } from "../../../src/engine/services";
 import { eventually, startTestEngine, type TestEngine } from "../../helpers";
 
 let engine: TestEngine;
 beforeAll(async () => {
   // A directory whose lookup breaks the way a bug would: a plain Error with a stack.
-  const broken = {
-    ...noServices,
-    serviceName: (ident: string) => ident,
-    diagnose: () => {
-      throw new Error("database handle was closed (internal detail)");
+  engine = await startTestEngine(
+    {},
+    {
+      decorateServices: (services) =>
+        Object.assign(Object.create(services), {
+          serviceName: (ident: string) => ident,
+          diagnose: () => {
+            throw new Error("database handle was closed (internal detail)");
+          },
+        }),
     },
-  };
-  engine = await startTestEngine({}, { services: broken });
+  );
 });
 afterAll(() => engine.close());
 

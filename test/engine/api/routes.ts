@@ -1,6 +1,6 @@
 /**
  * SAMPLE_REQUESTS holds one well-formed request per authenticated route, and the status the
- * route answers an admin on an engine with no services (the scheduler is not built yet).
+ * route answers an admin on an engine where the service named `web` does not exist.
  * Tests use it for the role matrix and the golden shapes.
  */
 export interface SampleRequest {
@@ -23,6 +23,19 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
     { key: "GET /api/app-templates/:template_id", method: "GET", path: "/api/app-templates/vllm", adminStatus: 200 },
     { key: "GET /api/proxy/status", method: "GET", path: "/api/proxy/status", adminStatus: 200 },
     { key: "GET /api/services/:ident/diagnose", method: "GET", path: "/api/services/web/diagnose", adminStatus: 404 },
+    {
+      key: "POST /api/services",
+      method: "POST",
+      path: "/api/services",
+      body: { name: uniqueName(), kind: "batch", command: ["true"] },
+      adminStatus: 201,
+    },
+    { key: "GET /api/services", method: "GET", path: "/api/services", adminStatus: 200 },
+    { key: "GET /api/services/:ident", method: "GET", path: "/api/services/web", adminStatus: 404 },
+    { key: "POST /api/services/:ident/:action", method: "POST", path: "/api/services/web/stop", adminStatus: 404 },
+    { key: "DELETE /api/services/:name", method: "DELETE", path: "/api/services/web", adminStatus: 404 },
+    { key: "GET /api/services/:ident/logs", method: "GET", path: "/api/services/web/logs?tail=10", adminStatus: 404 },
+    { key: "GET /api/gpus", method: "GET", path: "/api/gpus", adminStatus: 200 },
     {
       key: "DELETE /api/services/:name/domains/:domain",
       method: "DELETE",

@@ -1,0 +1,146 @@
+import { Elysia, t } from "elysia";
+import {
+  GpuInventoryRecord,
+  LogLine,
+  LogsQuery,
+  ServiceAction,
+  ServiceDeploy,
+  ServiceIdentParams,
+  ServiceRecord,
+} from "../../contract/engine";
+import { assertServiceInScope } from "../auth";
+import type { ApiDeps, RequestContext } from "./deps";
+import { AUTHED, errorResponses } from "./responses";
+
+/** DEFAULT_LOG_TAIL is how many lines a logs request returns without `tail`. */
+const DEFAULT_LOG_TAIL = 100;
+/** SSE_HEARTBEAT_MS keeps idle log streams alive through proxies that close silent connections. */
+const SSE_HEARTBEAT_MS = 15_000;
+
+/**
+ * workloadRoutes serves services: deploy, list, read, control, delete, logs (with SSE follow)
+ * and the GPU inventory. A scoped token sees and touches only the services in its scope.
+ */
+export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
+  const inScope = (request: Request, ident: string) => assertServiceInScope(ctx.principalOf(request), deps.services.serviceName(ident));
+  return new Elysia({ name: "workloads" })
+    .post(
+      "/api/services",
+      async ({ body, request, set }) => {
+        const { record } = await deps.services.deploy(body, ctx.principalOf(request));
+        set.status = 201;
+        return record;
+      },
+      {
+        body: ServiceDeploy,
+        response: { 201: ServiceRecord, ...errorResponses(...AUTHED, 404, 409, 422, 503) },
+        detail: {
+          tags: ["services"],
+          summary: "Deploy a service, or a new version of one (201 either way)",
+        },
+      },
+    )
+    .get("/api/services", ({ request }) => deps.services.list(ctx.principalOf(request)), {
+      response: { 200: t.Array(ServiceRecord), ...errorResponses(...AUTHED) },
+      detail: { tags: ["services"], summary: "List services (a scoped token sees its scope only)" },
+    })
+    .get(
+      "/api/services/:ident",
+      ({ params, request }) => {
+        inScope(request, params.ident);
+        return deps.services.get(params.ident);
+      },
+      {
+        params: ServiceIdentParams,
+        response: { 200: ServiceRecord, ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["services"], summary: "Read a service by name or id" },
+      },
+    )
+    .post(
+      "/api/services/:ident/:action",
+      ({ params, request }) => {
+        inScope(request, params.ident);
+        return deps.services.control(params.ident, params.action);
+      },
+      {
+        params: ServiceAction,
+        response: { 200: ServiceRecord, ...errorResponses(...AUTHED, 404, 409, 422) },
+        detail: { tags: ["services"], summary: "start, stop, restart, pause (SIGSTOP) or resume (SIGCONT) a service" },
+      },
+    )
+    .delete(
+      // The param is called `name` because the router shares one tree per method with the
+      // spec's DELETE /api/services/{name}/domains/{domain}; it takes a name or an id all the same.
+      "/api/services/:name",
+      async ({ params, request }) => {
+        inScope(request, params.name);
+        const record = deps.services.get(params.name);
+        await deps.services.remove(params.name);
+        return { id: record.id, name: record.name, deleted: true };
+      },
+      {
+        params: t.Object({ name: t.String({ minLength: 1, maxLength: 128 }) }),
+        response: { 200: t.Object({ id: t.String(), name: t.String(), deleted: t.Boolean() }), ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["services"], summary: "Stop and delete a service by name or id (its data directory is kept)" },
+      },
+    )
+    .get(
+      "/api/services/:ident/logs",
+      ({ params, query, request }) => {
+        inScope(request, params.ident);
+        const tail = query.tail === undefined ? DEFAULT_LOG_TAIL : Number(query.tail);
+        const lines = deps.services.logs(params.ident, tail);
+        if (query.follow !== "true" && query.follow !== "1") return lines;
+        return sseStream(lines, (signal) => deps.services.followLogs(params.ident, signal), request.signal);
+      },
+      {
+        params: ServiceIdentParams,
+        query: LogsQuery,
+        response: { 200: t.Array(LogLine), ...errorResponses(...AUTHED, 404, 422) },
+        detail: {
+          tags: ["services"],
+          summary: "The service's latest log lines; with follow=true a text/event-stream of lines as they are written",
+        },
+      },
+    )
+    .get("/api/gpus", () => deps.services.gpuInventory(), {
+      response: { 200: GpuInventoryRecord, ...errorResponses(...AUTHED) },
+      detail: { tags: ["gpus"], summary: "GPU inventory (detected by nvidia-smi, or declared) and which service holds what" },
+    });
+}
+
+/** sseStream sends the tail, then each new line, as server-sent events until the client leaves. */
+function sseStream(initial: LogLine[], follow: (signal: AbortSignal) => AsyncGenerator<LogLine>, clientSignal: AbortSignal): Response {
+  const controller = new AbortController();
+  clientSignal.addEventListener("abort", () => controller.abort(), { once: true });
+  const encoder = new TextEncoder();
+  const stream = new ReadableStream<Uint8Array>({
+    async start(sink) {
+      const send = (text: string) => {
+        try {
+          sink.enqueue(encoder.encode(text));
+        } catch {
+          controller.abort();
+        }
+      };
+      for (const line of initial) send(`event: line\ndata: ${JSON.stringify(line)}\n\n`);
+      const heartbeat = setInterval(() => send(": keep-alive\n\n"), SSE_HEARTBEAT_MS);
+      try {
+        for await (const line of follow(controller.signal)) send(`event: line\ndata: ${JSON.stringify(line)}\n\n`);
+      } finally {
+        clearInterval(heartbeat);
+        try {
+          sink.close();
+        } catch {
+          // already closed by the client
+        }
+      }
+    },
+    cancel() {
+      controller.abort();
+    },
+  });
+  return new Response(stream, {
+    headers: { "content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no" },
+  });
+}

@@ -1,0 +1,1096 @@
+import { existsSync, mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
+import { type Clock, iso } from "../../lib/clock";
+import { randomId, type SecretBox } from "../../lib/crypto";
+import { AppError } from "../../lib/errors";
+import type { Logger } from "../../lib/logger";
+import { InputError } from "../../lib/validation";
+import { assertServiceInScope, type Principal } from "../auth";
+import { runBuild } from "../builds";
+import { buildDiagnosis } from "../diagnose";
+import {
+  checkPossible,
+  describeAllocation,
+  findGpuOom,
+  findPermissionDenied,
+  type GpuAllocation,
+  type GpuInventory,
+  type GpuRequest,
+  planPlacement,
+} from "../gpu";
+import { HealthMonitor, type HealthState } from "../health";
+import type { VcsTokenStore } from "../link";
+import type { ExitRecord, RunHandle, Supervisor } from "../supervisor";
+import type { TemplateCatalog } from "../templates";
+import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
+import type { ServiceDirectory } from "./index";
+import { followLog, tailLog } from "./logs";
+import { decideAfterExit, EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
+import { normalizeDeploy, type ServiceSpec } from "./spec";
+import {
+  EMPTY_FORENSICS,
+  type Forensics,
+  type GpuHold,
+  handleOf,
+  type RunRow,
+  type ServiceRow,
+  type ServiceStore,
+  type VersionRow,
+} from "./store";
+
+/** ACTIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
+const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
+/** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
+const DIAGNOSIS_LOG_LINES = 50;
+const SETTLED_STATUSES = new Set(["stopped", "failed", "completed", "cancelled"]);
+
+export interface ManagerOptions {
+  store: ServiceStore;
+  supervisor: Supervisor;
+  gpus: GpuInventory;
+  templates: TemplateCatalog;
+  vcs: VcsTokenStore;
+  secretBox: SecretBox;
+  clock: Clock;
+  log: Logger;
+  dataDir: string;
+  logMaxFiles: number;
+  /** env is the daemon's environment, of which workloads inherit PATH, HOME, LANG and a few others. */
+  env: Record<string, string | undefined>;
+}
+
+/** Runtime is the in-memory part of a service: timers, monitors and the live run's handle. */
+interface Runtime {
+  handle: RunHandle | null;
+  gpuHold: GpuHold | null;
+  health: HealthMonitor | null;
+  healthState: HealthState | null;
+  healthKill: boolean;
+  retryTimer: ReturnType<typeof setTimeout> | null;
+  build: AbortController | null;
+  /** stopping is set while a user's stop, restart, redeploy or delete ends the run on purpose. */
+  stopping: boolean;
+  exitWaiters: (() => void)[];
+  bindingMessages: string[];
+  pendingEnvKeys: string[];
+  envSource: string;
+  launching: boolean;
+}
+
+function newRuntime(): Runtime {
+  return {
+    handle: null,
+    gpuHold: null,
+    health: null,
+    healthState: null,
+    healthKill: false,
+    retryTimer: null,
+    build: null,
+    stopping: false,
+    exitWaiters: [],
+    bindingMessages: [],
+    pendingEnvKeys: [],
+    envSource: "none",
+    launching: false,
+  };
+}
+
+/**
+ * ServiceManager is the one coordinator of services, in the manner of Headscale's state
+ * package: deploys, control actions, scheduling (bindings, caps, GPU placement), the restart
+ * policy, health and builds all go through it, and it writes every change to the store
+ * before acting on it so that a daemon that dies at any point can reconcile on start.
+ */
+export class ServiceManager implements ServiceDirectory {
+  private readonly runtimes = new Map<string, Runtime>();
+  private scheduleQueued = false;
+  private draining = false;
+  private stopped = false;
+  private readonly o: ManagerOptions;
+
+  constructor(options: ManagerOptions) {
+    this.o = options;
+    options.supervisor.onExit((handle, exit) => this.onRunExit(handle, exit));
+  }
+
+  private runtime(id: string): Runtime {
+    let runtime = this.runtimes.get(id);
+    if (!runtime) {
+      runtime = newRuntime();
+      this.runtimes.set(id, runtime);
+    }
+    return runtime;
+  }
+
+  private now(): Date {
+    return this.o.clock.now();
+  }
+
+  // ---------------------------------------------------------------- lifecycle
+
+  /**
+   * start reconciles the store with the host: runs whose shim is still the recorded process
+   * are adopted as they are (no restart counted); runs that ended while no daemon watched
+   * are settled with their recorded exit status; interrupted builds and backoffs resume.
+   */
+  async start(): Promise<void> {
+    await this.o.gpus.refresh();
+    for (const service of this.o.store.listServices()) {
+      const runtime = this.runtime(service.id);
+      const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
+      if (run && run.ended_at === null) {
+        const adopted = this.o.supervisor.adopt(handleOf(run));
+        if (adopted.state === "running") {
+          runtime.handle = handleOf(run);
+          runtime.gpuHold = run.gpus;
+          this.o.log.info({ service: service.name, pid: run.pid }, "adopted a running service");
+          if (service.desired_state === "stopped") void this.stopRun(service.id, "stopped");
+          else if (service.status !== "paused") this.startHealth(service.id);
+          continue;
+        }
+        this.o.log.info({ service: service.name, exit: adopted.exit }, "a service ended while the daemon was away");
+        this.settleExit(service.id, run, adopted.exit);
+        continue;
+      }
+      if (service.desired_state !== "running") continue;
+      if (service.status === "building") {
+        const version = this.o.store.getVersion(service.id, service.version);
+        const latest = this.o.store.latestVersion(service.id);
+        if (latest && latest.build_result === "running") void this.runVersionBuild(service.id, latest.version);
+        else if (version) this.update(service.id, { status: "pending" });
+      } else if ((service.status === "restarting" || service.status === "retrying") && service.restart_state.next_retry_at) {
+        this.armRetry(service.id, Date.parse(service.restart_state.next_retry_at) - this.now().getTime());
+      } else if (!SETTLED_STATUSES.has(service.status)) {
+        this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
+      }
+    }
+    this.schedule();
+  }
+
+  /**
+   * handOver stops everything this daemon does in-process (timers, probes, builds) and leaves
+   * workloads running under their shims, for the next daemon to adopt.
+   */
+  handOver(): void {
+    this.stopped = true;
+    for (const runtime of this.runtimes.values()) {
+      if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
+      runtime.health?.stop();
+      runtime.build?.abort();
+    }
+  }
+
+  /** drain refuses new deploys and waits, until the deadline, for batch jobs to finish. */
+  async drain(deadline: number): Promise<void> {
+    this.draining = true;
+    while (Date.now() < deadline) {
+      const busy = this.o.store
+        .listServices()
+        .some((service) => service.kind === "batch" && service.desired_state === "running" && !SETTLED_STATUSES.has(service.status));
+      if (!busy) return;
+      await Bun.sleep(50);
+    }
+  }
+
+  // ---------------------------------------------------------------- reads
+
+  private find(ident: string): ServiceRow {
+    const service = this.o.store.findService(ident);
+    if (!service) throw new AppError("service_not_found", `no service named or with id ${JSON.stringify(ident)}`);
+    return service;
+  }
+
+  serviceName(ident: string): string {
+    return this.find(ident).name;
+  }
+
+  list(principal?: Principal): ServiceRecord[] {
+    return this.o.store
+      .listServices()
+      .filter((service) => !principal || principal.scopeServices.length === 0 || principal.scopeServices.includes(service.name))
+      .map((service) => this.record(service));
+  }
+
+  get(ident: string): ServiceRecord {
+    return this.record(this.find(ident));
+  }
+
+  private currentSpec(service: ServiceRow): VersionRow {
+    const version = this.o.store.getVersion(service.id, service.version);
+    if (!version) throw new AppError("internal", `service ${service.name} has no version ${service.version}`);
+    return version;
+  }
+
+  record(service: ServiceRow): ServiceRecord {
+    const { spec } = this.currentSpec(service);
+    const runtime = this.runtime(service.id);
+    const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
+    const live = run !== null && run.ended_at === null;
+    return {
+      id: service.id,
+      name: service.name,
+      kind: service.kind,
+      status: service.status as ServiceRecord["status"],
+      status_message: service.status_message,
+      desired_state: service.desired_state,
+      version: service.version,
+      pid: live ? run.pid : null,
+      port: spec.port,
+      command: spec.command,
+      template_id: spec.template_id,
+      cwd: spec.cwd,
+      env: spec.env,
+      secret_keys: spec.secret_keys,
+      gpus: spec.gpus,
+      gpu_memory_mb: spec.gpu_memory_mb,
+      gpu_devices: live ? (runtime.gpuHold?.visible_ids ?? run.gpus?.visible_ids ?? []) : [],
+      memory_mb: spec.memory_mb,
+      priority: spec.priority,
+      restart: spec.restart,
+      health: spec.health as Record<string, unknown> | null,
+      build: spec.build as Record<string, unknown> | null,
+      bindings: spec.bindings,
+      restarts: restartsInWindow(spec.restart, service.restart_state, this.now().getTime()).length,
+      created_at: service.created_at,
+      updated_at: service.updated_at,
+      started_at: live ? run.started_at : null,
+    };
+  }
+
+  diagnose(ident: string): Diagnosis {
+    const service = this.find(ident);
+    const version = this.currentSpec(service);
+    const runtime = this.runtime(service.id);
+    return buildDiagnosis({
+      service,
+      version,
+      latest: this.o.store.latestVersion(service.id) ?? version,
+      runs: this.o.store.lastRuns(service.id, 1),
+      healthState: runtime.health || LIVE_STATUSES.has(service.status) ? runtime.healthState : null,
+      bindingMessages: runtime.bindingMessages,
+      pendingEnvKeys: runtime.pendingEnvKeys,
+      envSource: runtime.envSource,
+      logs: tailLog(this.logFile(service.id), DIAGNOSIS_LOG_LINES, this.o.logMaxFiles),
+      nowMs: this.now().getTime(),
+    });
+  }
+
+  removeDomain(name: string, domain: string): { service_name: string; domain: string; removed: boolean } {
+    const service = this.find(name);
+    // The proxy owns domains; until it holds one for this service there is nothing to remove.
+    return { service_name: service.name, domain, removed: false };
+  }
+
+  async restoreDatabase(name: string): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }> {
+    const service = this.o.store.findService(name);
+    if (service?.kind !== "database") throw new AppError("database_not_found", `no database service named ${JSON.stringify(name)}`);
+    throw new AppError("not_supported", `restoring ${service.name} needs the database adapters, which this engine does not have yet`);
+  }
+
+  logs(ident: string, tail: number): LogLine[] {
+    const service = this.find(ident);
+    return tailLog(this.logFile(service.id), tail, this.o.logMaxFiles);
+  }
+
+  followLogs(ident: string, signal: AbortSignal): AsyncGenerator<LogLine> {
+    const service = this.find(ident);
+    return followLog(this.logFile(service.id), signal);
+  }
+
+  gpuInventory(): GpuInventoryRecord {
+    const snapshot = this.o.gpus.snapshot();
+    const holders = new Map<string, { service: string; whole: boolean; memory_mb: number }[]>();
+    for (const service of this.o.store.listServices()) {
+      const hold = this.runtimes.get(service.id)?.gpuHold;
+      if (!hold) continue;
+      for (const uuid of hold.device_uuids) {
+        const list = holders.get(uuid) ?? [];
+        list.push({ service: service.name, whole: hold.whole, memory_mb: hold.memory_mb });
+        holders.set(uuid, list);
+      }
+    }
+    return {
+      source: snapshot.source,
+      refreshed_at: snapshot.refreshed_at,
+      warnings: snapshot.warnings,
+      devices: snapshot.devices.map((device) => {
+        const held = holders.get(device.uuid) ?? [];
+        return {
+          index: device.index,
+          uuid: device.uuid,
+          name: device.name,
+          source: device.source,
+          memory_total_mb: device.memory_total_mb,
+          memory_used_mb: device.memory_used_mb,
+          utilization_pct: device.utilization_pct,
+          mig_profile: device.mig_profile,
+          visible_id: device.visible_id,
+          reserved_mb: held.reduce((sum, holder) => sum + (holder.whole ? device.memory_total_mb : holder.memory_mb), 0),
+          holders: held,
+        };
+      }),
+    };
+  }
+
+  // ---------------------------------------------------------------- deploy
+
+  /**
+   * deploy creates a service, or a new version of an existing one. Everything is checked
+   * before anything is written: the template, the command, the bindings graph, the GPU
+   * request against the host and the token's caps and scope.
+   */
+  async deploy(body: ServiceDeploy, principal: Principal): Promise<{ record: ServiceRecord; created: boolean }> {
+    if (this.draining) throw new AppError("draining", "the daemon is restarting and takes no deploys now; retry in a few seconds");
+    assertServiceInScope(principal, body.name);
+    const { spec, secrets } = normalizeDeploy(body, this.o.templates);
+    const graph = new Map<string, string[]>();
+    for (const other of this.o.store.listServices()) graph.set(other.name, this.currentSpec(other).spec.bindings);
+    assertNoBindingCycle(spec.name, spec.bindings, graph);
+    if (principal.maxGpus !== null && spec.gpus > principal.maxGpus) {
+      throw new AppError("cap_exceeded", `this token may hold at most ${principal.maxGpus} GPUs; the deploy asks for ${spec.gpus}`);
+    }
+    const impossible = checkPossible(this.o.gpus.snapshot().devices, this.gpuRequest("new", spec, 0));
+    if (impossible) throw new AppError("gpu_request_impossible", impossible);
+
+    const now = iso(this.now());
+    const existing = this.o.store.findService(spec.name);
+    // Secrets are sealed with the service id and version as associated data, so a sealed
+    // value copied to another row does not open.
+    const seal = (id: string, version: number) =>
+      Object.keys(secrets).length > 0 ? this.o.secretBox.seal(JSON.stringify(secrets), `${id}:${version}`) : null;
+    const owner = {
+      token_id: principal.tokenId,
+      name: principal.name,
+      max_gpus: principal.maxGpus,
+      max_concurrent_jobs: principal.maxConcurrentJobs,
+    };
+    if (!existing) {
+      const id = randomId("svc");
+      this.o.store.transaction(() => {
+        this.o.store.insertService({
+          id,
+          name: spec.name,
+          kind: spec.kind,
+          version: 1,
+          desired_state: "running",
+          status: spec.build ? "building" : "pending",
+          status_message: spec.build ? "building version 1" : "waiting to be scheduled",
+          owner,
+          priority: spec.priority,
+          submitted_at: now,
+          created_at: now,
+          updated_at: now,
+          restart_state: EMPTY_RESTART_STATE,
+          forensics: EMPTY_FORENSICS,
+          current_run_id: null,
+        });
+        this.o.store.insertVersion(this.versionRow(id, 1, spec, seal(id, 1), now));
+      });
+      this.o.log.info({ service: spec.name, version: 1, kind: spec.kind }, "service deployed");
+      if (spec.build) void this.runVersionBuild(id, 1);
+      else this.schedule();
+      return { record: this.get(id), created: true };
+    }
+    if (existing.kind !== spec.kind) {
+      throw new InputError([
+        {
+          loc: ["body", "kind"],
+          msg: `${spec.name} is a ${existing.kind}; delete it to redeploy it as a ${spec.kind}`,
+          type: "value_error",
+          input: spec.kind,
+        },
+      ]);
+    }
+    const version = (this.o.store.latestVersion(existing.id)?.version ?? existing.version) + 1;
+    this.o.store.transaction(() => {
+      this.o.store.insertVersion(this.versionRow(existing.id, version, spec, seal(existing.id, version), now));
+      this.o.store.updateService({ ...existing, owner, priority: spec.priority, updated_at: now });
+    });
+    this.o.log.info({ service: spec.name, version }, "service redeployed");
+    if (spec.build) {
+      const live = LIVE_STATUSES.has(existing.status);
+      // A build of a new version leaves the running version alone until it succeeds.
+      if (!live) this.update(existing.id, { status: "building", status_message: `building version ${version}`, desired_state: "running" });
+      void this.runVersionBuild(existing.id, version);
+    } else {
+      await this.rollTo(existing.id, version);
+    }
+    return { record: this.get(existing.id), created: false };
+  }
+
+  private versionRow(serviceId: string, version: number, spec: ServiceSpec, sealed: string | null, now: string): VersionRow {
+    return {
+      service_id: serviceId,
+      version,
+      spec,
+      sealed_secrets: sealed,
+      created_at: now,
+      build_result: spec.build ? "running" : null,
+      build_reason: null,
+      build_commit: null,
+      build_dir: null,
+    };
+  }
+
+  /** rollTo ends the current run (if any, not counted as a restart) and schedules `version`. */
+  private async rollTo(serviceId: string, version: number): Promise<void> {
+    await this.stopRun(serviceId, "redeployed");
+    const service = this.o.store.getService(serviceId);
+    if (!service) return;
+    this.o.store.updateService({
+      ...service,
+      version,
+      desired_state: "running",
+      status: "pending",
+      status_message: "waiting to be scheduled",
+      submitted_at: iso(this.now()),
+      restart_state: EMPTY_RESTART_STATE,
+      updated_at: iso(this.now()),
+    });
+    this.schedule();
+  }
+
+  private async runVersionBuild(serviceId: string, version: number): Promise<void> {
+    const row = this.o.store.getVersion(serviceId, version);
+    const service = this.o.store.getService(serviceId);
+    if (!row?.spec.build || !service) return;
+    const runtime = this.runtime(serviceId);
+    runtime.build?.abort();
+    const controller = new AbortController();
+    runtime.build = controller;
+    const workDir = join(this.serviceDir(serviceId), "builds", String(version));
+    rmSync(workDir, { recursive: true, force: true });
+    mkdirSync(join(this.serviceDir(serviceId), "builds"), { recursive: true });
+    const credential = this.o.vcs.credentialFor(row.spec.build.repo_url);
+    const result = await runBuild(row.spec.build, {
+      workDir,
+      logPath: join(this.serviceDir(serviceId), "build.log"),
+      credential: credential ? { username: "x-access-token", password: credential.token } : null,
+      env: assembleRunEnv({ base: this.o.env, engine: {}, bindings: {}, env: row.spec.env, secrets: {}, gpu: {} }).env,
+      signal: controller.signal,
+    });
+    if (runtime.build === controller) runtime.build = null;
+    if (controller.signal.aborted || this.stopped) return;
+    this.o.store.updateBuild(serviceId, version, {
+      build_result: result.ok ? "succeeded" : "failed",
+      build_reason: result.reason,
+      build_commit: result.commit,
+      build_dir: result.ok ? result.dir : null,
+    });
+    const current = this.o.store.getService(serviceId);
+    if (!current) return;
+    if (result.ok) {
+      this.o.log.info({ service: current.name, version, commit: result.commit }, "build succeeded");
+      if (current.desired_state === "running" || current.status === "building") await this.rollTo(serviceId, version);
+      return;
+    }
+    this.o.log.warn({ service: current.name, version, reason: result.reason }, "build failed");
+    if (LIVE_STATUSES.has(current.status)) return; // the previous version keeps running
+    this.update(serviceId, {
+      status: "failed",
+      status_message: `build of version ${version} failed: ${result.reason}`,
+      forensics: { ...current.forensics, error: { class: "build_failed", message: result.reason ?? "the build failed" } },
+    });
+  }
+
+  // ---------------------------------------------------------------- control
+
+  async control(ident: string, action: "start" | "stop" | "restart" | "pause" | "resume"): Promise<ServiceRecord> {
+    const service = this.find(ident);
+    const runtime = this.runtime(service.id);
+    switch (action) {
+      case "stop":
+        this.update(service.id, { desired_state: "stopped" });
+        await this.stopRun(service.id, "stopped");
+        this.cancelPending(service.id);
+        this.update(service.id, { status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped by request" });
+        break;
+      case "start":
+        if (LIVE_STATUSES.has(service.status) || service.status === "building") {
+          throw new AppError("invalid_transition", `${service.name} is ${service.status}; stop it first, or use restart`);
+        }
+        this.cancelPending(service.id);
+        this.update(service.id, {
+          desired_state: "running",
+          status: "pending",
+          status_message: "waiting to be scheduled",
+          submitted_at: iso(this.now()),
+          restart_state: EMPTY_RESTART_STATE,
+        });
+        this.schedule();
+        break;
+      case "restart":
+        if (service.status === "building") throw new AppError("invalid_transition", `${service.name} is building; wait for the build`);
+        await this.stopRun(service.id, "restarted");
+        this.cancelPending(service.id);
+        this.update(service.id, {
+          desired_state: "running",
+          status: "pending",
+          status_message: "waiting to be scheduled",
+          submitted_at: iso(this.now()),
+        });
+        this.schedule();
+        break;
+      case "pause":
+        if (service.status !== "running" && service.status !== "degraded") {
+          throw new AppError("invalid_transition", `${service.name} is ${service.status}; only a running service can be paused`);
+        }
+        if (!runtime.handle || !this.o.supervisor.signal(runtime.handle, "SIGSTOP")) {
+          throw new AppError("invalid_transition", `${service.name} has no live process to pause`);
+        }
+        runtime.health?.stop();
+        runtime.health = null;
+        this.update(service.id, { status: "paused", desired_state: "paused", status_message: "paused by request (SIGSTOP)" });
+        break;
+      case "resume":
+        if (service.status !== "paused") throw new AppError("invalid_transition", `${service.name} is ${service.status}, not paused`);
+        if (runtime.handle) this.o.supervisor.signal(runtime.handle, "SIGCONT");
+        this.update(service.id, { status: "running", desired_state: "running", status_message: null });
+        this.startHealth(service.id);
+        break;
+    }
+    return this.get(service.id);
+  }
+
+  /** remove stops a service and deletes its record, runs, logs and builds; its data directory stays. */
+  async remove(ident: string): Promise<void> {
+    const service = this.find(ident);
+    const dependents = this.o.store
+      .listServices()
+      .filter((other) => other.id !== service.id && this.currentSpec(other).spec.bindings.includes(service.name))
+      .map((other) => other.name);
+    this.update(service.id, { desired_state: "stopped" });
+    await this.stopRun(service.id, "deleted");
+    this.cancelPending(service.id);
+    this.runtimes.delete(service.id);
+    this.o.store.deleteService(service.id);
+    rmSync(this.serviceDir(service.id), { recursive: true, force: true });
+    this.o.log.info({ service: service.name, dependents }, "service deleted");
+    this.schedule();
+  }
+
+  private cancelPending(serviceId: string): void {
+    const runtime = this.runtime(serviceId);
+    if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
+    runtime.retryTimer = null;
+    runtime.build?.abort();
+    runtime.build = null;
+  }
+
+  /**
+   * stopRun ends the live run on purpose: SIGTERM to the process group (SIGCONT first if it
+   * is paused), then SIGKILL after the spec's stop timeout. It resolves when the shim has
+   * recorded the exit. Purposeful ends are not counted by the restart policy.
+   */
+  private async stopRun(serviceId: string, reason: string): Promise<void> {
+    const runtime = this.runtime(serviceId);
+    const handle = runtime.handle;
+    if (!handle || !this.o.supervisor.isWatching(handle.runId)) return;
+    const service = this.o.store.getService(serviceId);
+    const timeoutS = service ? this.currentSpec(service).spec.stop_timeout_s : 10;
+    runtime.stopping = true;
+    runtime.health?.stop();
+    runtime.health = null;
+    const ended = new Promise<void>((resolve) => runtime.exitWaiters.push(resolve));
+    this.o.log.info({ service: service?.name, reason }, "stopping the service's process group");
+    this.o.supervisor.signal(handle, "SIGTERM");
+    this.o.supervisor.signal(handle, "SIGCONT");
+    const timer = setTimeout(() => this.o.supervisor.signal(handle, "SIGKILL"), timeoutS * 1000);
+    await ended;
+    clearTimeout(timer);
+    runtime.stopping = false;
+  }
+
+  // ---------------------------------------------------------------- scheduling
+
+  private gpuRequest(id: string, spec: ServiceSpec, submittedAt: number): GpuRequest {
+    return { id, gpus: spec.gpus, gpu_memory_mb: spec.gpu_memory_mb, priority: spec.priority, submitted_at: submittedAt };
+  }
+
+  /** schedule runs one placement pass soon; calls within the same tick share it. */
+  schedule(): void {
+    if (this.scheduleQueued || this.stopped) return;
+    this.scheduleQueued = true;
+    queueMicrotask(() => {
+      this.scheduleQueued = false;
+      try {
+        this.placementPass();
+      } catch (error) {
+        this.o.log.error({ err: error }, "scheduling pass failed");
+      }
+    });
+  }
+
+  private placementPass(): void {
+    const services = this.o.store.listServices();
+    const byName = new Map(services.map((service) => [service.name, service]));
+    const pending = services
+      .filter((service) => service.desired_state === "running" && service.status === "pending" && !this.runtime(service.id).launching)
+      .map((service) => ({ service, spec: this.currentSpec(service).spec }))
+      .sort(
+        (a, b) =>
+          b.spec.priority - a.spec.priority ||
+          Date.parse(a.service.submitted_at) - Date.parse(b.service.submitted_at) ||
+          (a.service.id < b.service.id ? -1 : 1),
+      );
+    if (pending.length === 0) return;
+
+    const allocations: GpuAllocation[] = [];
+    const activeByOwner = new Map<string, { jobs: number; gpus: number }>();
+    for (const service of services) {
+      const runtime = this.runtimes.get(service.id);
+      if (runtime?.gpuHold) {
+        allocations.push({
+          request_id: service.id,
+          device_uuids: runtime.gpuHold.device_uuids,
+          whole: runtime.gpuHold.whole,
+          memory_mb: runtime.gpuHold.memory_mb,
+        });
+      }
+      if (LIVE_STATUSES.has(service.status) || runtime?.launching) {
+        const key = ownerKey(service);
+        const usage = activeByOwner.get(key) ?? { jobs: 0, gpus: 0 };
+        usage.jobs += 1;
+        usage.gpus += runtime?.gpuHold?.whole ? runtime.gpuHold.device_uuids.length : 0;
+        activeByOwner.set(key, usage);
+      }
+    }
+
+    const ready: { service: ServiceRow; spec: ServiceSpec }[] = [];
+    for (const entry of pending) {
+      const { service, spec } = entry;
+      const runtime = this.runtime(service.id);
+      const waiting = this.bindingWait(spec, byName);
+      runtime.bindingMessages = waiting.messages;
+      runtime.pendingEnvKeys = waiting.pendingKeys;
+      if (waiting.messages.length > 0) {
+        this.setWaiting(service, waiting.messages.join("; "));
+        continue;
+      }
+      const usage = activeByOwner.get(ownerKey(service)) ?? { jobs: 0, gpus: 0 };
+      if (service.owner.max_concurrent_jobs !== null && usage.jobs >= service.owner.max_concurrent_jobs) {
+        this.setWaiting(
+          service,
+          `waiting for the token cap: ${usage.jobs} of max_concurrent_jobs ${service.owner.max_concurrent_jobs} running`,
+        );
+        continue;
+      }
+      if (service.owner.max_gpus !== null && usage.gpus + spec.gpus > service.owner.max_gpus) {
+        this.setWaiting(service, `waiting for the token cap: ${usage.gpus} GPUs held, max_gpus ${service.owner.max_gpus}`);
+        continue;
+      }
+      usage.jobs += 1;
+      usage.gpus += spec.gpus;
+      activeByOwner.set(ownerKey(service), usage);
+      ready.push(entry);
+    }
+
+    const devices = this.o.gpus.snapshot().devices;
+    const gpuRequests = ready
+      .filter(({ spec }) => spec.gpus > 0 || spec.gpu_memory_mb > 0)
+      .map(({ service, spec }) => this.gpuRequest(service.id, spec, Date.parse(service.submitted_at)));
+    const plan = gpuRequests.length > 0 ? planPlacement(devices, allocations, gpuRequests) : { placed: [], waiting: [] };
+    const placed = new Map(plan.placed.map((allocation) => [allocation.request_id, allocation]));
+    const waitingGpu = new Map(plan.waiting.map((waiting) => [waiting.request_id, waiting.message]));
+    for (const { service, spec } of ready) {
+      const needsGpu = spec.gpus > 0 || spec.gpu_memory_mb > 0;
+      const allocation = placed.get(service.id) ?? null;
+      if (needsGpu && !allocation) {
+        this.setWaiting(service, waitingGpu.get(service.id) ?? "waiting for GPUs");
+        continue;
+      }
+      let hold: GpuHold | null = null;
+      if (allocation) {
+        const visible = describeAllocation(devices, allocation).CUDA_VISIBLE_DEVICES;
+        hold = {
+          device_uuids: allocation.device_uuids,
+          visible_ids: visible.split(","),
+          whole: allocation.whole,
+          memory_mb: allocation.memory_mb,
+        };
+      }
+      void this.launch(service.id, hold);
+    }
+  }
+
+  private setWaiting(service: ServiceRow, message: string): void {
+    if (service.status_message !== message) this.update(service.id, { status_message: message });
+  }
+
+  private bindingWait(spec: ServiceSpec, byName: Map<string, ServiceRow>): { messages: string[]; pendingKeys: string[] } {
+    const messages: string[] = [];
+    const pendingKeys: string[] = [];
+    for (const name of spec.bindings) {
+      const bound = byName.get(name);
+      if (!bound) {
+        messages.push(`waiting for ${name}: no such service is deployed yet`);
+        pendingKeys.push(`${envPrefix(name)}_HOST`, `${envPrefix(name)}_PORT`);
+        continue;
+      }
+      const health = this.runtimes.get(bound.id)?.healthState;
+      const hasProbe = this.currentSpec(bound).spec.health !== null;
+      const ready = bound.status === "running" && (!hasProbe || health?.healthy === true);
+      if (!ready) {
+        const why = bound.status === "running" ? "its health check has not passed yet" : `it is ${bound.status}`;
+        messages.push(`waiting for ${name}: ${why}`);
+        pendingKeys.push(...Object.keys(bindingVariables(this.boundService(bound))));
+      }
+    }
+    return { messages, pendingKeys: [...new Set(pendingKeys)].sort() };
+  }
+
+  private boundService(service: ServiceRow): BoundService {
+    const version = this.currentSpec(service);
+    return {
+      name: service.name,
+      kind: service.kind,
+      template_id: version.spec.template_id,
+      port: version.spec.port,
+      env: version.spec.env,
+      secrets: this.openSecrets(version),
+    };
+  }
+
+  private openSecrets(version: VersionRow): Record<string, string> {
+    return version.sealed_secrets
+      ? JSON.parse(this.o.secretBox.open(version.sealed_secrets, `${version.service_id}:${version.version}`))
+      : {};
+  }
+
+  private async launch(serviceId: string, hold: GpuHold | null): Promise<void> {
+    const service = this.o.store.getService(serviceId);
+    if (!service) return;
+    const runtime = this.runtime(serviceId);
+    runtime.launching = true;
+    runtime.gpuHold = hold;
+    this.update(serviceId, { status: "scheduled", status_message: hold ? `placed on GPU ${hold.visible_ids.join(",")}` : null });
+    const version = this.currentSpec(service);
+    const { spec } = version;
+    const byName = new Map(this.o.store.listServices().map((other) => [other.name, other]));
+    const bindingEnv: Record<string, string> = {};
+    for (const name of spec.bindings) {
+      const bound = byName.get(name);
+      if (bound) Object.assign(bindingEnv, bindingVariables(this.boundService(bound)));
+    }
+    const dataDir = join(this.o.dataDir, "data", service.name);
+    mkdirSync(dataDir, { recursive: true, mode: 0o750 });
+    const runId = randomId("run");
+    const runDir = join(this.serviceDir(serviceId), "runs", runId);
+    const engineVars: Record<string, string> = {
+      SERVICE_NAME: service.name,
+      SERVICE_ID: service.id,
+      SERVICE_VERSION: String(service.version),
+      SERVICE_DATA_DIR: dataDir,
+      ENGINE_RUN_ID: runId,
+    };
+    if (spec.port !== null) engineVars.PORT = String(spec.port);
+    const gpuEnv: Record<string, string> = hold
+      ? { CUDA_VISIBLE_DEVICES: hold.visible_ids.join(","), NVIDIA_VISIBLE_DEVICES: hold.visible_ids.join(",") }
+      : {};
+    const secrets = this.openSecrets(version);
+    const { env, injectedKeys } = assembleRunEnv({
+      base: this.o.env,
+      engine: engineVars,
+      bindings: bindingEnv,
+      env: spec.env,
+      secrets,
+      gpu: gpuEnv,
+    });
+    runtime.envSource = [
+      "engine",
+      spec.bindings.length ? `bindings:${spec.bindings.join(",")}` : "",
+      "env",
+      spec.secret_keys.length ? "secrets" : "",
+      hold ? "gpu" : "",
+    ]
+      .filter(Boolean)
+      .join("+");
+    runtime.pendingEnvKeys = [];
+    const cwd = version.build_dir ?? spec.cwd ?? dataDir;
+    const startedAt = iso(this.now());
+    let result: Awaited<ReturnType<Supervisor["launch"]>>;
+    try {
+      if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
+      result = await this.o.supervisor.launch({
+        runId,
+        runDir,
+        logFile: this.logFile(serviceId),
+        argv: spec.command,
+        env,
+        cwd,
+        memoryMb: spec.memory_mb,
+      });
+    } catch (error) {
+      result = {
+        ok: false,
+        exit: {
+          exitCode: null,
+          signal: null,
+          endedAt: iso(this.now()),
+          execError: "ESETUP",
+          execStage: "setup",
+          execMessage: (error as Error).message,
+          oomKilled: false,
+          lost: false,
+        },
+      };
+    }
+    runtime.launching = false;
+    const run: RunRow = {
+      id: runId,
+      service_id: serviceId,
+      version: service.version,
+      run_dir: runDir,
+      shim_pid: result.ok ? result.handle.shimPid : null,
+      shim_start: result.ok ? result.handle.shimStart : null,
+      pid: result.ok ? result.handle.pid : null,
+      pid_start: result.ok ? result.handle.pidStart : null,
+      cgroup_dir: result.ok ? result.handle.cgroupDir : null,
+      gpus: hold,
+      env_keys: injectedKeys,
+      started_at: startedAt,
+      ended_at: null,
+      exit: null,
+      end_reason: null,
+    };
+    const current = this.o.store.getService(serviceId);
+    if (!current) {
+      if (result.ok) this.o.supervisor.signal(result.handle, "SIGKILL");
+      return;
+    }
+    this.o.store.transaction(() => {
+      this.o.store.insertRun(run);
+      this.o.store.updateService({
+        ...current,
+        status: result.ok ? "running" : current.status,
+        status_message: result.ok ? null : current.status_message,
+        current_run_id: runId,
+        updated_at: iso(this.now()),
+      });
+    });
+    if (!result.ok) {
+      this.settleExit(serviceId, run, result.exit);
+      return;
+    }
+    runtime.handle = result.handle;
+    this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "service started");
+    this.startHealth(serviceId);
+    this.schedule(); // services bound to this one may now start
+  }
+
+  // ---------------------------------------------------------------- health
+
+  private startHealth(serviceId: string): void {
+    const service = this.o.store.getService(serviceId);
+    if (!service || this.stopped) return;
+    const { spec } = this.currentSpec(service);
+    const runtime = this.runtime(serviceId);
+    runtime.health?.stop();
+    runtime.health = null;
+    if (!spec.health) return;
+    const monitor = new HealthMonitor(
+      spec.health,
+      { host: "127.0.0.1", port: spec.health.port ?? spec.port, cwd: spec.cwd ?? undefined, env: {} },
+      { onChange: (state) => this.onHealth(serviceId, monitor, state) },
+    );
+    runtime.health = monitor;
+    runtime.healthState = null;
+    monitor.start();
+  }
+
+  private onHealth(serviceId: string, monitor: HealthMonitor, state: HealthState): void {
+    const runtime = this.runtime(serviceId);
+    if (runtime.health !== monitor) return;
+    runtime.healthState = state;
+    const service = this.o.store.getService(serviceId);
+    if (!service) return;
+    if (state.healthy === true && service.status === "degraded") {
+      this.update(serviceId, { status: "running", status_message: null });
+    } else if (state.healthy === false && service.status === "running") {
+      this.update(serviceId, { status: "degraded", status_message: `health check failing: ${state.last?.detail ?? "no detail"}` });
+    }
+    if (state.healthy === true) this.schedule(); // dependents may be waiting on this
+    const { spec } = this.currentSpec(service);
+    if (state.threshold_reached && spec.restart.policy !== "never" && runtime.handle) {
+      this.o.log.warn(
+        { service: service.name, failures: state.consecutive_failures },
+        "health check failed past its threshold: restarting",
+      );
+      runtime.healthKill = true;
+      runtime.health?.stop();
+      runtime.health = null;
+      const handle = runtime.handle;
+      this.o.supervisor.signal(handle, "SIGTERM");
+      setTimeout(() => this.o.supervisor.signal(handle, "SIGKILL"), spec.stop_timeout_s * 1000);
+    }
+  }
+
+  // ---------------------------------------------------------------- exits
+
+  private onRunExit(handle: RunHandle, exit: ExitRecord): void {
+    const run = this.o.store.getRun(handle.runId);
+    if (!run || run.ended_at !== null) return;
+    this.settleExit(run.service_id, run, exit);
+  }
+
+  /**
+   * settleExit records how a run ended and decides what follows: nothing more for a run
+   * ended on purpose; otherwise the restart policy (restart after backoff, or settle as
+   * completed or failed).
+   */
+  private settleExit(serviceId: string, run: RunRow, exit: ExitRecord): void {
+    const service = this.o.store.getService(serviceId);
+    if (!service) return;
+    const runtime = this.runtime(serviceId);
+    const { spec } = this.currentSpec(service);
+    const logTail = tailLog(this.logFile(serviceId), 200, this.o.logMaxFiles)
+      .filter((line) => line.ts >= run.started_at.replace(/Z$/, ""))
+      .map((line) => line.line);
+    const gpuOom = findGpuOom(logTail) !== null;
+    const privDenied = exit.execError === "EACCES" || exit.execError === "EPERM" || findPermissionDenied(logTail) !== null;
+    const endReason = runtime.stopping ? "stopped" : runtime.healthKill ? "health" : exit.lost ? "lost" : "exit";
+    const endedAt = exit.endedAt;
+    this.o.store.endRun(run.id, endedAt, { ...exit, gpu_oom: gpuOom, priv_denied: privDenied }, endReason);
+    for (const dir of this.o.store.pruneRuns(serviceId)) rmSync(dir, { recursive: true, force: true });
+    runtime.handle = null;
+    runtime.gpuHold = null;
+    runtime.health?.stop();
+    runtime.health = null;
+    const wasHealthKill = runtime.healthKill;
+    runtime.healthKill = false;
+    const waiters = runtime.exitWaiters.splice(0);
+    const succeeded = exit.exitCode === 0 && !exit.lost;
+    const crashed = !succeeded && !runtime.stopping;
+    const forensics: Forensics = crashed
+      ? {
+          last_exit_code: exit.exitCode,
+          last_signal: exit.signal,
+          oom_killed: exit.oomKilled,
+          gpu_oom: gpuOom,
+          priv_denied: privDenied,
+          exec_error: exit.execError,
+          last_crash_at: endedAt,
+          error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb),
+        }
+      : { ...service.forensics, last_exit_code: exit.exitCode, last_signal: exit.signal };
+    this.o.log.info(
+      { service: service.name, run: run.id, exit_code: exit.exitCode, signal: exit.signal, oom_killed: exit.oomKilled, reason: endReason },
+      "service process ended",
+    );
+
+    if (waiters.length > 0 || runtime.stopping) {
+      this.update(serviceId, { forensics, current_run_id: run.id });
+      for (const resolve of waiters) resolve();
+      this.schedule();
+      return;
+    }
+    if (service.desired_state === "stopped") {
+      this.update(serviceId, { forensics, status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped" });
+      this.schedule();
+      return;
+    }
+    // An exec that failed (no such program, permission denied) fails the same way every time.
+    const decision = exit.execError
+      ? ({
+          action: "settle",
+          status: "failed",
+          budgetSpent: false,
+          state: { ...service.restart_state, last_exit_at: endedAt, next_retry_at: null },
+        } as const)
+      : decideAfterExit(service.kind, spec.restart, service.restart_state, succeeded, Date.parse(endedAt) || this.now().getTime());
+    if (decision.action === "restart") {
+      const delayMs = Math.max(0, Date.parse(decision.state.next_retry_at ?? endedAt) - this.now().getTime());
+      this.update(serviceId, {
+        forensics,
+        restart_state: decision.state,
+        status: service.kind === "batch" ? "retrying" : "restarting",
+        status_message: `${describeExit(exit)}; restarting in ${(delayMs / 1000).toFixed(1)} s (restart ${decision.state.restarts.length} of ${spec.restart.max_restarts} in ${spec.restart.window_seconds} s)`,
+      });
+      this.armRetry(serviceId, delayMs);
+    } else {
+      const message =
+        decision.status === "completed"
+          ? `${describeExit(exit)}`
+          : decision.budgetSpent
+            ? `${describeExit(exit)}; gave up after ${spec.restart.max_restarts} restarts in ${spec.restart.window_seconds} s`
+            : describeExit(exit);
+      this.update(serviceId, {
+        forensics: decision.budgetSpent ? { ...forensics, error: { class: "crash_loop", message } } : forensics,
+        restart_state: decision.state,
+        status: decision.status,
+        desired_state: decision.status === "completed" ? "completed" : service.desired_state,
+        status_message: message,
+      });
+    }
+    this.schedule();
+  }
+
+  private armRetry(serviceId: string, delayMs: number): void {
+    const runtime = this.runtime(serviceId);
+    if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
+    runtime.retryTimer = setTimeout(
+      () => {
+        runtime.retryTimer = null;
+        const service = this.o.store.getService(serviceId);
+        if (service?.desired_state !== "running") return;
+        if (service.status !== "restarting" && service.status !== "retrying") return;
+        this.update(serviceId, {
+          status: "pending",
+          status_message: "waiting to be scheduled",
+          restart_state: { ...service.restart_state, next_retry_at: null },
+        });
+        this.schedule();
+      },
+      Math.max(0, delayMs),
+    );
+  }
+
+  // ---------------------------------------------------------------- helpers
+
+  private update(serviceId: string, patch: Partial<ServiceRow>): void {
+    const service = this.o.store.getService(serviceId);
+    if (!service) return;
+    this.o.store.updateService({ ...service, ...patch, updated_at: iso(this.now()) });
+  }
+
+  serviceDir(serviceId: string): string {
+    return join(this.o.dataDir, "services", serviceId);
+  }
+
+  logFile(serviceId: string): string {
+    return join(this.serviceDir(serviceId), "logs", "output.log");
+  }
+}
+
+function ownerKey(service: ServiceRow): string {
+  return service.owner.token_id ?? "local";
+}
+
+/** describeExit says in words how a run ended: "exited with code 3", "killed by SIGKILL (OOM)". */
+export function describeExit(exit: ExitRecord): string {
+  if (exit.lost) return "the process was lost: its shim ended without recording an exit";
+  if (exit.execError) return `could not start: ${exit.execMessage ?? exit.execError} (${exit.execError})`;
+  if (exit.signal) return `killed by ${exit.signal}${exit.oomKilled ? " (out of memory)" : ""}`;
+  return `exited with code ${exit.exitCode}`;
+}
+
+function classify(
+  exit: ExitRecord,
+  gpuOom: boolean,
+  privDenied: boolean,
+  healthKill: boolean,
+  memoryMb: number | null,
+): { class: string; message: string } {
+  if (exit.oomKilled)
+    return { class: "oom_killed", message: `the kernel's OOM killer ended the process at its memory limit of ${memoryMb} MiB` };
+  if (exit.execError === "ENOENT") return { class: "command_not_found", message: describeExit(exit) };
+  if (exit.execError) return { class: privDenied ? "permission_denied" : "exec_failed", message: describeExit(exit) };
+  if (gpuOom) return { class: "gpu_oom", message: `the process ran out of GPU memory (${describeExit(exit)})` };
+  if (privDenied) return { class: "permission_denied", message: `the process hit "Permission denied" (${describeExit(exit)})` };
+  if (healthKill) return { class: "health_check_failed", message: `restarted after its health check kept failing (${describeExit(exit)})` };
+  if (exit.lost) return { class: "lost", message: describeExit(exit) };
+  if (exit.exitCode === 127) return { class: "command_not_found", message: `${describeExit(exit)}: the shell could not find the command` };
+  if (exit.signal) return { class: "signal", message: describeExit(exit) };
+  return { class: "exit_code", message: describeExit(exit) };
+}

@@ -1,0 +1,209 @@
+import { existsSync, statSync } from "node:fs";
+import { isAbsolute, join } from "node:path";
+import type { ServiceDeploy } from "../../contract/engine";
+import { AppError } from "../../lib/errors";
+import { InputError, type ValidationDetail } from "../../lib/validation";
+import type { TemplateCatalog } from "../templates";
+import { defaultRestartPolicy, type RestartPolicy, type ServiceKindName } from "./restart-policy";
+
+export interface HealthSpecValue {
+  type: "http" | "tcp" | "exec";
+  path?: string;
+  port?: number;
+  command?: string | string[];
+  interval_s: number;
+  timeout_s: number;
+  failure_threshold: number;
+}
+
+export interface BuildSpecValue {
+  repo_url: string;
+  ref?: string;
+  subdir?: string;
+  command?: string;
+}
+
+/** ServiceSpec is one version of a service, normalized: every default applied, secrets split off. */
+export interface ServiceSpec {
+  name: string;
+  kind: ServiceKindName;
+  command: string[];
+  template_id: string | null;
+  cwd: string | null;
+  env: Record<string, string>;
+  secret_keys: string[];
+  gpus: number;
+  gpu_memory_mb: number;
+  memory_mb: number | null;
+  port: number | null;
+  priority: number;
+  stop_timeout_s: number;
+  restart: RestartPolicy;
+  health: HealthSpecValue | null;
+  build: BuildSpecValue | null;
+  bindings: string[];
+}
+
+export const HEALTH_DEFAULTS = { interval_s: 10, timeout_s: 5, failure_threshold: 3 } as const;
+export const DEFAULT_STOP_TIMEOUT_S = 10;
+
+type Detail = Omit<ValidationDetail, "ctx"> & { ctx?: Record<string, unknown> };
+
+function detail(loc: (string | number)[], msg: string, type: string, input: unknown): Detail {
+  return { loc: ["body", ...loc], msg, type, input };
+}
+
+/** healthFromTemplate turns a template's health shorthand ("/path", "tcp", "") into a probe. */
+export function healthFromTemplate(shorthand: string): HealthSpecValue | null {
+  if (shorthand === "") return null;
+  if (shorthand === "tcp") return { type: "tcp", ...HEALTH_DEFAULTS };
+  return { type: "http", path: shorthand, ...HEALTH_DEFAULTS };
+}
+
+function kindOfCategory(category: string): ServiceKindName {
+  return category === "model" || category === "database" || category === "batch" ? category : "service";
+}
+
+/** shellCommand runs a command string through /bin/sh, as Procfiles and systemd's ExecStart= with sh -c do. */
+export function shellCommand(command: string): string[] {
+  return ["/bin/sh", "-c", command];
+}
+
+/**
+ * normalizeDeploy turns a deploy request (and the template it names) into a ServiceSpec and
+ * the secrets, or throws: `template_not_found`, or 422 naming every bad field at once.
+ */
+export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog): { spec: ServiceSpec; secrets: Record<string, string> } {
+  const problems: Detail[] = [];
+  const template = body.template_id ? templates.get(body.template_id) : null;
+  if (body.template_id && !template) {
+    throw new AppError("template_not_found", `no app template with id ${JSON.stringify(body.template_id)}`);
+  }
+  const env: Record<string, string> = { ...(body.env ?? {}) };
+  const secrets: Record<string, string> = { ...(body.secrets ?? {}) };
+  if (template) {
+    for (const entry of template.env_schema) {
+      // A secret the template declares is kept as a secret even when sent in `env`.
+      if (entry.secret && entry.name in env) {
+        secrets[entry.name] = env[entry.name] as string;
+        delete env[entry.name];
+      }
+      if (entry.required && !(entry.name in env) && !(entry.name in secrets)) {
+        problems.push(detail(["env", entry.name], `template ${template.id} requires ${entry.name}`, "missing", null));
+      }
+    }
+  }
+  for (const key of Object.keys(secrets)) delete env[key];
+
+  let command: string[] = [];
+  if (body.command !== undefined) command = typeof body.command === "string" ? shellCommand(body.command) : body.command;
+  else if (template) command = shellCommand(template.deploy_defaults.start);
+  else problems.push(detail(["command"], "give a command (string or argv) or a template_id", "missing", null));
+
+  const kind: ServiceKindName = body.kind ?? (template ? kindOfCategory(template.category) : "service");
+  const gpus = body.gpus ?? (template && body.gpu_memory_mb === undefined ? template.deploy_defaults.gpus : 0);
+  const gpuMemory = body.gpu_memory_mb ?? 0;
+  if (gpus > 0 && gpuMemory > 0) {
+    problems.push(
+      detail(["gpu_memory_mb"], "ask for whole GPUs (gpus) or a share of one GPU (gpu_memory_mb), not both", "value_error", gpuMemory),
+    );
+  }
+  const port = body.port ?? (template && template.deploy_defaults.port > 0 ? template.deploy_defaults.port : null);
+
+  let health: HealthSpecValue | null = null;
+  if (body.health) health = { ...HEALTH_DEFAULTS, ...body.health };
+  else if (body.health === undefined && template) health = healthFromTemplate(template.deploy_defaults.health);
+  if (health && (health.type === "http" || health.type === "tcp") && !health.port && !port) {
+    problems.push(
+      detail(["health", "port"], `a ${health.type} probe needs a port: set health.port or the service's port`, "missing", null),
+    );
+  }
+  if (health?.type === "exec" && !health.command) {
+    problems.push(detail(["health", "command"], "an exec probe needs a command", "missing", null));
+  }
+  if (body.build?.subdir && (isAbsolute(body.build.subdir) || body.build.subdir.split("/").includes(".."))) {
+    problems.push(detail(["build", "subdir"], "subdir must be a relative path inside the repository", "value_error", body.build.subdir));
+  }
+  if (body.bindings?.includes(body.name)) {
+    problems.push(detail(["bindings"], "a service cannot bind to itself", "value_error", body.bindings));
+  }
+  if (body.cwd !== undefined && !body.build) {
+    if (!existsSync(body.cwd) || !statSync(body.cwd).isDirectory()) {
+      problems.push(detail(["cwd"], `${body.cwd} is not a directory on this host`, "value_error", body.cwd));
+    }
+  }
+  if (problems.length > 0) throw new InputError(problems);
+
+  const spec: ServiceSpec = {
+    name: body.name,
+    kind,
+    command,
+    template_id: template?.id ?? null,
+    cwd: body.cwd ?? null,
+    env,
+    secret_keys: Object.keys(secrets).sort(),
+    gpus,
+    gpu_memory_mb: gpuMemory,
+    memory_mb: body.memory_mb ?? null,
+    port,
+    priority: body.priority ?? 0,
+    stop_timeout_s: body.stop_timeout_s ?? DEFAULT_STOP_TIMEOUT_S,
+    restart: { ...defaultRestartPolicy(kind), ...(body.restart ?? {}) },
+    health,
+    build: body.build ?? null,
+    bindings: body.bindings ?? [],
+  };
+  if (!spec.build) assertCommandExists(spec.command, spec.cwd, env.PATH ?? process.env.PATH ?? "");
+  return { spec, secrets };
+}
+
+const SHELL_SYNTAX = /[|&;<>()$`\\"'*?[\]#~=%{}\n]/;
+
+/**
+ * assertCommandExists refuses a deploy whose program cannot be found, so that a typo is a
+ * clear 422 rather than a crash loop. For `sh -c` strings it checks the first word when the
+ * string is a plain command; a string with shell syntax is the shell's to judge at run time.
+ */
+export function assertCommandExists(argv: string[], cwd: string | null, path: string): void {
+  let program = argv[0] ?? "";
+  if (argv.length === 3 && argv[0] === "/bin/sh" && argv[1] === "-c") {
+    const text = (argv[2] ?? "").trim();
+    const first = text.split(/\s+/)[0] ?? "";
+    if (first === "" || SHELL_SYNTAX.test(first) || ["exec", "env", "nohup", "time", "command", "builtin", ".", "source"].includes(first))
+      return;
+    if (SHELL_BUILTINS.has(first)) return;
+    program = first;
+  }
+  if (program.includes("/")) {
+    const full = isAbsolute(program) ? program : join(cwd ?? process.cwd(), program);
+    if (existsSync(full)) return;
+    throw new InputError([detail(["command"], `the command ${program} does not exist (looked for ${full})`, "command_not_found", program)]);
+  }
+  if (Bun.which(program, { PATH: path, cwd: cwd ?? undefined })) return;
+  throw new InputError([detail(["command"], `the command ${program} is not on the PATH of this host`, "command_not_found", program)]);
+}
+
+const SHELL_BUILTINS = new Set([
+  "true",
+  "false",
+  ":",
+  "echo",
+  "printf",
+  "read",
+  "test",
+  "[",
+  "cd",
+  "export",
+  "set",
+  "trap",
+  "wait",
+  "sleep",
+  "kill",
+  "ulimit",
+  "umask",
+  "if",
+  "for",
+  "while",
+  "until",
+  "case",
+]);

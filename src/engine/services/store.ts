@@ -1,0 +1,294 @@
+import type { Database } from "bun:sqlite";
+import type { ExitRecord, RunHandle } from "../supervisor";
+import { EMPTY_RESTART_STATE, type RestartState } from "./restart-policy";
+import type { ServiceSpec } from "./spec";
+
+/** Forensics is what the engine learned from the latest runs that ended badly. */
+export interface Forensics {
+  last_exit_code: number | null;
+  last_signal: string | null;
+  oom_killed: boolean;
+  gpu_oom: boolean;
+  priv_denied: boolean;
+  exec_error: string | null;
+  last_crash_at: string | null;
+  error: { class: string; message: string } | null;
+}
+
+export const EMPTY_FORENSICS: Forensics = {
+  last_exit_code: null,
+  last_signal: null,
+  oom_killed: false,
+  gpu_oom: false,
+  priv_denied: false,
+  exec_error: null,
+  last_crash_at: null,
+  error: null,
+};
+
+/** Owner is the token a service was deployed with and its caps at that moment. */
+export interface Owner {
+  token_id: string | null;
+  name: string;
+  max_gpus: number | null;
+  max_concurrent_jobs: number | null;
+}
+
+export interface ServiceRow {
+  id: string;
+  name: string;
+  kind: ServiceSpec["kind"];
+  version: number;
+  desired_state: string;
+  status: string;
+  status_message: string | null;
+  owner: Owner;
+  priority: number;
+  submitted_at: string;
+  created_at: string;
+  updated_at: string;
+  restart_state: RestartState;
+  forensics: Forensics;
+  current_run_id: string | null;
+}
+
+export interface VersionRow {
+  service_id: string;
+  version: number;
+  spec: ServiceSpec;
+  sealed_secrets: string | null;
+  created_at: string;
+  build_result: string | null;
+  build_reason: string | null;
+  build_commit: string | null;
+  build_dir: string | null;
+}
+
+export interface GpuHold {
+  device_uuids: string[];
+  visible_ids: string[];
+  whole: boolean;
+  memory_mb: number;
+}
+
+export interface RunRow {
+  id: string;
+  service_id: string;
+  version: number;
+  run_dir: string;
+  shim_pid: number | null;
+  shim_start: number | null;
+  pid: number | null;
+  pid_start: number | null;
+  cgroup_dir: string | null;
+  gpus: GpuHold | null;
+  env_keys: string[];
+  started_at: string;
+  ended_at: string | null;
+  exit: (ExitRecord & { gpu_oom: boolean; priv_denied: boolean }) | null;
+  end_reason: string | null;
+}
+
+type Raw<T> = { [K in keyof T]: unknown };
+
+function parseService(raw: Raw<ServiceRow>): ServiceRow {
+  return {
+    ...(raw as unknown as ServiceRow),
+    owner: JSON.parse(raw.owner as string),
+    restart_state: { ...EMPTY_RESTART_STATE, ...JSON.parse(raw.restart_state as string) },
+    forensics: { ...EMPTY_FORENSICS, ...JSON.parse(raw.forensics as string) },
+  };
+}
+
+function parseRun(raw: Raw<RunRow>): RunRow {
+  return {
+    ...(raw as unknown as RunRow),
+    gpus: JSON.parse(raw.gpus as string),
+    env_keys: JSON.parse(raw.env_keys as string),
+    exit: raw.exit ? JSON.parse(raw.exit as string) : null,
+  };
+}
+
+/** RUNS_KEPT is how many ended runs of a service the store keeps for forensics. */
+export const RUNS_KEPT = 20;
+
+/**
+ * ServiceStore is the persistent record of services, their versions and their runs. It is
+ * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
+ */
+export class ServiceStore {
+  constructor(private readonly db: Database) {}
+
+  transaction<T>(fn: () => T): T {
+    return this.db.transaction(fn)();
+  }
+
+  listServices(): ServiceRow[] {
+    return this.db.query<Raw<ServiceRow>, []>("SELECT * FROM services ORDER BY created_at, name").all().map(parseService);
+  }
+
+  getService(id: string): ServiceRow | null {
+    const raw = this.db.query<Raw<ServiceRow>, [string]>("SELECT * FROM services WHERE id = ?").get(id);
+    return raw ? parseService(raw) : null;
+  }
+
+  findService(ident: string): ServiceRow | null {
+    const raw = this.db.query<Raw<ServiceRow>, [string, string]>("SELECT * FROM services WHERE name = ? OR id = ?").get(ident, ident);
+    return raw ? parseService(raw) : null;
+  }
+
+  insertService(row: ServiceRow): void {
+    this.db
+      .query(
+        `INSERT INTO services (id, name, kind, version, desired_state, status, status_message, owner, priority, submitted_at,
+           created_at, updated_at, restart_state, forensics, current_run_id)
+         VALUES ($id, $name, $kind, $version, $desired_state, $status, $status_message, $owner, $priority, $submitted_at,
+           $created_at, $updated_at, $restart_state, $forensics, $current_run_id)`,
+      )
+      .run(serviceParams(row));
+  }
+
+  updateService(row: ServiceRow): void {
+    this.db
+      .query(
+        `UPDATE services SET kind = $kind, version = $version, desired_state = $desired_state, status = $status,
+           status_message = $status_message, owner = $owner, priority = $priority, submitted_at = $submitted_at,
+           updated_at = $updated_at, restart_state = $restart_state, forensics = $forensics, current_run_id = $current_run_id
+         WHERE id = $id`,
+      )
+      .run(serviceParams(row));
+  }
+
+  deleteService(id: string): void {
+    this.db.query("DELETE FROM services WHERE id = ?").run(id);
+  }
+
+  insertVersion(row: VersionRow): void {
+    this.db
+      .query(
+        `INSERT INTO service_versions (service_id, version, spec, sealed_secrets, created_at, build_result, build_reason, build_commit, build_dir)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      )
+      .run(
+        row.service_id,
+        row.version,
+        JSON.stringify(row.spec),
+        row.sealed_secrets,
+        row.created_at,
+        row.build_result,
+        row.build_reason,
+        row.build_commit,
+        row.build_dir,
+      );
+  }
+
+  updateBuild(
+    serviceId: string,
+    version: number,
+    build: Pick<VersionRow, "build_result" | "build_reason" | "build_commit" | "build_dir">,
+  ): void {
+    this.db
+      .query(
+        "UPDATE service_versions SET build_result = ?, build_reason = ?, build_commit = ?, build_dir = ? WHERE service_id = ? AND version = ?",
+      )
+      .run(build.build_result, build.build_reason, build.build_commit, build.build_dir, serviceId, version);
+  }
+
+  getVersion(serviceId: string, version: number): VersionRow | null {
+    const raw = this.db
+      .query<Raw<VersionRow>, [string, number]>("SELECT * FROM service_versions WHERE service_id = ? AND version = ?")
+      .get(serviceId, version);
+    return raw ? { ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) } : null;
+  }
+
+  latestVersion(serviceId: string): VersionRow | null {
+    const raw = this.db
+      .query<Raw<VersionRow>, [string]>("SELECT * FROM service_versions WHERE service_id = ? ORDER BY version DESC LIMIT 1")
+      .get(serviceId);
+    return raw ? { ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) } : null;
+  }
+
+  insertRun(row: RunRow): void {
+    this.db
+      .query(
+        `INSERT INTO runs (id, service_id, version, run_dir, shim_pid, shim_start, pid, pid_start, cgroup_dir, gpus, env_keys, started_at, ended_at, exit, end_reason)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      )
+      .run(
+        row.id,
+        row.service_id,
+        row.version,
+        row.run_dir,
+        row.shim_pid,
+        row.shim_start,
+        row.pid,
+        row.pid_start,
+        row.cgroup_dir,
+        JSON.stringify(row.gpus),
+        JSON.stringify(row.env_keys),
+        row.started_at,
+        row.ended_at,
+        row.exit ? JSON.stringify(row.exit) : null,
+        row.end_reason,
+      );
+  }
+
+  endRun(id: string, endedAt: string, exit: RunRow["exit"], endReason: string): void {
+    this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, JSON.stringify(exit), endReason, id);
+  }
+
+  getRun(id: string): RunRow | null {
+    const raw = this.db.query<Raw<RunRow>, [string]>("SELECT * FROM runs WHERE id = ?").get(id);
+    return raw ? parseRun(raw) : null;
+  }
+
+  lastRuns(serviceId: string, limit: number): RunRow[] {
+    return this.db
+      .query<Raw<RunRow>, [string, number]>("SELECT * FROM runs WHERE service_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?")
+      .all(serviceId, limit)
+      .map(parseRun);
+  }
+
+  /** pruneRuns keeps the newest RUNS_KEPT runs of a service and returns the run dirs it dropped. */
+  pruneRuns(serviceId: string): string[] {
+    const old = this.db
+      .query<{ id: string; run_dir: string }, [string, number]>(
+        "SELECT id, run_dir FROM runs WHERE service_id = ? AND ended_at IS NOT NULL ORDER BY started_at DESC, rowid DESC LIMIT -1 OFFSET ?",
+      )
+      .all(serviceId, RUNS_KEPT);
+    for (const run of old) this.db.query("DELETE FROM runs WHERE id = ?").run(run.id);
+    return old.map((run) => run.run_dir);
+  }
+}
+
+export function handleOf(run: RunRow): RunHandle {
+  return {
+    runId: run.id,
+    runDir: run.run_dir,
+    shimPid: run.shim_pid ?? -1,
+    shimStart: run.shim_start ?? -1,
+    pid: run.pid ?? -1,
+    pidStart: run.pid_start ?? -1,
+    cgroupDir: run.cgroup_dir,
+  };
+}
+
+function serviceParams(row: ServiceRow) {
+  return {
+    id: row.id,
+    name: row.name,
+    kind: row.kind,
+    version: row.version,
+    desired_state: row.desired_state,
+    status: row.status,
+    status_message: row.status_message,
+    owner: JSON.stringify(row.owner),
+    priority: row.priority,
+    submitted_at: row.submitted_at,
+    created_at: row.created_at,
+    updated_at: row.updated_at,
+    restart_state: JSON.stringify(row.restart_state),
+    forensics: JSON.stringify(row.forensics),
+    current_run_id: row.current_run_id,
+  };
+}

@@ -1,0 +1,305 @@
+import { existsSync, mkdirSync, readFileSync, unlinkSync } from "node:fs";
+import { join } from "node:path";
+import type { Logger } from "../../lib/logger";
+import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
+import { isSameProcess, readProcessStat } from "./procfs";
+import { ensureShim } from "./shim";
+
+export { type CgroupDriver, detectCgroupDriver } from "./cgroup";
+export { isSameProcess, processGroupMembers, readProcessStat, residentKb } from "./procfs";
+export { compileShim, ensureShim, shimSource } from "./shim";
+
+/** LaunchSpec is one run of one service, as the supervisor starts it. */
+export interface LaunchSpec {
+  runId: string;
+  runDir: string;
+  logFile: string;
+  argv: string[];
+  env: Record<string, string>;
+  cwd: string;
+  memoryMb: number | null;
+}
+
+/** RunHandle names a live run: the shim and the workload, each by pid and start time. */
+export interface RunHandle {
+  runId: string;
+  runDir: string;
+  shimPid: number;
+  shimStart: number;
+  pid: number;
+  pidStart: number;
+  cgroupDir: string | null;
+}
+
+/** ExitRecord is how a run ended, from the shim's exit.json and the run's cgroup. */
+export interface ExitRecord {
+  exitCode: number | null;
+  signal: string | null;
+  endedAt: string;
+  /** execError is set when the command never started: ENOENT, EACCES, ... */
+  execError: string | null;
+  execStage: string | null;
+  execMessage: string | null;
+  /** oomKilled is true when the kernel's OOM killer acted in the run's cgroup. */
+  oomKilled: boolean;
+  /** lost is true when the shim vanished without recording an exit (it was killed itself). */
+  lost: boolean;
+}
+
+export type LaunchResult = { ok: true; handle: RunHandle } | { ok: false; exit: ExitRecord };
+
+export interface SupervisorOptions {
+  dataDir: string;
+  log: Logger;
+  shimPath?: string;
+  logMaxBytes: number;
+  logMaxFiles: number;
+  /** livenessIntervalMs is how often shims are checked for having died without notice. */
+  livenessIntervalMs?: number;
+  cgroups?: boolean;
+}
+
+interface Watched {
+  handle: RunHandle;
+  reported: boolean;
+}
+
+/**
+ * Supervisor starts runs under the shim, learns when they end (the shim's notification on
+ * the daemon's socket, or the liveness sweep for a shim killed outright), re-adopts runs
+ * after a daemon restart, and signals workloads by process group. It keeps no state of its
+ * own beyond the runs it watches: the store is the record, the run directory the evidence.
+ */
+export class Supervisor {
+  readonly notifySocket: string;
+  readonly cgroup: CgroupDriver | null;
+  readonly cgroupReason: string | null;
+  private readonly shimPath: string;
+  private readonly watched = new Map<string, Watched>();
+  private readonly byRunDir = new Map<string, string>();
+  private readonly earlyExits = new Set<string>();
+  private listener: ReturnType<typeof Bun.listen> | null = null;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private exitHandler: (handle: RunHandle, exit: ExitRecord) => void = () => undefined;
+
+  constructor(private readonly options: SupervisorOptions) {
+    this.notifySocket = join(options.dataDir, "shim.sock");
+    this.shimPath = ensureShim(join(options.dataDir, "bin"), options.shimPath);
+    if (options.cgroups === false) {
+      this.cgroup = null;
+      this.cgroupReason = "cgroups are turned off by configuration";
+    } else {
+      const detected = detectCgroupDriver();
+      this.cgroup = detected.driver;
+      this.cgroupReason = detected.driver ? null : detected.reason;
+    }
+  }
+
+  /** onExit sets the one handler told of every run that ends, exactly once per run. */
+  onExit(handler: (handle: RunHandle, exit: ExitRecord) => void): void {
+    this.exitHandler = handler;
+  }
+
+  start(): void {
+    if (existsSync(this.notifySocket)) unlinkSync(this.notifySocket);
+    this.listener = Bun.listen<{ buffer: string }>({
+      unix: this.notifySocket,
+      socket: {
+        open: (socket) => {
+          socket.data = { buffer: "" };
+        },
+        data: (socket, chunk) => {
+          socket.data.buffer += chunk.toString();
+          let newline = socket.data.buffer.indexOf("\n");
+          while (newline >= 0) {
+            const line = socket.data.buffer.slice(0, newline);
+            socket.data.buffer = socket.data.buffer.slice(newline + 1);
+            if (line.startsWith("exit ")) this.noticeExit(line.slice(5));
+            newline = socket.data.buffer.indexOf("\n");
+          }
+        },
+      },
+    });
+    this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    this.listener?.stop(true);
+    this.listener = null;
+    try {
+      unlinkSync(this.notifySocket);
+    } catch {
+      // already gone
+    }
+  }
+
+  /**
+   * launch starts one run and resolves once the workload's exec succeeded or failed. A run
+   * that fails to exec resolves with its exit record and is never watched.
+   */
+  async launch(spec: LaunchSpec): Promise<LaunchResult> {
+    mkdirSync(spec.runDir, { recursive: true, mode: 0o750 });
+    let cgroupDir: string | null = null;
+    let procs = "-";
+    if (this.cgroup) {
+      const group = this.cgroup.create(spec.runId, spec.memoryMb);
+      cgroupDir = group.dir;
+      procs = group.procsPath;
+    }
+    this.byRunDir.set(spec.runDir, spec.runId);
+    const proc = Bun.spawn(
+      [
+        this.shimPath,
+        spec.runDir,
+        spec.logFile,
+        this.notifySocket,
+        String(this.options.logMaxBytes),
+        String(this.options.logMaxFiles),
+        procs,
+        "--",
+        ...spec.argv,
+      ],
+      { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" },
+    );
+    const report = (await new Response(proc.stdout).text()).trim();
+    await proc.exited;
+    const ok = /^ok (\d+) (\d+)$/.exec(report);
+    if (!ok) {
+      this.byRunDir.delete(spec.runDir);
+      this.earlyExits.delete(spec.runId);
+      const exit = this.readExit(spec.runDir, cgroupDir) ?? {
+        ...lostExit(),
+        execError: "ESHIM",
+        execStage: "setup",
+        execMessage: `the shim failed: ${report || (await new Response(proc.stderr).text()).trim()}`,
+        lost: false,
+      };
+      if (cgroupDir) this.cgroup?.remove(cgroupDir);
+      return { ok: false, exit };
+    }
+    const shimPid = Number(ok[1]);
+    const pid = Number(ok[2]);
+    const handle: RunHandle = {
+      runId: spec.runId,
+      runDir: spec.runDir,
+      shimPid,
+      shimStart: readProcessStat(shimPid)?.startTime ?? -1,
+      pid,
+      pidStart: readProcessStat(pid)?.startTime ?? -1,
+      cgroupDir,
+    };
+    this.watched.set(spec.runId, { handle, reported: false });
+    // The workload may have ended, and the shim told us, before we knew its handle.
+    if (this.earlyExits.delete(spec.runId) || (handle.shimStart === -1 && existsSync(join(spec.runDir, "exit.json")))) {
+      queueMicrotask(() => this.finish(spec.runId));
+    }
+    return { ok: true, handle };
+  }
+
+  /**
+   * adopt takes over a run started by an earlier daemon. It reports "running" when the
+   * shim is the same process that was recorded (pid and start time: a reused pid is never
+   * adopted), else the exit the shim recorded, else a lost run.
+   */
+  adopt(handle: RunHandle): { state: "running" } | { state: "exited"; exit: ExitRecord } {
+    this.byRunDir.set(handle.runDir, handle.runId);
+    if (isSameProcess(handle.shimPid, handle.shimStart)) {
+      this.watched.set(handle.runId, { handle, reported: false });
+      // It may end between the check and the watch; the sweep catches that.
+      return { state: "running" };
+    }
+    this.byRunDir.delete(handle.runDir);
+    const exit = this.readExit(handle.runDir, handle.cgroupDir) ?? lostExit();
+    if (handle.cgroupDir) this.cgroup?.remove(handle.cgroupDir);
+    return { state: "exited", exit };
+  }
+
+  /** signal sends a signal to the workload's process group, if the workload is still the recorded process. */
+  signal(handle: RunHandle, signal: NodeJS.Signals): boolean {
+    if (!isSameProcess(handle.pid, handle.pidStart)) return false;
+    try {
+      process.kill(-handle.pid, signal);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** isWatching says whether a run is live as far as the supervisor knows. */
+  isWatching(runId: string): boolean {
+    const watched = this.watched.get(runId);
+    return watched !== undefined && !watched.reported;
+  }
+
+  /** forget stops watching a run without reporting it (the daemon is handing it to its successor). */
+  forget(runId: string): void {
+    const watched = this.watched.get(runId);
+    if (watched) this.byRunDir.delete(watched.handle.runDir);
+    this.watched.delete(runId);
+  }
+
+  private noticeExit(runDir: string): void {
+    const runId = this.byRunDir.get(runDir);
+    if (!runId) return;
+    if (!this.watched.has(runId)) {
+      this.earlyExits.add(runId);
+      return;
+    }
+    this.finish(runId);
+  }
+
+  private sweep(): void {
+    for (const [runId, watched] of this.watched) {
+      if (watched.reported) continue;
+      if (!isSameProcess(watched.handle.shimPid, watched.handle.shimStart)) this.finish(runId);
+    }
+  }
+
+  private finish(runId: string): void {
+    const watched = this.watched.get(runId);
+    if (!watched || watched.reported) return;
+    const exit = this.readExit(watched.handle.runDir, watched.handle.cgroupDir);
+    if (!exit && isSameProcess(watched.handle.shimPid, watched.handle.shimStart)) return; // not ended yet
+    watched.reported = true;
+    this.watched.delete(runId);
+    this.byRunDir.delete(watched.handle.runDir);
+    if (watched.handle.cgroupDir) this.cgroup?.remove(watched.handle.cgroupDir);
+    this.exitHandler(watched.handle, exit ?? lostExit());
+  }
+
+  /** readExit reads a run's exit.json and its cgroup's OOM counter; null while it has not ended. */
+  readExit(runDir: string, cgroupDir: string | null): ExitRecord | null {
+    let raw: Record<string, unknown>;
+    try {
+      raw = JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8"));
+    } catch {
+      return null;
+    }
+    const oomKills = cgroupDir && this.cgroup ? (this.cgroup.oomKills(cgroupDir) ?? 0) : 0;
+    return {
+      exitCode: typeof raw.exit_code === "number" ? raw.exit_code : null,
+      signal: typeof raw.signal === "string" ? raw.signal : null,
+      endedAt: typeof raw.ended_at === "string" ? new Date(raw.ended_at).toISOString() : new Date().toISOString(),
+      execError: typeof raw.exec_error === "string" ? raw.exec_error : null,
+      execStage: typeof raw.stage === "string" ? raw.stage : null,
+      execMessage: typeof raw.message === "string" ? raw.message : null,
+      oomKilled: oomKills > 0,
+      lost: false,
+    };
+  }
+}
+
+function lostExit(): ExitRecord {
+  return {
+    exitCode: null,
+    signal: null,
+    endedAt: new Date().toISOString(),
+    execError: null,
+    execStage: null,
+    execMessage: null,
+    oomKilled: false,
+    lost: true,
+  };
+}

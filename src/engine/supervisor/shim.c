@@ -1,0 +1,408 @@
+/*
+ * engine-shim holds one run of one service, so that the workload outlives the daemon.
+ *
+ * It is the engine's equivalent of containerd-shim or Podman's conmon: the daemon starts it,
+ * it detaches (double fork, own session), starts the workload in its own process group,
+ * copies the workload's stdout and stderr into size-bounded, rotated log files in the CRI
+ * format (`<RFC3339Nano> <stdout|stderr> <F|P> <text>`), waits for it, writes the exit status
+ * to `exit.json` in the run directory, tells the daemon through its notify socket (best
+ * effort: a daemon that is away reads exit.json when it comes back), and exits.
+ *
+ * Usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS -- ARGV...
+ * LOG_FILE rotates to LOG_FILE.1 ... LOG_FILE.(LOG_MAX_FILES-1) when it would pass LOG_MAX_BYTES.
+ * NOTIFY_SOCKET and CGROUP_PROCS may be "-" for none. CGROUP_PROCS is a `cgroup.procs` file
+ * the workload joins before exec (so its memory limit applies from the first byte).
+ *
+ * The process the daemon spawned prints one line on stdout and exits:
+ *   "ok SHIM_PID CHILD_PID\n"            the workload is running;
+ *   "err ERRNO STAGE\n"                   it could not start (STAGE: exec, cgroup, chdir, setup).
+ * The shim is written to stay small: no allocation in the loop, a few hundred KB of RSS.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES 16384
+
+static const char *run_dir;
+static const char *log_path;
+static const char *notify_path;
+static long long log_max_bytes;
+static int log_max_files;
+static int log_fd = -1;
+static long long log_size;
+static int sig_pipe[2] = {-1, -1};
+static pid_t child = -1;
+
+struct stream {
+  int fd;
+  const char *name;
+  char buf[LINE_MAX_BYTES];
+  size_t len;
+};
+
+static void path_in_run(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", run_dir, name); }
+
+static int write_all(int fd, const char *data, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, data, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    data += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static void open_log(void) {
+  log_fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  struct stat st;
+  log_size = (log_fd >= 0 && fstat(log_fd, &st) == 0) ? st.st_size : 0;
+}
+
+/* rotate_log renames LOG.(n-2) to LOG.(n-1), ..., LOG to LOG.1, and opens a new LOG. */
+static void rotate_log(void) {
+  char from[PATH_MAX], to[PATH_MAX];
+  if (log_fd >= 0) close(log_fd);
+  for (int i = log_max_files - 1; i >= 1; i--) {
+    if (i == 1)
+      snprintf(from, sizeof from, "%s", log_path);
+    else
+      snprintf(from, sizeof from, "%s.%d", log_path, i - 1);
+    snprintf(to, sizeof to, "%s.%d", log_path, i);
+    rename(from, to);
+  }
+  if (log_max_files <= 1) unlink(log_path);
+  open_log();
+}
+
+static void timestamp(char *out, size_t size) {
+  struct timespec ts;
+  struct tm tm;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  size_t n = strftime(out, size, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(out + n, size - n, ".%09ldZ", ts.tv_nsec);
+}
+
+/* emit writes one CRI log record: full (F) or partial (P) line. */
+static void emit(const char *stream, const char *text, size_t len, char tag) {
+  char head[80];
+  char ts[48];
+  timestamp(ts, sizeof ts);
+  int head_len = snprintf(head, sizeof head, "%s %s %c ", ts, stream, tag);
+  long long record = head_len + (long long)len + 1;
+  if (log_size > 0 && log_size + record > log_max_bytes) rotate_log();
+  if (log_fd < 0) return;
+  /* One write per record keeps records whole even with two streams interleaving. */
+  char line[LINE_MAX_BYTES + 96];
+  memcpy(line, head, (size_t)head_len);
+  memcpy(line + head_len, text, len);
+  line[head_len + len] = '\n';
+  if (write_all(log_fd, line, (size_t)head_len + len + 1) == 0) log_size += record;
+}
+
+/* pump reads what the stream has and emits each complete line; returns 0 at EOF. */
+static int pump(struct stream *s) {
+  ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+  if (n < 0) return errno == EINTR || errno == EAGAIN ? 1 : 0;
+  if (n == 0) {
+    if (s->len > 0) emit(s->name, s->buf, s->len, 'F');
+    s->len = 0;
+    return 0;
+  }
+  s->len += (size_t)n;
+  size_t start = 0;
+  for (size_t i = 0; i < s->len; i++) {
+    if (s->buf[i] == '\n') {
+      size_t end = i;
+      if (end > start && s->buf[end - 1] == '\r') end--;
+      emit(s->name, s->buf + start, end - start, 'F');
+      start = i + 1;
+    }
+  }
+  if (start == 0 && s->len == sizeof s->buf) {
+    emit(s->name, s->buf, s->len, 'P');
+    s->len = 0;
+  } else if (start > 0) {
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+  }
+  return 1;
+}
+
+static void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = (unsigned char)sig;
+  (void)!write(sig_pipe[1], &b, 1);
+  errno = saved;
+}
+
+static const char *signal_name(int sig) {
+  static char buf[16];
+  const char *abbrev = sigabbrev_np(sig);
+  if (!abbrev) {
+    snprintf(buf, sizeof buf, "SIG%d", sig);
+    return buf;
+  }
+  snprintf(buf, sizeof buf, "SIG%s", abbrev);
+  return buf;
+}
+
+/* write_exit records how the run ended in exit.json, atomically (write then rename). */
+static void write_exit(int status, int exec_errno, const char *stage) {
+  char tmp[PATH_MAX], path[PATH_MAX], ts[48], body[512];
+  timestamp(ts, sizeof ts);
+  int len;
+  if (exec_errno) {
+    len = snprintf(body, sizeof body,
+                   "{\"pid\":%d,\"exit_code\":null,\"signal\":null,\"exec_errno\":%d,\"exec_error\":\"%s\",\"stage\":\"%s\","
+                   "\"message\":\"%s\",\"ended_at\":\"%s\"}\n",
+                   (int)child, exec_errno, strerrorname_np(exec_errno) ? strerrorname_np(exec_errno) : "E?", stage,
+                   strerror(exec_errno), ts);
+  } else if (WIFSIGNALED(status)) {
+    len = snprintf(body, sizeof body,
+                   "{\"pid\":%d,\"exit_code\":null,\"signal\":\"%s\",\"signal_number\":%d,\"core_dumped\":%s,\"ended_at\":\"%s\"}\n",
+                   (int)child, signal_name(WTERMSIG(status)), WTERMSIG(status), WCOREDUMP(status) ? "true" : "false", ts);
+  } else {
+    len = snprintf(body, sizeof body, "{\"pid\":%d,\"exit_code\":%d,\"signal\":null,\"ended_at\":\"%s\"}\n", (int)child,
+                   WEXITSTATUS(status), ts);
+  }
+  path_in_run(tmp, sizeof tmp, "exit.json.tmp");
+  path_in_run(path, sizeof path, "exit.json");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) return;
+  write_all(fd, body, (size_t)len);
+  fsync(fd);
+  close(fd);
+  rename(tmp, path);
+}
+
+/* notify tells the daemon the run ended; a daemon that is away finds exit.json later. */
+static void notify(void) {
+  if (strcmp(notify_path, "-") == 0) return;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  strncpy(addr.sun_path, notify_path, sizeof addr.sun_path - 1);
+  struct timeval tv = {.tv_sec = 1};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
+    char msg[PATH_MAX + 16];
+    int len = snprintf(msg, sizeof msg, "exit %s\n", run_dir);
+    write_all(fd, msg, (size_t)len);
+  }
+  close(fd);
+}
+
+static void report(int fd, const char *line) {
+  write_all(fd, line, strlen(line));
+  close(fd);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 9 || strcmp(argv[7], "--") != 0) {
+    fprintf(stderr, "usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS -- ARGV...\n");
+    return 2;
+  }
+  run_dir = argv[1];
+  log_path = argv[2];
+  notify_path = argv[3];
+  log_max_bytes = atoll(argv[4]);
+  log_max_files = atoi(argv[5]);
+  const char *cgroup_procs = argv[6];
+  char **workload = argv + 8;
+  if (log_max_bytes < 4096) log_max_bytes = 4096;
+  if (log_max_files < 1) log_max_files = 1;
+
+  /* Detach: the spawned process exits once the workload runs, so the shim is reparented
+     to init (or the nearest subreaper) and never becomes the daemon's zombie. */
+  pid_t first = fork();
+  if (first < 0) {
+    report(1, "err 0 setup\n");
+    return 1;
+  }
+  if (first > 0) {
+    /* Wait for the shim's report to be written before exiting; the pipe carries it. */
+    int status;
+    waitpid(first, &status, 0);
+    return 0;
+  }
+  setsid();
+  pid_t shim = fork();
+  if (shim < 0) _exit(1);
+  if (shim > 0) _exit(0); /* the session leader leaves; the shim can never regain a terminal */
+
+  signal(SIGHUP, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
+  /* Descendants the workload orphans are reparented here, not to init, so none escapes
+     the end-of-run cleanup and none lingers as a zombie. */
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  int status_fd = dup(1);
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) {
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+  }
+  fcntl(status_fd, F_SETFD, FD_CLOEXEC);
+
+  int out[2], err[2], exec_err[2];
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(exec_err, O_CLOEXEC) || pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK)) {
+    report(status_fd, "err 0 setup\n");
+    return 1;
+  }
+  struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGCHLD, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+
+  child = fork();
+  if (child < 0) {
+    report(status_fd, "err 0 setup\n");
+    return 1;
+  }
+  if (child == 0) {
+    int code = 0;
+    const char *stage = "exec";
+    setpgid(0, 0);
+    if (strcmp(cgroup_procs, "-") != 0) {
+      int fd = open(cgroup_procs, O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || write(fd, "0\n", 2) < 0) {
+        code = errno;
+        stage = "cgroup";
+      }
+      if (fd >= 0) close(fd);
+    }
+    if (code == 0) {
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      signal(SIGHUP, SIG_DFL);
+      signal(SIGPIPE, SIG_DFL);
+      struct sigaction dfl = {.sa_handler = SIG_DFL};
+      sigaction(SIGCHLD, &dfl, NULL);
+      sigaction(SIGTERM, &dfl, NULL);
+      sigaction(SIGINT, &dfl, NULL);
+      execvp(workload[0], workload);
+      code = errno;
+    }
+    char msg[64];
+    int len = snprintf(msg, sizeof msg, "%d %s", code, stage);
+    write_all(exec_err[1], msg, (size_t)len);
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  close(exec_err[1]);
+  setpgid(child, child); /* also from the parent side, so the group exists before any signal */
+
+  char msg[64] = {0};
+  ssize_t got;
+  do got = read(exec_err[0], msg, sizeof msg - 1);
+  while (got < 0 && errno == EINTR);
+  close(exec_err[0]);
+  if (got > 0) {
+    int code = atoi(msg);
+    const char *stage = strchr(msg, ' ') ? strchr(msg, ' ') + 1 : "exec";
+    int status;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    write_exit(status, code ? code : EIO, stage);
+    char line[96];
+    snprintf(line, sizeof line, "err %d %s\n", code, stage);
+    report(status_fd, line);
+    return 0;
+  }
+
+  {
+    char pids[64], path[PATH_MAX], tmp[PATH_MAX];
+    int len = snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
+    path_in_run(tmp, sizeof tmp, "pids.tmp");
+    path_in_run(path, sizeof path, "pids");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd >= 0) {
+      write_all(fd, pids, (size_t)len);
+      close(fd);
+      rename(tmp, path);
+    }
+    char line[96];
+    snprintf(line, sizeof line, "ok %d %d\n", (int)getpid(), (int)child);
+    report(status_fd, line);
+  }
+
+  open_log();
+  static struct stream streams[2];
+  streams[0].fd = out[0];
+  streams[0].name = "stdout";
+  streams[1].fd = err[0];
+  streams[1].name = "stderr";
+  int open_streams = 2;
+  int exited = 0, status = 0;
+  struct timespec exited_at = {0};
+
+  for (;;) {
+    struct pollfd fds[3];
+    int n = 0;
+    fds[n++] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+    for (int i = 0; i < 2; i++)
+      if (streams[i].fd >= 0) fds[n++] = (struct pollfd){.fd = streams[i].fd, .events = POLLIN};
+    /* After the main process exits, leftovers of its group are killed (systemd's
+       KillMode=control-group), then output is drained for at most a second. */
+    int timeout = exited ? 100 : -1;
+    int ready = poll(fds, (nfds_t)n, timeout);
+    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; i < n && ready > 0; i++) {
+      if (!fds[i].revents) continue;
+      if (fds[i].fd == sig_pipe[0]) {
+        unsigned char sigs[32];
+        ssize_t k = read(sig_pipe[0], sigs, sizeof sigs);
+        for (ssize_t j = 0; j < k; j++)
+          if (sigs[j] == SIGTERM || sigs[j] == SIGINT) kill(-child, sigs[j]);
+        continue;
+      }
+      for (int s = 0; s < 2; s++) {
+        if (streams[s].fd == fds[i].fd && !pump(&streams[s])) {
+          close(streams[s].fd);
+          streams[s].fd = -1;
+          open_streams--;
+        }
+      }
+    }
+    int st;
+    pid_t r;
+    while ((r = waitpid(-1, &st, WNOHANG)) > 0) {
+      if (r == child && !exited) {
+        exited = 1;
+        status = st;
+        clock_gettime(CLOCK_MONOTONIC, &exited_at);
+        kill(-child, SIGKILL);
+      }
+    }
+    if (exited) {
+      struct timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      long waited_ms = (now.tv_sec - exited_at.tv_sec) * 1000 + (now.tv_nsec - exited_at.tv_nsec) / 1000000;
+      if (open_streams == 0 || waited_ms > 1000) break;
+    }
+  }
+  write_exit(status, 0, NULL);
+  if (log_fd >= 0) fsync(log_fd);
+  notify();
+  return 0;
+}
