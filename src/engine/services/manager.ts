@@ -550,6 +550,8 @@ export class ServiceManager implements ServiceDirectory {
         this.startHealth(service.id);
         break;
     }
+    // Whatever changed may free a slot (caps, GPUs) or satisfy a binding.
+    this.schedule();
     return this.get(service.id);
   }
 
@@ -775,6 +777,7 @@ export class ServiceManager implements ServiceDirectory {
     }
     const dataDir = join(this.o.dataDir, "data", service.name);
     mkdirSync(dataDir, { recursive: true, mode: 0o750 });
+    mkdirSync(join(this.serviceDir(serviceId), "logs"), { recursive: true, mode: 0o750 });
     const runId = randomId("run");
     const runDir = join(this.serviceDir(serviceId), "runs", runId);
     const engineVars: Record<string, string> = {

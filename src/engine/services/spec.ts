@@ -184,6 +184,20 @@ export function assertCommandExists(argv: string[], cwd: string | null, path: st
 }
 
 const SHELL_BUILTINS = new Set([
+  "break",
+  "continue",
+  "eval",
+  "exit",
+  "return",
+  "readonly",
+  "shift",
+  "times",
+  "unset",
+  "alias",
+  "getopts",
+  "hash",
+  "jobs",
+  "type",
   "true",
   "false",
   ":",

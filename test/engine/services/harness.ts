@@ -1,0 +1,65 @@
+import { readFileSync } from "node:fs";
+import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
+import { eventually, type TestEngine } from "../../helpers";
+
+/** ServiceClient wraps the services API of a test engine with the waits tests need. */
+export class ServiceClient {
+  constructor(readonly engine: TestEngine) {}
+
+  async deploy(body: Record<string, unknown>, token?: string): Promise<{ status: number; body: ServiceRecord & Record<string, unknown> }> {
+    return this.engine.json("POST", "/api/services", { body, token });
+  }
+
+  async get(name: string): Promise<ServiceRecord> {
+    const response = await this.engine.json<ServiceRecord>("GET", `/api/services/${name}`);
+    if (response.status !== 200) throw new Error(`GET ${name}: ${response.status} ${JSON.stringify(response.body)}`);
+    return response.body;
+  }
+
+  async diagnose(name: string): Promise<Diagnosis> {
+    const response = await this.engine.json<Diagnosis>("GET", `/api/services/${name}/diagnose`);
+    if (response.status !== 200) throw new Error(`diagnose ${name}: ${response.status}`);
+    return response.body;
+  }
+
+  async control(name: string, action: string): Promise<{ status: number; body: ServiceRecord & { error?: { code: string } } }> {
+    return this.engine.json("POST", `/api/services/${name}/${action}`);
+  }
+
+  /** waitFor polls until the service has the status (and the predicate holds), failing with its last state. */
+  async waitFor(name: string, status: string, predicate: (record: ServiceRecord) => boolean = () => true, timeoutMs = 10_000) {
+    let last: ServiceRecord | undefined;
+    try {
+      return await eventually(
+        async () => {
+          last = await this.get(name);
+          return last.status === status && predicate(last) ? last : null;
+        },
+        { timeoutMs, intervalMs: 25 },
+      );
+    } catch {
+      throw new Error(`${name} did not become ${status} within ${timeoutMs} ms; last: ${last?.status} (${last?.status_message})`);
+    }
+  }
+}
+
+/** processExists says whether a pid names a live (non-zombie) process. */
+export function processExists(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
+    return state !== "Z" && state !== "X";
+  } catch {
+    return false;
+  }
+}
+
+/** processState is the one-letter state of /proc/<pid>/stat (R, S, T for stopped, ...). */
+export function processState(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] ?? null;
+  } catch {
+    return null;
+  }
+}

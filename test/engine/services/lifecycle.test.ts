@@ -1,0 +1,273 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { createToken, eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { processExists, processState, ServiceClient } from "./harness";
+
+let engine: TestEngine;
+let api: ServiceClient;
+let scratch: string;
+beforeAll(async () => {
+  engine = await startTestEngine();
+  api = new ServiceClient(engine);
+  scratch = tempDir("engine-svc-");
+});
+afterAll(async () => {
+  await engine.close();
+});
+
+describe("statuses", () => {
+  test("a service runs under the shim, logs, and stops: pending → running → stopped", async () => {
+    const deployed = await api.deploy({ name: "web", command: "echo hello from web; exec sleep 300" });
+    expect(deployed.status).toBe(201);
+    expect(deployed.body.version).toBe(1);
+    const running = await api.waitFor("web", "running", (r) => r.pid !== null);
+    const pid = running.pid as number;
+    expect(processExists(pid)).toBe(true);
+    // The workload leads its own process group, apart from the daemon's.
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const pgid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[2]);
+    expect(pgid).toBe(pid);
+    const logs = await eventually(async () => {
+      const r = await engine.json<{ line: string; stream: string }[]>("GET", "/api/services/web/logs?tail=5");
+      return r.body.find((l) => l.line === "hello from web") ? r.body : null;
+    });
+    expect(logs[0]?.stream).toBe("stdout");
+    const stopped = await api.control("web", "stop");
+    expect(stopped.status).toBe(200);
+    expect(stopped.body.status).toBe("stopped");
+    expect(stopped.body.pid).toBeNull();
+    await eventually(() => !processExists(pid));
+    const diagnosis = await api.diagnose("web");
+    expect(diagnosis.desired_state).toBe("stopped");
+    expect(diagnosis.last_run?.end_reason).toBe("stopped");
+    expect(diagnosis.restarts.count).toBe(0);
+    // start again: a new run, a new pid
+    expect((await api.control("web", "start")).status).toBe(200);
+    const again = await api.waitFor("web", "running", (r) => r.pid !== null && r.pid !== pid);
+    expect((await api.control("web", "start")).status).toBe(409);
+    const restarted = await api.control("web", "restart");
+    expect(restarted.status).toBe(200);
+    await api.waitFor("web", "running", (r) => r.pid !== null && r.pid !== again.pid);
+    expect((await api.get("web")).restarts).toBe(0); // a requested restart is not a crash
+    const removed = await engine.json<{ deleted: boolean }>("DELETE", "/api/services/web");
+    expect(removed.status).toBe(200);
+    expect((await engine.json("GET", "/api/services/web")).status).toBe(404);
+  });
+
+  test("a batch job that exits 0 is completed; one that fails under policy never is failed with its exit code", async () => {
+    await api.deploy({ name: "job-ok", kind: "batch", command: ["true"] });
+    await api.waitFor("job-ok", "completed");
+    await api.deploy({ name: "job-bad", kind: "batch", command: "echo boom >&2; exit 3", restart: { policy: "never" } });
+    await api.waitFor("job-bad", "failed");
+    const diagnosis = await api.diagnose("job-bad");
+    expect(diagnosis.forensics.last_exit_code).toBe(3);
+    expect(diagnosis.error).toEqual({ class: "exit_code", message: "exited with code 3" });
+    expect(diagnosis.remediation?.code).toBe("inspect_logs");
+    expect(diagnosis.logs.map((l) => l.line)).toContain("boom");
+    expect(diagnosis.forensics.last_crash_at).not.toBeNull();
+  });
+
+  test("stopping a batch job cancels it", async () => {
+    await api.deploy({ name: "job-long", kind: "batch", command: "exec sleep 300" });
+    await api.waitFor("job-long", "running");
+    const stopped = await api.control("job-long", "stop");
+    expect(stopped.body.status).toBe("cancelled");
+  });
+
+  test("a batch job that fails is retried (retrying) until it succeeds", async () => {
+    const marker = join(scratch, "attempts");
+    await api.deploy({
+      name: "job-retry",
+      kind: "batch",
+      command: `echo x >> ${marker}; [ $(wc -l < ${marker}) -ge 2 ]`,
+      restart: { policy: "on-failure", max_restarts: 3, window_seconds: 60, backoff_s: 1 },
+    });
+    await api.waitFor("job-retry", "retrying");
+    const during = await api.diagnose("job-retry");
+    expect(during.restarts.count).toBe(1);
+    expect(during.restarts.next_retry_in_s).toBeGreaterThanOrEqual(0);
+    await api.waitFor("job-retry", "completed");
+    expect(readFileSync(marker, "utf8").trim().split("\n").length).toBe(2);
+  });
+
+  test("pause sends SIGSTOP to the group and resume SIGCONT", async () => {
+    await api.deploy({ name: "pausable", command: "exec sleep 300" });
+    const { pid } = await api.waitFor("pausable", "running", (r) => r.pid !== null);
+    const paused = await api.control("pausable", "pause");
+    expect(paused.body.status).toBe("paused");
+    await eventually(() => processState(pid as number) === "T");
+    expect((await api.control("pausable", "pause")).status).toBe(409);
+    const resumed = await api.control("pausable", "resume");
+    expect(resumed.body.status).toBe("running");
+    await eventually(() => processState(pid as number) === "S");
+    await api.control("pausable", "pause");
+    // stopping a paused service continues it so it can take SIGTERM
+    expect((await api.control("pausable", "stop")).body.status).toBe("stopped");
+    await eventually(() => !processExists(pid as number));
+  });
+});
+
+describe("restart policy", () => {
+  test("a crash loop restarts at most max_restarts times in the window, then fails with crash_loop", async () => {
+    await api.deploy({
+      name: "crasher",
+      command: "echo crashing; exit 1",
+      restart: { policy: "always", max_restarts: 2, window_seconds: 60, backoff_s: 0 },
+    });
+    await api.waitFor("crasher", "failed");
+    const diagnosis = await api.diagnose("crasher");
+    expect(diagnosis.restarts).toMatchObject({
+      policy: "always",
+      max_restarts: 2,
+      window_seconds: 60,
+      count: 2,
+      backoff_s: 0,
+      next_retry_in_s: null,
+    });
+    expect(diagnosis.restarts.window_start).not.toBeNull();
+    expect(diagnosis.restarts.last_exit_at).not.toBeNull();
+    expect(diagnosis.remediation?.code).toBe("crash_loop");
+    expect(diagnosis.error?.class).toBe("crash_loop");
+    expect(diagnosis.logs.filter((l) => l.line === "crashing").length).toBe(3);
+  });
+
+  test("backoff is reported while restarting", async () => {
+    await api.deploy({
+      name: "slow-crasher",
+      command: "exit 2",
+      restart: { policy: "on-failure", max_restarts: 5, window_seconds: 600, backoff_s: 3 },
+    });
+    await api.waitFor("slow-crasher", "restarting");
+    const diagnosis = await api.diagnose("slow-crasher");
+    expect(diagnosis.restarts.count).toBe(1);
+    expect(diagnosis.restarts.backoff_s).toBeGreaterThanOrEqual(3);
+    expect(diagnosis.restarts.next_retry_in_s).toBeGreaterThanOrEqual(1);
+    expect(diagnosis.restarts.next_retry_in_s).toBeLessThanOrEqual(4);
+    expect(diagnosis.forensics.last_exit_code).toBe(2);
+    await api.control("slow-crasher", "stop");
+    expect((await api.get("slow-crasher")).status).toBe("stopped");
+  });
+});
+
+describe("forensics", () => {
+  test("a real cgroup OOM kill under memory_mb is reported as oom_killed with raise_memory_limit", async () => {
+    await api.deploy({
+      name: "hog",
+      // tail keeps the whole newline-free "line" in memory: it grows until the limit.
+      command: "head -c 400M /dev/zero | tail",
+      memory_mb: 32,
+      restart: { policy: "never" },
+    });
+    await api.waitFor("hog", "failed", () => true, 20_000);
+    const diagnosis = await api.diagnose("hog");
+    expect(diagnosis.forensics.oom_killed).toBe(true);
+    expect(diagnosis.error?.class).toBe("oom_killed");
+    expect(diagnosis.remediation?.code).toBe("raise_memory_limit");
+  });
+
+  test("a GPU OOM in the log is reported as gpu_oom", async () => {
+    await api.deploy({
+      name: "torch",
+      kind: "batch",
+      command:
+        "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 3.12 GiB is free.' >&2; exit 1",
+      restart: { policy: "never" },
+    });
+    await api.waitFor("torch", "failed");
+    const diagnosis = await api.diagnose("torch");
+    expect(diagnosis.forensics.gpu_oom).toBe(true);
+    expect(diagnosis.forensics.oom_killed).toBe(false);
+    expect(diagnosis.remediation?.code).toBe("reduce_batch_or_gpu_memory");
+  });
+
+  test("a program without the execute bit is priv_denied with fix_permissions", async () => {
+    const script = join(scratch, "not-executable.sh");
+    writeFileSync(script, "#!/bin/sh\necho hi\n");
+    chmodSync(script, 0o644);
+    await api.deploy({ name: "noexec", command: [script] });
+    await api.waitFor("noexec", "failed");
+    const diagnosis = await api.diagnose("noexec");
+    expect(diagnosis.forensics.priv_denied).toBe(true);
+    expect(diagnosis.remediation?.code).toBe("fix_permissions");
+    expect(diagnosis.error?.message).toContain("EACCES");
+    expect(diagnosis.restarts.count).toBe(0); // an exec failure is not retried
+  });
+});
+
+describe("bad input: a clear error and nothing created", () => {
+  test.each([
+    ["an unknown template", { name: "bad-1", template_id: "no-such-template" }, 404, "template_not_found"],
+    ["a command that does not exist", { name: "bad-2", command: ["/no/such/program"] }, 422, "command_not_found"],
+    ["a program not on PATH", { name: "bad-3", command: "definitely-not-a-program --flag" }, 422, "command_not_found"],
+    ["more GPUs than the host has", { name: "bad-4", command: ["true"], gpus: 4 }, 409, "gpu_request_impossible"],
+    ["a binding to itself", { name: "bad-5", command: ["true"], bindings: ["bad-5"] }, 422, "value_error"],
+    ["a template without its required env", { name: "bad-6", template_id: "postgres" }, 422, "missing"],
+    ["both gpus and gpu_memory_mb", { name: "bad-7", command: ["true"], gpus: 1, gpu_memory_mb: 100 }, 422, "value_error"],
+  ])("%s", async (_label, body, status, code) => {
+    const response = await api.deploy(body);
+    expect(response.status).toBe(status);
+    const payload = response.body as unknown as { error?: { code: string }; detail?: { type: string }[] };
+    expect(payload.error?.code ?? payload.detail?.[0]?.type).toBe(code);
+    expect((await engine.json("GET", `/api/services/${(body as { name: string }).name}`)).status).toBe(404);
+  });
+
+  test("a cyclic binding is refused", async () => {
+    await api.deploy({ name: "cyc-a", command: "exec sleep 300", bindings: ["cyc-b"] });
+    const response = await api.deploy({ name: "cyc-b", command: "exec sleep 300", bindings: ["cyc-a"] });
+    expect(response.status).toBe(422);
+    expect((response.body as unknown as { detail: { type: string; msg: string }[] }).detail[0]).toMatchObject({ type: "binding_cycle" });
+    expect((await engine.json("GET", "/api/services/cyc-b")).status).toBe(404);
+    await engine.call("DELETE", "/api/services/cyc-a");
+  });
+});
+
+describe("tokens: caps and scope", () => {
+  test("max_gpus, max_concurrent_jobs and scope_services are enforced", async () => {
+    const capped = await createToken(engine, {
+      name: "capped",
+      role: "submitter",
+      max_gpus: 0,
+      max_concurrent_jobs: 1,
+      scope_services: ["cap-a", "cap-b"],
+    });
+    const outside = await api.deploy({ name: "cap-z", command: "exec sleep 300" }, capped.secret);
+    expect(outside.status).toBe(403);
+    expect((outside.body as unknown as { error: { code: string } }).error.code).toBe("out_of_scope");
+    expect((await api.deploy({ name: "cap-a", command: "exec sleep 300" }, capped.secret)).status).toBe(201);
+    await api.waitFor("cap-a", "running");
+    expect((await api.deploy({ name: "cap-b", command: "exec sleep 300" }, capped.secret)).status).toBe(201);
+    const waiting = await api.waitFor("cap-b", "pending", (r) => (r.status_message ?? "").includes("max_concurrent_jobs"));
+    expect(waiting.status_message).toContain("token cap");
+    await api.control("cap-a", "stop");
+    await api.waitFor("cap-b", "running");
+    await api.control("cap-b", "stop");
+    const list = await engine.json<{ name: string }[]>("GET", "/api/services", { token: capped.secret });
+    expect(list.body.map((s) => s.name).sort()).toEqual(["cap-a", "cap-b"]);
+  });
+});
+
+describe("secrets and env", () => {
+  test("secrets reach the workload but are never returned; injected keys are listed without values", async () => {
+    const out = join(scratch, "env-out");
+    await api.deploy({
+      name: "envy",
+      kind: "batch",
+      command: `printf '%s %s %s' "$GREETING" "$API_KEY" "$PORT" > ${out}`,
+      env: { GREETING: "hi" },
+      secrets: { API_KEY: "s3cr3t-value" },
+      port: 18080,
+    });
+    await api.waitFor("envy", "completed");
+    expect(readFileSync(out, "utf8")).toBe("hi s3cr3t-value 18080");
+    const record = await engine.call("GET", "/api/services/envy");
+    const text = await record.text();
+    expect(text).not.toContain("s3cr3t-value");
+    expect(JSON.parse(text).secret_keys).toEqual(["API_KEY"]);
+    const diagnosis = await api.diagnose("envy");
+    expect(diagnosis.injected_env_keys).toEqual(expect.arrayContaining(["API_KEY", "GREETING", "PORT", "SERVICE_DATA_DIR"]));
+    expect(JSON.stringify(diagnosis)).not.toContain("s3cr3t-value");
+    expect(readFileSync(join(engine.dataDir, "engine.db")).includes(Buffer.from("s3cr3t-value"))).toBe(false);
+    expect(existsSync(join(engine.dataDir, "data", "envy"))).toBe(true);
+  });
+});
