@@ -1,0 +1,164 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { ServiceClient } from "./harness";
+
+const FAKE_NVIDIA_SMI = join(REPO_ROOT, "test", "fixtures", "gpu", "nvidia-smi");
+
+let engine: TestEngine;
+let api: ServiceClient;
+let scratch: string;
+beforeAll(async () => {
+  // The fake prints real nvidia-smi output for two H100s; the engine runs it as it would the real one.
+  process.env.FAKE_NVIDIA_SMI_SCENARIO = "two-h100";
+  engine = await startTestEngine({ nvidiaSmi: FAKE_NVIDIA_SMI });
+  api = new ServiceClient(engine);
+  scratch = tempDir("engine-sched-");
+});
+afterAll(async () => {
+  await engine.close();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+/** gpuCommand writes the GPUs a workload was given to a file, then stays up. */
+const gpuCommand = (file: string) => `printf '%s|%s' "$CUDA_VISIBLE_DEVICES" "$NVIDIA_VISIBLE_DEVICES" > ${file}; exec sleep 300`;
+
+describe("GPUs (fake nvidia-smi, real format)", () => {
+  test("the inventory comes from nvidia-smi and whole GPUs are assigned one service each", async () => {
+    const inventory = await engine.json<{ source: string; devices: { uuid: string; memory_total_mb: number }[] }>("GET", "/api/gpus");
+    expect(inventory.status).toBe(200);
+    expect(inventory.body.source).toBe("nvidia-smi");
+    expect(inventory.body.devices.map((d) => d.memory_total_mb)).toEqual([81559, 81559]);
+    const [first, second] = inventory.body.devices.map((d) => d.uuid);
+
+    await api.deploy({ name: "gpu-a", command: gpuCommand(join(scratch, "a")), gpus: 1 });
+    await api.deploy({ name: "gpu-b", command: gpuCommand(join(scratch, "b")), gpus: 1 });
+    await api.waitFor("gpu-a", "running");
+    await api.waitFor("gpu-b", "running");
+    await eventually(() => existsSync(join(scratch, "a")) && existsSync(join(scratch, "b")));
+    const seen = [readFileSync(join(scratch, "a"), "utf8"), readFileSync(join(scratch, "b"), "utf8")].sort();
+    expect(seen).toEqual([`${first}|${first}`, `${second}|${second}`].sort());
+
+    // A third whole-GPU service waits, with a placement message, until one is free.
+    await api.deploy({ name: "gpu-c", command: gpuCommand(join(scratch, "c")), gpus: 1 });
+    const waiting = await api.waitFor("gpu-c", "pending", (r) => (r.status_message ?? "").includes("GPU"));
+    expect(waiting.status_message).toMatch(/waiting/);
+    expect((await api.diagnose("gpu-c")).remediation?.code).toBe("wait_for_gpu");
+    const held = await engine.json<{ devices: { holders: { service: string }[] }[] }>("GET", "/api/gpus");
+    expect(held.body.devices.flatMap((d) => d.holders.map((h) => h.service)).sort()).toEqual(["gpu-a", "gpu-b"]);
+
+    await api.control("gpu-a", "stop");
+    await api.waitFor("gpu-c", "running");
+    await eventually(() => existsSync(join(scratch, "c")));
+    expect(readFileSync(join(scratch, "c"), "utf8")).toBe(readFileSync(join(scratch, "a"), "utf8"));
+    for (const name of ["gpu-b", "gpu-c"]) await api.control(name, "stop");
+  });
+
+  test("memory-based sharing packs several services onto one GPU", async () => {
+    for (const name of ["share-1", "share-2", "share-3"]) {
+      expect((await api.deploy({ name, command: gpuCommand(join(scratch, name)), gpu_memory_mb: 20000 })).status).toBe(201);
+    }
+    for (const name of ["share-1", "share-2", "share-3"]) await api.waitFor(name, "running");
+    await eventually(() => ["share-1", "share-2", "share-3"].every((name) => existsSync(join(scratch, name))));
+    const devices = new Set(["share-1", "share-2", "share-3"].map((name) => readFileSync(join(scratch, name), "utf8")));
+    expect(devices.size).toBe(1); // best fit: all three on the same GPU
+    const inventory = await engine.json<{ devices: { reserved_mb: number; holders: unknown[] }[] }>("GET", "/api/gpus");
+    expect(inventory.body.devices.map((d) => d.reserved_mb).sort()).toEqual([0, 60000]);
+    for (const name of ["share-1", "share-2", "share-3"]) await api.control(name, "stop");
+  });
+
+  test("a request larger than the host is refused at once with 409", async () => {
+    const tooMany = await api.deploy({ name: "gpu-huge", command: ["true"], gpus: 3 });
+    expect(tooMany.status).toBe(409);
+    expect(JSON.stringify(tooMany.body)).toContain("requested 3 GPUs but this host has 2");
+    const tooBig = await api.deploy({ name: "gpu-fat", command: ["true"], gpu_memory_mb: 100000 });
+    expect(tooBig.status).toBe(409);
+  });
+});
+
+describe("health probes", () => {
+  /** A real HTTP server (Bun) whose answer follows a flag file: 503 while the file exists. */
+  const server = (flag: string) => [
+    process.execPath,
+    "-e",
+    `Bun.serve({ port: Number(process.env.PORT), hostname: "127.0.0.1", fetch: () => new Response("x", { status: require("node:fs").existsSync(${JSON.stringify(flag)}) ? 503 : 200 }) })`,
+  ];
+
+  test("http: failing turns the service degraded, then restarts it past the threshold; passing again is running", async () => {
+    const flag = join(scratch, "unhealthy");
+    await api.deploy({
+      name: "probed",
+      command: server(flag),
+      port: 18311,
+      health: { type: "http", path: "/health", interval_s: 0.1, timeout_s: 1, failure_threshold: 3 },
+      restart: { policy: "always", max_restarts: 10, window_seconds: 60, backoff_s: 0 },
+    });
+    const first = await api.waitFor("probed", "running", (r) => r.pid !== null);
+    await eventually(async () => (await api.diagnose("probed")).health.probe?.ok === true);
+    writeFileSync(flag, "");
+    await api.waitFor("probed", "degraded", () => true, 5000);
+    const degraded = await api.diagnose("probed");
+    expect(degraded.health.observations.some((o) => o.includes("HTTP 503"))).toBe(true);
+    expect(degraded.remediation?.code).toBe("check_health");
+    // past the threshold the engine restarts it: a new pid, one restart counted
+    await eventually(async () => {
+      const record = await api.get("probed");
+      return record.pid !== null && record.pid !== first.pid && record.restarts >= 1;
+    });
+    rmSync(flag);
+    await api.waitFor("probed", "running");
+    await eventually(async () => (await api.diagnose("probed")).health.probe?.ok === true);
+    await api.control("probed", "stop");
+  });
+
+  test("tcp and exec probes", async () => {
+    await api.deploy({
+      name: "tcp-probed",
+      command: server(join(scratch, "never")),
+      port: 18312,
+      health: { type: "tcp", interval_s: 0.1, timeout_s: 1, failure_threshold: 2 },
+    });
+    await eventually(async () => (await api.diagnose("tcp-probed")).health.probe?.ok === true);
+    const okFile = join(scratch, "exec-ok");
+    writeFileSync(okFile, "");
+    await api.deploy({
+      name: "exec-probed",
+      command: "exec sleep 300",
+      health: { type: "exec", command: `test -f ${okFile}`, interval_s: 0.1, timeout_s: 1, failure_threshold: 50 },
+    });
+    await eventually(async () => (await api.diagnose("exec-probed")).health.probe?.ok === true);
+    rmSync(okFile);
+    await api.waitFor("exec-probed", "degraded");
+    expect((await api.diagnose("exec-probed")).health.probe?.ok).toBe(false);
+    for (const name of ["tcp-probed", "exec-probed"]) await api.control(name, "stop");
+  });
+});
+
+describe("bindings", () => {
+  test("a service waits for its binding, then starts with the binding's variables", async () => {
+    const out = join(scratch, "bound-env");
+    await api.deploy({
+      name: "app",
+      kind: "batch",
+      command: `printf '%s:%s' "$CACHE_HOST" "$CACHE_PORT" > ${out}`,
+      bindings: ["cache"],
+    });
+    const waiting = await api.waitFor("app", "pending", (r) => (r.status_message ?? "").includes("cache"));
+    expect(waiting.status_message).toContain("no such service");
+    const diagnosis = await api.diagnose("app");
+    expect(diagnosis.bindings.waiting).toBe(true);
+    expect(diagnosis.bindings.messages[0]).toContain("cache");
+    expect(diagnosis.pending_env_keys).toEqual(["CACHE_HOST", "CACHE_PORT"]);
+    expect(diagnosis.remediation?.code).toBe("wait_for_binding");
+
+    await api.deploy({ name: "cache", command: "exec sleep 300", port: 16379 });
+    await api.waitFor("app", "completed");
+    expect(readFileSync(out, "utf8")).toBe("127.0.0.1:16379");
+    const after = await api.diagnose("app");
+    expect(after.bindings.waiting).toBe(false);
+    expect(after.injected_env_keys).toEqual(expect.arrayContaining(["CACHE_HOST", "CACHE_PORT", "CACHE_URL"]));
+    expect(after.injected_env_keys_source).toContain("bindings:cache");
+    await api.control("cache", "stop");
+  });
+});
