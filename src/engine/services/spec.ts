@@ -3,18 +3,11 @@ import { isAbsolute, join } from "node:path";
 import type { ServiceDeploy } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
 import { InputError, type ValidationDetail } from "../../lib/validation";
+import { type HealthSpec, parseHealthShorthand, SHORTHAND_DEFAULTS } from "../health";
 import type { TemplateCatalog } from "../templates";
 import { defaultRestartPolicy, type RestartPolicy, type ServiceKindName } from "./restart-policy";
 
-export interface HealthSpecValue {
-  type: "http" | "tcp" | "exec";
-  path?: string;
-  port?: number;
-  command?: string | string[];
-  interval_s: number;
-  timeout_s: number;
-  failure_threshold: number;
-}
+export type HealthSpecValue = HealthSpec;
 
 export interface BuildSpecValue {
   repo_url: string;
@@ -44,20 +37,12 @@ export interface ServiceSpec {
   bindings: string[];
 }
 
-export const HEALTH_DEFAULTS = { interval_s: 10, timeout_s: 5, failure_threshold: 3 } as const;
 export const DEFAULT_STOP_TIMEOUT_S = 10;
 
 type Detail = Omit<ValidationDetail, "ctx"> & { ctx?: Record<string, unknown> };
 
 function detail(loc: (string | number)[], msg: string, type: string, input: unknown): Detail {
   return { loc: ["body", ...loc], msg, type, input };
-}
-
-/** healthFromTemplate turns a template's health shorthand ("/path", "tcp", "") into a probe. */
-export function healthFromTemplate(shorthand: string): HealthSpecValue | null {
-  if (shorthand === "") return null;
-  if (shorthand === "tcp") return { type: "tcp", ...HEALTH_DEFAULTS };
-  return { type: "http", path: shorthand, ...HEALTH_DEFAULTS };
 }
 
 function kindOfCategory(category: string): ServiceKindName {
@@ -111,8 +96,8 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   const port = body.port ?? (template && template.deploy_defaults.port > 0 ? template.deploy_defaults.port : null);
 
   let health: HealthSpecValue | null = null;
-  if (body.health) health = { ...HEALTH_DEFAULTS, ...body.health };
-  else if (body.health === undefined && template) health = healthFromTemplate(template.deploy_defaults.health);
+  if (body.health) health = { ...SHORTHAND_DEFAULTS, ...body.health };
+  else if (body.health === undefined && template) health = parseHealthShorthand(template.deploy_defaults.health, null);
   if (health && (health.type === "http" || health.type === "tcp") && !health.port && !port) {
     problems.push(
       detail(["health", "port"], `a ${health.type} probe needs a port: set health.port or the service's port`, "missing", null),

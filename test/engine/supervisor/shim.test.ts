@@ -1,0 +1,83 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { existsSync, readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { isSameProcess, readProcessStat } from "../../../src/engine/supervisor";
+import { eventually, tempDir, testShim } from "../../helpers";
+
+const dir = tempDir("engine-shim-");
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** runShim starts the shim as the supervisor does and returns its one-line report. */
+async function runShim(name: string, argv: string[], { maxBytes = 1 << 20, maxFiles = 3 } = {}) {
+  const runDir = join(dir, name);
+  Bun.spawnSync(["mkdir", "-p", runDir]);
+  const proc = Bun.spawn([testShim(), runDir, join(runDir, "out.log"), "-", String(maxBytes), String(maxFiles), "-", "--", ...argv], {
+    stdout: "pipe",
+  });
+  const report = (await new Response(proc.stdout).text()).trim();
+  await proc.exited;
+  return { runDir, report, exit: () => JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8")) };
+}
+
+describe("engine-shim", () => {
+  test("reports the pids, detaches, logs both streams in CRI format and records the exit code", async () => {
+    const { runDir, report, exit } = await runShim("basic", ["/bin/sh", "-c", "echo out; echo err >&2; printf tail; exit 4"]);
+    const match = /^ok (\d+) (\d+)$/.exec(report);
+    expect(match).not.toBeNull();
+    await eventually(() => existsSync(join(runDir, "exit.json")));
+    expect(exit()).toMatchObject({ exit_code: 4, signal: null });
+    const lines = readFileSync(join(runDir, "out.log"), "utf8").trim().split("\n");
+    expect(lines.map((line) => line.split(" ").slice(1).join(" ")).sort()).toEqual(
+      ["stderr F err", "stdout F out", "stdout F tail"].sort(),
+    );
+    expect(lines[0]).toMatch(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{9}Z /);
+  });
+
+  test("an exec failure is reported at once with its errno, never as a run", async () => {
+    const { report, exit } = await runShim("enoent", ["/no/such/program"]);
+    expect(report).toBe("err 2 exec");
+    expect(exit()).toMatchObject({ exec_error: "ENOENT", stage: "exec", exit_code: null });
+  });
+
+  test("the workload leads its own process group in the shim's session; the shim is not the daemon's child", async () => {
+    const { runDir, report } = await runShim("group", ["sleep", "30"]);
+    const [, shimPid, childPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+    const shim = readProcessStat(shimPid as number);
+    const child = readProcessStat(childPid as number);
+    expect(child?.pgid).toBe(childPid as number);
+    expect(shim?.ppid).not.toBe(process.pid);
+    expect(child?.ppid).toBe(shimPid as number);
+    process.kill(childPid as number, "SIGKILL");
+    await eventually(() => existsSync(join(runDir, "exit.json")));
+    expect(JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8"))).toMatchObject({ signal: "SIGKILL", signal_number: 9 });
+    await eventually(() => !isSameProcess(shimPid as number, shim?.startTime ?? 0));
+  });
+
+  test("leftovers of the group are killed when the main process exits, and the shim does not wait on them", async () => {
+    const { runDir, report } = await runShim("leftover", ["/bin/sh", "-c", "sleep 300 & echo started; exit 0"]);
+    expect(report).toStartWith("ok ");
+    await eventually(() => existsSync(join(runDir, "exit.json")), { timeoutMs: 3000 });
+    expect(JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8")).exit_code).toBe(0);
+  });
+
+  test("the log rotates at the size bound and keeps at most LOG_MAX_FILES files", async () => {
+    const { runDir } = await runShim(
+      "rotate",
+      ["/bin/sh", "-c", "i=0; while [ $i -lt 2000 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"],
+      {
+        maxBytes: 8192,
+        maxFiles: 3,
+      },
+    );
+    await eventually(() => existsSync(join(runDir, "exit.json")), { timeoutMs: 5000 });
+    const files = ["out.log", "out.log.1", "out.log.2", "out.log.3"].map((name) => join(runDir, name));
+    expect(files.slice(0, 3).every((file) => existsSync(file))).toBe(true);
+    expect(existsSync(files[3] as string)).toBe(false);
+    for (const file of files.slice(0, 3)) expect(readFileSync(file).length).toBeLessThanOrEqual(8192);
+    const last = readFileSync(files[0] as string, "utf8")
+      .trim()
+      .split("\n")
+      .at(-1);
+    expect(last).toContain("line-1999-");
+  });
+});
