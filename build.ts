@@ -1,12 +1,14 @@
 /**
  * build.ts compiles the engine into one self-contained executable, dist/engine, with
- * `bun build --compile`: the runtime, SQLite, the CLI, the API and the app templates inside,
+ * `bun build --compile`: the runtime, SQLite, the CLI, the API, the app templates and the
+ * process shim inside,
  * so it runs with no node_modules beside it.
  *
  * Usage: bun build.ts [--outfile dist/engine]
  */
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
+import { compileShim, shimSource } from "./src/engine/supervisor";
 import { readTemplateDir } from "./src/engine/templates";
 
 const root = import.meta.dir;
@@ -22,13 +24,22 @@ const templates = readTemplateDir(join(root, "templates")).map((source) => ({
   text: source.text,
 }));
 
+// The process shim travels inside the binary too, compiled statically where the libc allows.
+const shimFile = join(dirname(outfile), `.engine-shim-${process.pid}`);
+compileShim(shimSource() ?? "", shimFile);
+const shim = readFileSync(shimFile).toString("base64");
+rmSync(shimFile, { force: true });
+
 const started = performance.now();
 const result = await Bun.build({
   entrypoints: [join(root, "cli", "engine.ts")],
   compile: { outfile },
   minify: true,
   sourcemap: "linked",
-  define: { __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)) },
+  define: {
+    __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)),
+    __ENGINE_EMBEDDED_SHIM__: JSON.stringify(shim),
+  },
 });
 if (!result.success) {
   for (const log of result.logs) console.error(log);

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 
 /** SPEC_ROUTES is the endpoint table of ../shared/spec/local-engine-api.md. */
 const SPEC_ROUTES = [
@@ -38,15 +38,40 @@ beforeAll(async () => {
   Bun.spawnSync(["mkdir", "-p", join(workDir, "bin")]);
   copyFileSync(built, binary);
   Bun.spawnSync(["chmod", "755", binary]);
-  engine = await spawnEngine(join(workDir, "data"), { command: [binary] });
+  // ENGINE_SHIM empty: the binary must use the shim it carries, not the tests' compiled one.
+  engine = await spawnEngine(join(workDir, "data"), { command: [binary], env: { ENGINE_SHIM: "" } });
 }, 180_000);
 
 afterAll(async () => {
   await engine?.stop();
+  reapWorkloads(join(workDir, "data"));
   rmSync(workDir, { recursive: true, force: true });
 });
 
 describe("compiled dist/engine", () => {
+  test("supervises a service with the shim it carries", async () => {
+    const token = readFileSync(join(workDir, "data", "admin.token"), "utf8").trim();
+    const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+    const deployed = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ name: "e2e", command: "echo from-binary; exec sleep 300" }),
+    });
+    expect(deployed.status).toBe(201);
+    const running = await eventually(async () => {
+      const record = (await (await fetch(`${engine.url}/api/services/e2e`, { headers })).json()) as { status: string; pid: number | null };
+      return record.status === "running" ? record : null;
+    });
+    expect(running.pid).toBeGreaterThan(0);
+    const shims = [...new Bun.Glob("engine-shim-*").scanSync({ cwd: join(workDir, "data", "bin") })];
+    expect(shims.length).toBe(1);
+    await eventually(async () => {
+      const lines = (await (await fetch(`${engine.url}/api/services/e2e/logs`, { headers })).json()) as { line: string }[];
+      return lines.some((line) => line.line === "from-binary");
+    });
+    expect((await fetch(`${engine.url}/api/services/e2e/stop`, { method: "POST", headers })).status).toBe(200);
+  });
+
   test("runs with no node_modules and answers /api/openapi.json listing every path of the spec", async () => {
     const response = await fetch(`${engine.url}/api/openapi.json`);
     expect(response.status).toBe(200);
