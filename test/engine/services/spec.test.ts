@@ -1,0 +1,102 @@
+import { describe, expect, test } from "bun:test";
+import { assertNoBindingCycle, type BoundService, bindingVariables } from "../../../src/engine/services/env";
+import { normalizeDeploy } from "../../../src/engine/services/spec";
+import { bundledTemplateSources, TemplateCatalog } from "../../../src/engine/templates";
+import { InputError } from "../../../src/lib/validation";
+
+const silent = { warn: () => undefined, info: () => undefined, error: () => undefined } as never;
+const templates = new TemplateCatalog(bundledTemplateSources(), silent);
+
+describe("normalizeDeploy from a template", () => {
+  test("the template gives the command, port, GPUs, kind and probe; its secret variables become secrets", () => {
+    const { spec, secrets } = normalizeDeploy({ name: "llm", template_id: "vllm", env: { MODEL: "m", HF_TOKEN: "hf_x" } }, templates);
+    expect(spec).toMatchObject({ kind: "model", port: 8000, gpus: 1, template_id: "vllm", env: { MODEL: "m" }, secret_keys: ["HF_TOKEN"] });
+    expect(spec.command.slice(0, 2)).toEqual(["/bin/sh", "-c"]);
+    expect(spec.health).toMatchObject({ type: "http", path: "/health", interval_s: 10, timeout_s: 5, failure_threshold: 3 });
+    expect(spec.restart.policy).toBe("always");
+    expect(secrets).toEqual({ HF_TOKEN: "hf_x" });
+  });
+
+  test("explicit fields override the template; gpu_memory_mb replaces the template's whole GPUs", () => {
+    const { spec } = normalizeDeploy(
+      { name: "llm", template_id: "vllm", env: { MODEL: "m" }, gpu_memory_mb: 20000, port: 9000, health: null },
+      templates,
+    );
+    expect(spec).toMatchObject({ gpus: 0, gpu_memory_mb: 20000, port: 9000, health: null });
+  });
+
+  test("every problem is reported at once", () => {
+    try {
+      normalizeDeploy({ name: "pg", template_id: "postgres", health: { type: "exec" }, gpus: 1, gpu_memory_mb: 5 }, templates);
+      throw new Error("expected an InputError");
+    } catch (error) {
+      expect(error).toBeInstanceOf(InputError);
+      expect((error as InputError).detail.map((d) => d.loc.join("."))).toEqual(
+        expect.arrayContaining(["body.env.POSTGRES_PASSWORD", "body.gpu_memory_mb", "body.health.command"]),
+      );
+    }
+  });
+});
+
+describe("bindings", () => {
+  const bound = (over: Partial<BoundService>): BoundService => ({
+    name: "db",
+    kind: "database",
+    template_id: null,
+    port: 5432,
+    env: {},
+    secrets: {},
+    ...over,
+  });
+
+  test("a postgres binding provides DATABASE_URL and libpq's variables", () => {
+    const vars = bindingVariables(
+      bound({ template_id: "postgres", env: { POSTGRES_USER: "app" }, secrets: { POSTGRES_PASSWORD: "p@ss word" } }),
+    );
+    expect(vars).toMatchObject({
+      DATABASE_URL: "postgresql://app:p%40ss%20word@127.0.0.1:5432/app",
+      PGHOST: "127.0.0.1",
+      PGPORT: "5432",
+      PGUSER: "app",
+      PGPASSWORD: "p@ss word",
+      DB_HOST: "127.0.0.1",
+      DB_PORT: "5432",
+    });
+  });
+
+  test("redis and http services", () => {
+    expect(bindingVariables(bound({ name: "cache", template_id: "redis", port: 6380 })).REDIS_URL).toBe("redis://127.0.0.1:6380/0");
+    expect(bindingVariables(bound({ name: "my-api", kind: "service", port: 8080 })).MY_API_URL).toBe("http://127.0.0.1:8080");
+  });
+
+  test.each([
+    [
+      ["b"],
+      new Map([
+        ["b", ["c"]],
+        ["c", ["a"]],
+      ]),
+      true,
+    ],
+    [
+      ["b"],
+      new Map([
+        ["b", ["c"]],
+        ["c", []],
+      ]),
+      false,
+    ],
+    [
+      ["b", "c"],
+      new Map([
+        ["b", ["c"]],
+        ["c", []],
+      ]),
+      false,
+    ],
+  ])("a binds %j over %j: cycle %s", (bindings, graph, cycle) => {
+    const check = () => assertNoBindingCycle("a", bindings as string[], graph as Map<string, string[]>);
+    if (cycle) expect(check).toThrow(/a → b → c → a/);
+    else expect(check).not.toThrow();
+  });
+});
