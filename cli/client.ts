@@ -45,31 +45,7 @@ export class EngineClient {
   }
 
   async request<T>(method: string, path: string, body?: unknown): Promise<T> {
-    const headers: Record<string, string> = { accept: "application/json" };
-    if (body !== undefined) headers["content-type"] = "application/json";
-    let response: Response;
-    try {
-      if (this.#target.kind === "unix") {
-        response = await fetch(`http://engine${path}`, {
-          method,
-          headers,
-          body: body === undefined ? undefined : JSON.stringify(body),
-          unix: this.#target.socket,
-        });
-      } else {
-        if (this.#target.token) headers.authorization = `Bearer ${this.#target.token}`;
-        response = await fetch(`${this.#target.base}${path}`, {
-          method,
-          headers,
-          body: body === undefined ? undefined : JSON.stringify(body),
-        });
-      }
-    } catch (error) {
-      throw new CliError(
-        `cannot reach the engine at ${this.describe()}: is \`engine serve\` running? (${(error as Error).message})`,
-        "daemon_not_running",
-      );
-    }
+    const response = await this.#send(method, path, { body, accept: "application/json" });
     const text = await response.text();
     let parsed: unknown;
     try {
@@ -78,11 +54,96 @@ export class EngineClient {
       throw new CliError(`the engine answered ${response.status} with a body that is not JSON`);
     }
     if (response.ok) return parsed as T;
-    const envelope = parsed as { error?: { code: string; message: string }; detail?: { loc: unknown[]; msg: string }[] };
-    if (envelope?.error) throw new CliError(envelope.error.message, envelope.error.code);
-    if (envelope?.detail) {
-      throw new CliError(envelope.detail.map((d) => `${d.loc.slice(1).join(".") || d.loc.join(".")}: ${d.msg}`).join("; "), "validation");
-    }
-    throw new CliError(`the engine answered ${response.status}`);
+    throw errorOf(response.status, parsed);
   }
+
+  /**
+   * events reads a text/event-stream from `path` and yields its events until the engine closes
+   * the stream or `signal` aborts; comments (keep-alives) are skipped. A non-2xx answer throws
+   * the same CliError that request would.
+   */
+  async *events(path: string, signal: AbortSignal): AsyncGenerator<ServerSentEvent> {
+    const response = await this.#send("GET", path, { accept: "text/event-stream", signal });
+    if (!response.ok) {
+      const text = await response.text();
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        parsed = undefined;
+      }
+      throw errorOf(response.status, parsed);
+    }
+    if (!response.body) return;
+    const decoder = new TextDecoder();
+    let buffer = "";
+    try {
+      const reader = response.body.getReader();
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+        buffer += decoder.decode(chunk.value, { stream: true }).replace(/\r\n?/g, "\n");
+        for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const event = parseEvent(block);
+          if (event) yield event;
+        }
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      throw new CliError(`the event stream from ${this.describe()} broke: ${(error as Error).message}`);
+    }
+  }
+
+  async #send(
+    method: string,
+    path: string,
+    { body, accept, signal }: { body?: unknown; accept: string; signal?: AbortSignal },
+  ): Promise<Response> {
+    const headers: Record<string, string> = { accept };
+    if (body !== undefined) headers["content-type"] = "application/json";
+    const payload = body === undefined ? undefined : JSON.stringify(body);
+    try {
+      if (this.#target.kind === "unix") {
+        return await fetch(`http://engine${path}`, { method, headers, body: payload, signal, unix: this.#target.socket });
+      }
+      if (this.#target.token) headers.authorization = `Bearer ${this.#target.token}`;
+      return await fetch(`${this.#target.base}${path}`, { method, headers, body: payload, signal });
+    } catch (error) {
+      throw new CliError(
+        `cannot reach the engine at ${this.describe()}: is \`engine serve\` running? (${(error as Error).message})`,
+        "daemon_not_running",
+      );
+    }
+  }
+}
+
+/** ServerSentEvent is one event of a text/event-stream: its name ("message" when unnamed) and data. */
+export interface ServerSentEvent {
+  event: string;
+  data: string;
+}
+
+/** parseEvent reads one event block; it returns null for a block of comments only. */
+function parseEvent(block: string): ServerSentEvent | null {
+  let event = "message";
+  const data: string[] = [];
+  for (const line of block.split("\n")) {
+    if (line === "" || line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (field === "event") event = value;
+    else if (field === "data") data.push(value);
+  }
+  return data.length > 0 ? { event, data: data.join("\n") } : null;
+}
+
+/** errorOf turns an error answer (the error envelope or a 422 detail list) into a CliError. */
+function errorOf(status: number, parsed: unknown): CliError {
+  const envelope = parsed as { error?: { code: string; message: string }; detail?: { loc: unknown[]; msg: string }[] } | undefined;
+  if (envelope?.error) return new CliError(envelope.error.message, envelope.error.code);
+  if (envelope?.detail) {
+    return new CliError(envelope.detail.map((d) => `${d.loc.slice(1).join(".") || d.loc.join(".")}: ${d.msg}`).join("; "), "validation");
+  }
+  return new CliError(`the engine answered ${status}`);
 }

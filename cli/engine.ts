@@ -3,7 +3,9 @@ import { Command, CommanderError } from "commander";
 import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
+import { registerDaemon } from "./commands/daemon";
 import { registerServe } from "./commands/serve";
+import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
 import { registerTokens } from "./commands/tokens";
 import { emit, type Output } from "./output";
@@ -27,6 +29,8 @@ export function buildProgram(): Command {
   registerServe(program);
   registerTokens(program, client, output);
   registerTemplates(program, client, output);
+  registerServices(program, client, output);
+  registerDaemon(program, client, output);
 
   program
     .command("version")

@@ -41,6 +41,8 @@ import {
 
 /** ACTIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
+/** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
+const GPU_REFRESH_MS = 60_000;
 /** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
 const DIAGNOSIS_LOG_LINES = 50;
 const SETTLED_STATUSES = new Set(["stopped", "failed", "completed", "cancelled"]);
@@ -107,6 +109,7 @@ export class ServiceManager implements ServiceDirectory {
   private scheduleQueued = false;
   private draining = false;
   private stopped = false;
+  private gpuTimer: ReturnType<typeof setInterval> | null = null;
   private readonly o: ManagerOptions;
 
   constructor(options: ManagerOptions) {
@@ -136,6 +139,11 @@ export class ServiceManager implements ServiceDirectory {
    */
   async start(): Promise<void> {
     await this.o.gpus.refresh();
+    // GPUs can fall off the bus or come back after a reset: look again now and then.
+    this.gpuTimer = setInterval(() => {
+      void this.o.gpus.refresh().then(() => this.schedule());
+    }, GPU_REFRESH_MS);
+    this.gpuTimer.unref?.();
     for (const service of this.o.store.listServices()) {
       const runtime = this.runtime(service.id);
       const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
@@ -174,6 +182,7 @@ export class ServiceManager implements ServiceDirectory {
    */
   handOver(): void {
     this.stopped = true;
+    if (this.gpuTimer) clearInterval(this.gpuTimer);
     for (const runtime of this.runtimes.values()) {
       if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
       runtime.health?.stop();
