@@ -49,13 +49,16 @@ export function reapWorkloads(dataDir: string): void {
 }
 
 /** eventually polls `check` until it returns a truthy value or the deadline passes. */
-export async function eventually<T>(check: () => T | Promise<T>, { timeoutMs = 5000, intervalMs = 20 } = {}): Promise<T> {
+export async function eventually<T>(
+  check: () => T | Promise<T>,
+  { timeoutMs = 5000, intervalMs = 20 } = {},
+): Promise<Exclude<T, null | undefined | false | 0 | "">> {
   const deadline = Date.now() + timeoutMs;
   let lastError: unknown;
   while (Date.now() < deadline) {
     try {
       const value = await check();
-      if (value) return value;
+      if (value) return value as Exclude<T, null | undefined | false | 0 | "">;
     } catch (error) {
       lastError = error;
     }
