@@ -445,19 +445,8 @@ export class ServiceManager implements ServiceDirectory {
   /** rollTo ends the current run (if any, not counted as a restart) and schedules `version`. */
   private async rollTo(serviceId: string, version: number): Promise<void> {
     await this.stopRun(serviceId, "redeployed");
-    const service = this.o.store.getService(serviceId);
-    if (!service) return;
-    this.o.store.updateService({
-      ...service,
-      version,
-      desired_state: "running",
-      status: "pending",
-      status_message: "waiting to be scheduled",
-      submitted_at: iso(this.now()),
-      restart_state: EMPTY_RESTART_STATE,
-      updated_at: iso(this.now()),
-    });
-    this.schedule();
+    if (!this.o.store.getService(serviceId)) return;
+    this.requeue(serviceId, { version, restart_state: EMPTY_RESTART_STATE });
   }
 
   private async runVersionBuild(serviceId: string, version: number): Promise<void> {
@@ -519,27 +508,12 @@ export class ServiceManager implements ServiceDirectory {
         if (LIVE_STATUSES.has(service.status) || service.status === "building") {
           throw new AppError("invalid_transition", `${service.name} is ${service.status}; stop it first, or use restart`);
         }
-        this.cancelPending(service.id);
-        this.update(service.id, {
-          desired_state: "running",
-          status: "pending",
-          status_message: "waiting to be scheduled",
-          submitted_at: iso(this.now()),
-          restart_state: EMPTY_RESTART_STATE,
-        });
-        this.schedule();
+        this.requeue(service.id, { restart_state: EMPTY_RESTART_STATE });
         break;
       case "restart":
         if (service.status === "building") throw new AppError("invalid_transition", `${service.name} is building; wait for the build`);
         await this.stopRun(service.id, "restarted");
-        this.cancelPending(service.id);
-        this.update(service.id, {
-          desired_state: "running",
-          status: "pending",
-          status_message: "waiting to be scheduled",
-          submitted_at: iso(this.now()),
-        });
-        this.schedule();
+        this.requeue(service.id, {});
         break;
       case "pause":
         if (service.status !== "running" && service.status !== "degraded") {
@@ -578,6 +552,19 @@ export class ServiceManager implements ServiceDirectory {
     this.o.store.deleteService(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
     this.o.log.info({ service: service.name, dependents }, "service deleted");
+    this.schedule();
+  }
+
+  /** requeue puts a service back in the queue, as submitted now, to be scheduled. */
+  private requeue(serviceId: string, patch: Partial<ServiceRow>): void {
+    this.cancelPending(serviceId);
+    this.update(serviceId, {
+      desired_state: "running",
+      status: "pending",
+      status_message: "waiting to be scheduled",
+      submitted_at: iso(this.now()),
+      ...patch,
+    });
     this.schedule();
   }
 
