@@ -1,0 +1,286 @@
+/**
+ * Adoption: workloads outlive the daemon. A drain-and-restart (re-exec in place) and a
+ * SIGKILL of the daemon must both leave running workloads untouched and adopted by the next
+ * daemon, settle runs that ended while no daemon watched from the shim's exit.json, and never
+ * adopt a recorded pid that now names another process.
+ */
+import { Database } from "bun:sqlite";
+import { afterEach, describe, expect, test } from "bun:test";
+import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
+import { eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+
+/** TEST_TIMEOUT_MS covers two engine start-ups on a loaded machine; each test takes 0.5 to 2 s here. */
+const TEST_TIMEOUT_MS = 20_000;
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  while (cleanups.length > 0) await cleanups.pop()?.();
+});
+
+/** scratch makes a data dir whose workloads are reaped and which is removed after the test. */
+function scratch(): string {
+  const dir = tempDir("engine-adopt-");
+  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+  cleanups.push(() => reapWorkloads(dir));
+  return dir;
+}
+
+async function started(dataDir: string): Promise<SpawnedEngine> {
+  const engine = await spawnEngine(dataDir);
+  cleanups.push(() => engine.stop());
+  return engine;
+}
+
+/**
+ * Client talks to the engine's API at the port of its latest "listening" line: with
+ * --port 0 a re-executed engine listens on a new port.
+ */
+class Client {
+  constructor(
+    readonly engine: SpawnedEngine,
+    readonly dataDir: string,
+  ) {}
+
+  private get token(): string {
+    return readFileSync(join(this.dataDir, "admin.token"), "utf8").trim();
+  }
+
+  /** listenings counts the "listening" lines the engine printed so far, one per (re)start. */
+  listenings(): number {
+    return this.engine.output().split('"msg":"listening"').length - 1;
+  }
+
+  url(): string {
+    const text = this.engine.output();
+    const at = text.lastIndexOf('"msg":"listening"');
+    const line = text.slice(text.lastIndexOf("\n", at) + 1, text.indexOf("\n", at) === -1 ? undefined : text.indexOf("\n", at));
+    const port = /"port":(\d+)/.exec(line)?.[1];
+    if (!port) throw new Error(`no port in the listening line: ${line}`);
+    return `http://127.0.0.1:${port}`;
+  }
+
+  async json<T>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
+    const response = await fetch(`${this.url()}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${this.token}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await response.text();
+    return { status: response.status, body: (text ? JSON.parse(text) : undefined) as T };
+  }
+
+  async deploy(body: Record<string, unknown>): Promise<ServiceRecord> {
+    const { status, body: record } = await this.json<ServiceRecord>("POST", "/api/services", body);
+    if (status !== 201) throw new Error(`deploy ${body.name}: ${status} ${JSON.stringify(record)}`);
+    return record;
+  }
+
+  async get(name: string): Promise<ServiceRecord> {
+    const { status, body } = await this.json<ServiceRecord>("GET", `/api/services/${name}`);
+    if (status !== 200) throw new Error(`GET ${name}: ${status} ${JSON.stringify(body)}`);
+    return body;
+  }
+
+  async diagnose(name: string): Promise<Diagnosis> {
+    const { status, body } = await this.json<Diagnosis>("GET", `/api/services/${name}/diagnose`);
+    if (status !== 200) throw new Error(`diagnose ${name}: ${status} ${JSON.stringify(body)}`);
+    return body;
+  }
+
+  /** waitFor polls until the service has `status` and the predicate holds, failing with its last state. */
+  async waitFor(
+    name: string,
+    status: string,
+    predicate: (record: ServiceRecord) => boolean = () => true,
+    timeoutMs = 10_000,
+  ): Promise<ServiceRecord> {
+    let last: ServiceRecord | undefined;
+    try {
+      await eventually(
+        async () => {
+          last = await this.get(name);
+          return last.status === status && predicate(last);
+        },
+        { timeoutMs, intervalMs: 25 },
+      );
+      return last as ServiceRecord;
+    } catch (error) {
+      throw new Error(
+        `${name} did not become ${status} within ${timeoutMs} ms; last: ${last?.status} (${last?.status_message}); ${(error as Error).message}`,
+      );
+    }
+  }
+}
+
+/** processAlive says whether a pid names a live process (a zombie is not). */
+function processAlive(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
+    return state !== "Z" && state !== "X";
+  } catch {
+    return false;
+  }
+}
+
+/** workloadPids lists the live processes with exactly this argv whose environment carries SERVICE_ID=serviceId. */
+function workloadPids(argv: string[], serviceId: string): number[] {
+  const wanted = `${argv.join("\0")}\0`;
+  const pids: number[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (readFileSync(`/proc/${entry}/cmdline`, "utf8") !== wanted) continue;
+      if (!readFileSync(`/proc/${entry}/environ`, "utf8").split("\0").includes(`SERVICE_ID=${serviceId}`)) continue;
+      if (processAlive(Number(entry))) pids.push(Number(entry));
+    } catch {
+      // it ended while we looked, or is not ours to read
+    }
+  }
+  return pids;
+}
+
+/** runDirs lists the run directories the supervisor created for a service. */
+function runDirs(dataDir: string, serviceId: string): string[] {
+  const dir = join(dataDir, "services", serviceId, "runs");
+  return existsSync(dir) ? readdirSync(dir) : [];
+}
+
+/** expectUntouched asserts that a service still runs its first and only run, with the same pid, never restarted. */
+async function expectUntouched(client: Client, dataDir: string, before: ServiceRecord): Promise<void> {
+  const after = await client.get(before.name);
+  expect(after.status).toBe("running");
+  expect(after.pid).toBe(before.pid);
+  expect(after.started_at).toBe(before.started_at);
+  expect(after.restarts).toBe(0);
+  const diagnosis = await client.diagnose(before.name);
+  expect(diagnosis.restarts.count).toBe(0);
+  expect(diagnosis.last_run?.pid).toBe(before.pid);
+  expect(diagnosis.last_run?.ended_at).toBeNull();
+  expect(processAlive(before.pid ?? -1)).toBe(true);
+  expect(runDirs(dataDir, before.id)).toHaveLength(1);
+  expect(workloadPids(["sleep", "300"], before.id)).toEqual([before.pid ?? -1]);
+}
+
+describe("adoption of workloads across daemon restarts", () => {
+  test(
+    "a drain-and-restart keeps running services and lets the batch job complete",
+    async () => {
+      const dataDir = scratch();
+      const engine = await started(dataDir);
+      const client = new Client(engine, dataDir);
+      await client.deploy({ name: "a", command: "exec sleep 300" });
+      await client.deploy({ name: "job", kind: "batch", command: "sleep 1; exit 0" });
+      const a = await client.waitFor("a", "running", (record) => record.pid !== null);
+      // On a slow machine the job may already have completed; the drain then has nothing to wait for.
+      await eventually(async () => ["running", "completed"].includes((await client.get("job")).status), { timeoutMs: 10_000 });
+      const health = await client.json<{ pid: number }>("GET", "/api/health");
+      expect(health.body.pid).toBe(engine.proc.pid);
+
+      const listenings = client.listenings();
+      const restart = await client.json("POST", "/api/daemon/restart", { drain_timeout_s: 5 });
+      expect(restart.status).toBe(202);
+      expect(restart.body).toEqual({});
+
+      // The re-executed engine prints a new "listening" line and answers on its new port.
+      await eventually(() => client.listenings() > listenings, { timeoutMs: 15_000 });
+      const again = await eventually(() => client.json<{ pid: number }>("GET", "/api/health"), { timeoutMs: 5000 });
+      expect(again.status).toBe(200);
+      expect(again.body.pid).toBe(engine.proc.pid);
+      expect(engine.proc.exitCode).toBeNull();
+
+      await expectUntouched(client, dataDir, a);
+      const job = await client.waitFor("job", "completed", () => true, 5000);
+      expect(job.restarts).toBe(0);
+      const jobDiagnosis = await client.diagnose("job");
+      expect(jobDiagnosis.last_run?.exit_code).toBe(0);
+      expect(runDirs(dataDir, job.id)).toHaveLength(1);
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  test(
+    "after a SIGKILL of the daemon, the next one adopts the survivors and settles the run that ended meanwhile",
+    async () => {
+      const dataDir = scratch();
+      const first = await started(dataDir);
+      const client = new Client(first, dataDir);
+      await client.deploy({ name: "keep", command: "exec sleep 300" });
+      // `dies` exits with 7 once told to, so that it ends while no daemon runs, at a moment the test chooses.
+      await client.deploy({
+        name: "dies",
+        command: 'while [ ! -e "$SERVICE_DATA_DIR/go" ]; do sleep 0.05; done; exit 7',
+        restart: { policy: "never" },
+      });
+      const keep = await client.waitFor("keep", "running", (record) => record.pid !== null);
+      const dies = await client.waitFor("dies", "running", (record) => record.pid !== null);
+
+      first.proc.kill("SIGKILL");
+      await first.proc.exited;
+      writeFileSync(join(dataDir, "data", "dies", "go"), "");
+      await eventually(() => !processAlive(dies.pid ?? -1), { timeoutMs: 5000 });
+      // The shim records the exit in exit.json; with no daemon to tell, that file is all that is left.
+      await eventually(
+        () => runDirs(dataDir, dies.id).some((run) => existsSync(join(dataDir, "services", dies.id, "runs", run, "exit.json"))),
+        {
+          timeoutMs: 5000,
+        },
+      );
+
+      const second = await started(dataDir);
+      const next = new Client(second, dataDir);
+      await expectUntouched(next, dataDir, keep);
+
+      const failed = await next.waitFor("dies", "failed", () => true, 5000);
+      expect(failed.restarts).toBe(0);
+      const diagnosis = await next.diagnose("dies");
+      expect(diagnosis.forensics.last_exit_code).toBe(7);
+      expect(diagnosis.last_run?.pid).toBe(dies.pid);
+      expect(diagnosis.last_run?.exit_code).toBe(7);
+      expect(diagnosis.last_run?.end_reason).toBe("exit");
+      expect(diagnosis.restarts.count).toBe(0);
+      expect(runDirs(dataDir, dies.id)).toHaveLength(1);
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  test(
+    "a recorded pid now held by another process is not adopted: the run counts as lost and restarts",
+    async () => {
+      const dataDir = scratch();
+      const first = await started(dataDir);
+      const client = new Client(first, dataDir);
+      const deployed = await client.deploy({ name: "reused", command: "exec sleep 300" });
+      const before = await client.waitFor("reused", "running", (record) => record.pid !== null);
+      expect(await first.stop()).toBe(0);
+
+      // End the run behind the engine's back without an exit.json (shim first), then let an
+      // unrelated process hold the recorded pids, as if the kernel had reused them.
+      const runId = runDirs(dataDir, deployed.id)[0] ?? "";
+      const [shimPid, workloadPid] = readFileSync(join(dataDir, "services", deployed.id, "runs", runId, "pids"), "utf8")
+        .trim()
+        .split(" ")
+        .map(Number);
+      process.kill(shimPid ?? -1, "SIGKILL");
+      process.kill(-(workloadPid ?? 0), "SIGKILL");
+      await eventually(() => !processAlive(shimPid ?? -1) && !processAlive(workloadPid ?? -1), { timeoutMs: 5000 });
+      const impostor = Bun.spawn(["sleep", "300"], { stdout: "ignore", stderr: "ignore" });
+      cleanups.push(() => impostor.kill("SIGKILL"));
+      const db = new Database(join(dataDir, "engine.db"));
+      db.query("UPDATE runs SET shim_pid = ?, pid = ? WHERE id = ?").run(impostor.pid, impostor.pid, runId);
+      db.close();
+
+      const second = await started(dataDir);
+      const next = new Client(second, dataDir);
+      const after = await next.waitFor("reused", "running", (record) => record.pid !== null && record.pid !== impostor.pid, 10_000);
+      expect(after.pid).not.toBe(before.pid);
+      expect(after.restarts).toBe(1);
+      expect(processAlive(impostor.pid)).toBe(true);
+      expect(impostor.exitCode).toBeNull();
+      expect(runDirs(dataDir, deployed.id)).toHaveLength(2);
+    },
+    TEST_TIMEOUT_MS,
+  );
+});
