@@ -1,0 +1,201 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import type { Diagnosis, GpuInventoryRecord, ServiceRecord } from "../../src/contract/engine";
+import { ENGINE_ENTRY, eventually, runCli, startTestEngine, type TestEngine } from "../helpers";
+
+let engine: TestEngine;
+beforeAll(async () => {
+  engine = await startTestEngine({ gpus: "RTX 4090:24564,A100:40960" });
+});
+afterAll(async () => {
+  await engine.close();
+});
+
+const cli = (...args: string[]) => runCli(["--data-dir", engine.dataDir, ...args]);
+const status = async (name: string) => (await engine.json<ServiceRecord>("GET", `/api/services/${name}`)).body.status;
+
+describe("engine services CLI", () => {
+  test("deploy / list / show / logs / stop / rm a long-running service", async () => {
+    const deployed = await cli(
+      "services",
+      "deploy",
+      "sleeper",
+      "--env",
+      "GREETING=hi=there",
+      "--gpus",
+      "1",
+      "--",
+      "sh",
+      "-c",
+      "echo ready; exec sleep 300",
+    );
+    expect(deployed.code).toBe(0);
+    expect(deployed.stdout).toMatch(/^deployed sleeper version 1 \(svc_[^)]+\): \w+/);
+    await eventually(async () => (await status("sleeper")) === "running");
+
+    const table = await cli("services", "list");
+    expect(table.code).toBe(0);
+    const [header, row] = table.stdout.split("\n");
+    expect(header).toMatch(/^NAME\s+KIND\s+STATUS\s+PID\s+GPUS\s+RESTARTS\s+VERSION\s+MESSAGE$/);
+    expect(row).toMatch(/^sleeper\s+service\s+running\s+\d+\s+1 \[0\]\s+0\s+1\s/);
+
+    const list = JSON.parse((await cli("--json", "services", "list")).stdout) as ServiceRecord[];
+    expect(list).toHaveLength(1);
+    expect(list[0]).toMatchObject({
+      name: "sleeper",
+      command: ["sh", "-c", "echo ready; exec sleep 300"],
+      env: { GREETING: "hi=there" },
+      gpu_devices: ["0"],
+    });
+
+    const show = await cli("services", "show", "sleeper");
+    expect(show.stdout).toMatch(/^command\s+sh -c 'echo ready; exec sleep 300'$/m);
+    expect(show.stdout).toMatch(/^env\s+GREETING=hi=there$/m);
+
+    const gpus = await cli("gpus");
+    expect(gpus.code).toBe(0);
+    expect(gpus.stdout.split("\n")[0]).toMatch(/^INDEX\s+NAME\s+MEMORY\s+USED\s+SOURCE\s+RESERVED\s+HOLDERS$/);
+    expect(gpus.stdout).toMatch(/^0\s+RTX 4090\s+24564 MiB\s+-\s+declared \(ENGINE_GPUS, not detected\)\s+24564 MiB\s+sleeper$/m);
+    expect(gpus.stdout).toMatch(/^1\s+A100\s+40960 MiB\s+-\s+declared/m);
+    const inventory = JSON.parse((await cli("--json", "gpus")).stdout) as GpuInventoryRecord;
+    expect(inventory.devices[0]?.holders).toEqual([{ service: "sleeper", whole: true, memory_mb: 24564 }]);
+
+    const logs = await eventually(async () => {
+      const result = await cli("logs", "sleeper");
+      return result.stdout.includes("ready") ? result : null;
+    });
+    expect(logs.stdout).toMatch(/^\d{4}-\d\d-\d\dT\S+ stdout ready$/m);
+    expect((await cli("logs", "--raw", "--tail", "1", "sleeper")).stdout).toBe("ready\n");
+
+    const stopped = await cli("services", "stop", "sleeper");
+    expect(stopped).toMatchObject({ code: 0, stdout: "sleeper: stopped — stopped by request\n" });
+    const removed = await cli("services", "rm", "sleeper");
+    expect(removed.code).toBe(0);
+    expect(removed.stdout).toMatch(/^removed sleeper \(svc_\S+\)\n$/);
+    expect(JSON.parse((await cli("--json", "services", "list")).stdout)).toEqual([]);
+  });
+
+  test("diagnose a failed batch job: the cause comes first, --json is the Diagnosis", async () => {
+    const deployed = await cli(
+      "services",
+      "deploy",
+      "job-bad",
+      "--kind",
+      "batch",
+      "--restart",
+      "never",
+      "--command",
+      "echo boom >&2; exit 3",
+    );
+    expect(deployed.code).toBe(0);
+    await eventually(async () => (await status("job-bad")) === "failed");
+
+    const report = await cli("diagnose", "job-bad");
+    expect(report.code).toBe(0);
+    const lines = report.stdout.split("\n");
+    expect(lines[0]).toBe("job-bad: failed — exit_code: exited with code 3");
+    expect(lines[1]).toStartWith("fix (inspect_logs): ");
+    expect(report.stdout).toMatch(/^restarts\s+0\/\d+ in \d+ s \(policy never\)/m);
+    expect(report.stdout).toMatch(/^forensics\s+exit code 3, no oom\/gpu_oom\/priv_denied, last crash /m);
+    expect(report.stdout).toMatch(/^last run\s+run_\S+ .*exit 3/m);
+    expect(report.stdout).toMatch(/^ {2}\S+ stderr boom$/m);
+
+    const json = JSON.parse((await cli("--json", "diagnose", "job-bad")).stdout) as Diagnosis;
+    expect(json).toMatchObject({ service_name: "job-bad", status: "failed", forensics: { last_exit_code: 3 } });
+
+    expect((await cli("services", "rm", "job-bad")).code).toBe(0);
+  });
+
+  test("logs -f prints a line written after it started, until it is stopped", async () => {
+    const marker = `${engine.dataDir}/go`;
+    const command = `echo first; while [ ! -e ${marker} ]; do sleep 0.05; done; echo second; exec sleep 300`;
+    expect((await cli("services", "deploy", "talker", "--command", command)).code).toBe(0);
+    await eventually(async () => (await status("talker")) === "running");
+
+    const follower = Bun.spawn([...ENGINE_ENTRY, "--data-dir", engine.dataDir, "logs", "-f", "--raw", "talker"], {
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    let text = "";
+    const reader = (follower.stdout as ReadableStream<Uint8Array>).getReader();
+    const decoder = new TextDecoder();
+    void (async () => {
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += decoder.decode(chunk.value, { stream: true });
+    })();
+    try {
+      await eventually(() => text.includes("first\n"), { timeoutMs: 10000 });
+      expect(text).not.toContain("second");
+      await Bun.write(marker, "");
+      await eventually(() => text.includes("second\n"), { timeoutMs: 10000 });
+    } finally {
+      follower.kill("SIGINT");
+    }
+    expect(await follower.exited).toBe(0);
+    expect(text).toBe("first\nsecond\n");
+    expect((await cli("services", "rm", "talker")).code).toBe(0);
+  });
+
+  test("control commands answer with the new status", async () => {
+    expect((await cli("services", "deploy", "ctl", "--", "sleep", "300")).code).toBe(0);
+    await eventually(async () => (await status("ctl")) === "running");
+    expect(await cli("services", "pause", "ctl")).toMatchObject({ code: 0, stdout: "ctl: paused — paused by request (SIGSTOP)\n" });
+    expect(await cli("services", "resume", "ctl")).toMatchObject({ code: 0, stdout: "ctl: running\n" });
+    expect((await cli("services", "rm", "ctl")).code).toBe(0);
+  });
+
+  test.each([
+    [
+      ["services", "deploy", "ghost", "--", "no-such-program-xyz"],
+      "engine: command: the command no-such-program-xyz is not on the PATH of this host [validation]\n",
+    ],
+    [["services", "show", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [["logs", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [["logs", "-f", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [["diagnose", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [["services", "stop", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [
+      ["services", "deploy", "x", "--restart", "sometimes", "--", "true"],
+      'engine: --restart takes always, on-failure or never (got "sometimes")\n',
+    ],
+    [["services", "deploy", "x", "--gpus", "two", "--", "true"], 'engine: --gpus takes a whole number (got "two")\n'],
+    [["services", "deploy", "x", "--env", "NOVALUE", "--", "true"], 'engine: --env takes KEY=VALUE (got "NOVALUE")\n'],
+    [
+      ["services", "deploy", "x", "--health", "udp", "--", "true"],
+      'engine: --health takes http:/path, http:PORT/path, tcp, tcp:PORT, exec:COMMAND or none (got "udp")\n',
+    ],
+    [
+      ["services", "deploy", "x", "--command", "true", "--", "true"],
+      "engine: give the command after -- (as argv) or with --command (as a shell string), not both\n",
+    ],
+    [
+      ["services", "deploy", "Bad_Name", "--", "true"],
+      "engine: name: String should match pattern '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$' [validation]\n",
+    ],
+    [["restart", "--drain-timeout", "soon"], 'engine: --drain-timeout takes a whole number of seconds up to 3600 (got "soon")\n'],
+  ])("user error %p is one line and exit 1", async (args, message) => {
+    expect(await cli(...args)).toMatchObject({ code: 1, stderr: message });
+  });
+});
+
+test("engine restart asks the daemon to drain and restart", async () => {
+  let restarts = 0;
+  const restartable = await startTestEngine(
+    {},
+    {
+      restart: () => {
+        restarts += 1;
+        return undefined;
+      },
+    },
+  );
+  try {
+    const result = await runCli(["--data-dir", restartable.dataDir, "restart", "--drain-timeout", "0"]);
+    expect(result.code).toBe(0);
+    expect(result.stdout).toBe(
+      `the daemon at ${restartable.daemon.socketPath} is draining (up to 0 s) and restarting; \`engine version\` shows when it is back\n`,
+    );
+    await eventually(() => restarts === 1);
+  } finally {
+    await restartable.close();
+  }
+});
