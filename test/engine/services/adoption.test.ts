@@ -16,7 +16,16 @@ const TEST_TIMEOUT_MS = 20_000;
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
-  while (cleanups.length > 0) await cleanups.pop()?.();
+  // Every cleanup runs even when one fails, so that a failed stop never leaks workloads.
+  let failure: unknown;
+  while (cleanups.length > 0) {
+    try {
+      await cleanups.pop()?.();
+    } catch (error) {
+      failure ??= error;
+    }
+  }
+  if (failure) throw failure;
 });
 
 /** scratch makes a data dir whose workloads are reaped and which is removed after the test. */
