@@ -1015,7 +1015,9 @@ export class ServiceManager implements ServiceDirectory {
             ? `${describeExit(exit)}; gave up after ${spec.restart.max_restarts} restarts in ${spec.restart.window_seconds} s`
             : describeExit(exit);
       this.update(serviceId, {
-        forensics: decision.budgetSpent ? { ...forensics, error: { class: "crash_loop", message } } : forensics,
+        forensics: decision.budgetSpent
+          ? { ...forensics, error: { class: "crash_loop", message: `${message} (last cause: ${forensics.error?.class ?? "exit"})` } }
+          : forensics,
         restart_state: decision.state,
         status: decision.status,
         desired_state: decision.status === "completed" ? "completed" : service.desired_state,
@@ -1070,8 +1072,10 @@ function ownerKey(service: ServiceRow): string {
 export function describeExit(exit: ExitRecord): string {
   if (exit.lost) return "the process was lost: its shim ended without recording an exit";
   if (exit.execError) return `could not start: ${exit.execMessage ?? exit.execError} (${exit.execError})`;
-  if (exit.signal) return `killed by ${exit.signal}${exit.oomKilled ? " (out of memory)" : ""}`;
-  return `exited with code ${exit.exitCode}`;
+  // A shell between the engine and the workload turns the OOM kill into exit code 137.
+  const oom = exit.oomKilled ? " (out of memory)" : "";
+  if (exit.signal) return `killed by ${exit.signal}${oom}`;
+  return `exited with code ${exit.exitCode}${oom}`;
 }
 
 function classify(
