@@ -148,9 +148,12 @@ export class ServiceManager implements ServiceDirectory {
       const runtime = this.runtime(service.id);
       const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
       if (run && run.ended_at === null) {
-        const adopted = this.o.supervisor.adopt(handleOf(run));
+        // A run recorded before its shim reported: find the shim through the run directory.
+        const handle = run.shim_pid === null ? this.o.supervisor.recover(run.id, run.run_dir) : handleOf(run);
+        if (run.shim_pid === null) this.o.store.recordRunProcesses(run.id, handle);
+        const adopted = this.o.supervisor.adopt(handle);
         if (adopted.state === "running") {
-          runtime.handle = handleOf(run);
+          runtime.handle = handle;
           runtime.gpuHold = run.gpus;
           this.o.log.info({ service: service.name, pid: run.pid }, "adopted a running service");
           if (service.desired_state === "stopped") void this.stopRun(service.id, "stopped");
@@ -194,10 +197,16 @@ export class ServiceManager implements ServiceDirectory {
   async drain(deadline: number): Promise<void> {
     this.draining = true;
     while (Date.now() < deadline) {
+      const launching = [...this.runtimes.values()].some((runtime) => runtime.launching);
       const busy = this.o.store
         .listServices()
-        .some((service) => service.kind === "batch" && service.desired_state === "running" && !SETTLED_STATUSES.has(service.status));
-      if (!busy) return;
+        .some(
+          (service) =>
+            service.kind === "batch" &&
+            service.desired_state === "running" &&
+            (LIVE_STATUSES.has(service.status) || service.status === "retrying"),
+        );
+      if (!busy && !launching) return;
       await Bun.sleep(50);
     }
   }
@@ -608,7 +617,7 @@ export class ServiceManager implements ServiceDirectory {
 
   /** schedule runs one placement pass soon; calls within the same tick share it. */
   schedule(): void {
-    if (this.scheduleQueued || this.stopped) return;
+    if (this.scheduleQueued || this.stopped || this.draining) return;
     this.scheduleQueued = true;
     queueMicrotask(() => {
       this.scheduleQueued = false;
@@ -762,7 +771,6 @@ export class ServiceManager implements ServiceDirectory {
     const runtime = this.runtime(serviceId);
     runtime.launching = true;
     runtime.gpuHold = hold;
-    this.update(serviceId, { status: "scheduled", status_message: hold ? `placed on GPU ${hold.visible_ids.join(",")}` : null });
     const version = this.currentSpec(service);
     const { spec } = version;
     const byName = new Map(this.o.store.listServices().map((other) => [other.name, other]));
@@ -807,7 +815,33 @@ export class ServiceManager implements ServiceDirectory {
       .join("+");
     runtime.pendingEnvKeys = [];
     const cwd = version.build_dir ?? spec.cwd ?? dataDir;
-    const startedAt = iso(this.now());
+    const run: RunRow = {
+      id: runId,
+      service_id: serviceId,
+      version: service.version,
+      run_dir: runDir,
+      shim_pid: null,
+      shim_start: null,
+      pid: null,
+      pid_start: null,
+      cgroup_dir: null,
+      gpus: hold,
+      env_keys: injectedKeys,
+      started_at: iso(this.now()),
+      ended_at: null,
+      exit: null,
+      end_reason: null,
+    };
+    // The run is on record before its shim exists: a daemon that dies while the shim starts
+    // finds the run on start and recovers it from its directory, never starting a second copy.
+    this.o.store.transaction(() => {
+      this.o.store.insertRun(run);
+      this.update(serviceId, {
+        status: "scheduled",
+        status_message: hold ? `placed on GPU ${hold.visible_ids.join(",")}` : null,
+        current_run_id: runId,
+      });
+    });
     let result: Awaited<ReturnType<Supervisor["launch"]>>;
     try {
       if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
@@ -836,42 +870,19 @@ export class ServiceManager implements ServiceDirectory {
       };
     }
     runtime.launching = false;
-    const run: RunRow = {
-      id: runId,
-      service_id: serviceId,
-      version: service.version,
-      run_dir: runDir,
-      shim_pid: result.ok ? result.handle.shimPid : null,
-      shim_start: result.ok ? result.handle.shimStart : null,
-      pid: result.ok ? result.handle.pid : null,
-      pid_start: result.ok ? result.handle.pidStart : null,
-      cgroup_dir: result.ok ? result.handle.cgroupDir : null,
-      gpus: hold,
-      env_keys: injectedKeys,
-      started_at: startedAt,
-      ended_at: null,
-      exit: null,
-      end_reason: null,
-    };
-    const current = this.o.store.getService(serviceId);
-    if (!current) {
+    if (this.stopped) return; // handed over: the next daemon recovers the run from its directory
+    if (!this.o.store.getService(serviceId)) {
       if (result.ok) this.o.supervisor.signal(result.handle, "SIGKILL");
       return;
     }
-    this.o.store.transaction(() => {
-      this.o.store.insertRun(run);
-      this.o.store.updateService({
-        ...current,
-        status: result.ok ? "running" : current.status,
-        status_message: result.ok ? null : current.status_message,
-        current_run_id: runId,
-        updated_at: iso(this.now()),
-      });
-    });
     if (!result.ok) {
       this.settleExit(serviceId, run, result.exit);
       return;
     }
+    this.o.store.transaction(() => {
+      this.o.store.recordRunProcesses(runId, result.handle);
+      this.update(serviceId, { status: "running", status_message: null });
+    });
     runtime.handle = result.handle;
     this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "service started");
     this.startHealth(serviceId);

@@ -233,6 +233,13 @@ export class ServiceStore {
       );
   }
 
+  /** recordRunProcesses writes the shim's and the workload's pids and start times once the shim reported them. */
+  recordRunProcesses(id: string, handle: RunHandle): void {
+    this.db
+      .query("UPDATE runs SET shim_pid = ?, shim_start = ?, pid = ?, pid_start = ?, cgroup_dir = ? WHERE id = ?")
+      .run(handle.shimPid, handle.shimStart, handle.pid, handle.pidStart, handle.cgroupDir, id);
+  }
+
   endRun(id: string, endedAt: string, exit: RunRow["exit"], endReason: string): void {
     this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, JSON.stringify(exit), endReason, id);
   }

@@ -216,6 +216,30 @@ export class Supervisor {
     return { state: "exited", exit };
   }
 
+  /**
+   * recover rebuilds the handle of a run whose shim was started but whose pids were never
+   * recorded (the daemon died in between), from the `pids` file the shim writes before it
+   * reports. Without that file the shim never got going, and the handle names no process.
+   */
+  recover(runId: string, runDir: string): RunHandle {
+    let shimPid = -1;
+    let pid = -1;
+    try {
+      [shimPid, pid] = readFileSync(join(runDir, "pids"), "utf8").trim().split(" ").map(Number) as [number, number];
+    } catch {
+      // no pids file: nothing was started
+    }
+    return {
+      runId,
+      runDir,
+      shimPid,
+      shimStart: shimPid > 0 ? (readProcessStat(shimPid)?.startTime ?? -1) : -1,
+      pid,
+      pidStart: pid > 0 ? (readProcessStat(pid)?.startTime ?? -1) : -1,
+      cgroupDir: this.cgroup ? join(this.cgroup.parent, runId) : null,
+    };
+  }
+
   /** signal sends a signal to the workload's process group, if the workload is still the recorded process. */
   signal(handle: RunHandle, signal: NodeJS.Signals): boolean {
     if (!isSameProcess(handle.pid, handle.pidStart)) return false;
