@@ -184,7 +184,9 @@ export async function spawnEngine(
   const port = await eventually(
     () => {
       if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${text}`);
-      const match = /"msg":"listening"/.test(text) ? /"port":(\d+)/.exec(text.slice(text.lastIndexOf('"msg":"listening"') - 400)) : null;
+      const match = /"msg":"listening"/.test(text)
+        ? /"port":(\d+)/.exec(text.slice(Math.max(0, text.lastIndexOf('"msg":"listening"') - 400)))
+        : null;
       return match ? Number(match[1]) : 0;
     },
     { timeoutMs: 20000 },

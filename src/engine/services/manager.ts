@@ -155,7 +155,8 @@ export class ServiceManager implements ServiceDirectory {
         if (adopted.state === "running") {
           runtime.handle = handle;
           runtime.gpuHold = run.gpus;
-          this.o.log.info({ service: service.name, pid: run.pid }, "adopted a running service");
+          this.o.log.info({ service: service.name, pid: handle.pid }, "adopted a running service");
+          if (service.status === "scheduled") this.update(service.id, { status: "running", status_message: null });
           if (service.desired_state === "stopped") void this.stopRun(service.id, "stopped");
           else if (service.status !== "paused") this.startHealth(service.id);
           continue;

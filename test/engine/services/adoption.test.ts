@@ -292,4 +292,29 @@ describe("adoption of workloads across daemon restarts", () => {
     },
     TEST_TIMEOUT_MS,
   );
+
+  test(
+    "a run recorded before its shim reported is recovered from the run directory, not started twice",
+    async () => {
+      const dataDir = scratch();
+      const first = await started(dataDir);
+      const client = new Client(first, dataDir);
+      const deployed = await client.deploy({ name: "early", command: "exec sleep 300" });
+      const before = await client.waitFor("early", "running", (record) => record.pid !== null);
+      expect(await first.stop()).toBe(0);
+      // As if the daemon had died between starting the shim and recording its pids.
+      const db = new Database(join(dataDir, "engine.db"));
+      db.query("UPDATE runs SET shim_pid = NULL, shim_start = NULL, pid = NULL, pid_start = NULL WHERE service_id = ?").run(deployed.id);
+      db.query("UPDATE services SET status = 'scheduled' WHERE id = ?").run(deployed.id);
+      db.close();
+      const second = await started(dataDir);
+      const next = new Client(second, dataDir);
+      const after = await next.waitFor("early", "running", (record) => record.pid !== null);
+      expect(after.pid).toBe(before.pid);
+      expect(after.restarts).toBe(0);
+      expect(runDirs(dataDir, deployed.id)).toHaveLength(1);
+      expect(workloadPids(["sleep", "300"], deployed.id)).toEqual([before.pid ?? -1]);
+    },
+    TEST_TIMEOUT_MS,
+  );
 });
