@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, unlinkSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, rmdirSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../../lib/logger";
 import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
@@ -132,6 +132,12 @@ export class Supervisor {
       unlinkSync(this.notifySocket);
     } catch {
       // already gone
+    }
+    try {
+      // Succeeds only when no run's cgroup is left under it, i.e. nothing is running.
+      if (this.cgroup) rmdirSync(this.cgroup.parent);
+    } catch {
+      // runs are still going: their cgroups stay for the next daemon
     }
   }
 
