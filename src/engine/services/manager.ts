@@ -363,9 +363,12 @@ export class ServiceManager implements ServiceDirectory {
     if (this.draining) throw new AppError("draining", "the daemon is restarting and takes no deploys now; retry in a few seconds");
     assertServiceInScope(principal, body.name);
     const { spec, secrets } = normalizeDeploy(body, this.o.templates);
-    const graph = new Map<string, string[]>();
-    for (const other of this.o.store.listServices()) graph.set(other.name, this.currentSpec(other).spec.bindings);
-    assertNoBindingCycle(spec.name, spec.bindings, graph);
+    // A cycle through the new service needs one of its own bindings: none, no cycle to look for.
+    if (spec.bindings.length > 0) {
+      const graph = new Map<string, string[]>();
+      for (const other of this.o.store.listServices()) graph.set(other.name, this.currentSpec(other).spec.bindings);
+      assertNoBindingCycle(spec.name, spec.bindings, graph);
+    }
     if (principal.maxGpus !== null && spec.gpus > principal.maxGpus) {
       throw new AppError("cap_exceeded", `this token may hold at most ${principal.maxGpus} GPUs; the deploy asks for ${spec.gpus}`);
     }
@@ -631,8 +634,8 @@ export class ServiceManager implements ServiceDirectory {
   }
 
   private placementPass(): void {
-    const services = this.o.store.listServices();
-    const byName = new Map(services.map((service) => [service.name, service]));
+    // Settled services (stopped, failed, completed, cancelled) hold nothing: leave them out.
+    const services = this.o.store.listUnsettledServices();
     const pending = services
       .filter((service) => service.desired_state === "running" && service.status === "pending" && !this.runtime(service.id).launching)
       .map((service) => ({ service, spec: this.currentSpec(service).spec }))
@@ -669,7 +672,7 @@ export class ServiceManager implements ServiceDirectory {
     for (const entry of pending) {
       const { service, spec } = entry;
       const runtime = this.runtime(service.id);
-      const waiting = this.bindingWait(spec, byName);
+      const waiting = this.bindingWait(spec);
       runtime.bindingMessages = waiting.messages;
       runtime.pendingEnvKeys = waiting.pendingKeys;
       if (waiting.messages.length > 0) {
@@ -726,11 +729,11 @@ export class ServiceManager implements ServiceDirectory {
     if (service.status_message !== message) this.update(service.id, { status_message: message });
   }
 
-  private bindingWait(spec: ServiceSpec, byName: Map<string, ServiceRow>): { messages: string[]; pendingKeys: string[] } {
+  private bindingWait(spec: ServiceSpec): { messages: string[]; pendingKeys: string[] } {
     const messages: string[] = [];
     const pendingKeys: string[] = [];
     for (const name of spec.bindings) {
-      const bound = byName.get(name);
+      const bound = this.o.store.findService(name);
       if (!bound) {
         messages.push(`waiting for ${name}: no such service is deployed yet`);
         pendingKeys.push(`${envPrefix(name)}_HOST`, `${envPrefix(name)}_PORT`);
@@ -774,10 +777,9 @@ export class ServiceManager implements ServiceDirectory {
     runtime.gpuHold = hold;
     const version = this.currentSpec(service);
     const { spec } = version;
-    const byName = new Map(this.o.store.listServices().map((other) => [other.name, other]));
     const bindingEnv: Record<string, string> = {};
     for (const name of spec.bindings) {
-      const bound = byName.get(name);
+      const bound = this.o.store.findService(name);
       if (bound) Object.assign(bindingEnv, bindingVariables(this.boundService(bound)));
     }
     const dataDir = join(this.o.dataDir, "data", service.name);
@@ -878,6 +880,11 @@ export class ServiceManager implements ServiceDirectory {
     }
     if (!result.ok) {
       this.settleExit(serviceId, run, result.exit);
+      return;
+    }
+    // A workload that exits at once can be reported, and settled, before this point.
+    if (this.o.store.getRun(runId)?.ended_at !== null) {
+      this.o.store.recordRunProcesses(runId, result.handle);
       return;
     }
     this.o.store.transaction(() => {

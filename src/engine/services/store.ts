@@ -127,6 +127,16 @@ export class ServiceStore {
     return this.db.query<Raw<ServiceRow>, []>("SELECT * FROM services ORDER BY created_at, name").all().map(parseService);
   }
 
+  /** listUnsettledServices are those not stopped, failed, completed or cancelled: the scheduler's working set. */
+  listUnsettledServices(): ServiceRow[] {
+    return this.db
+      .query<Raw<ServiceRow>, []>(
+        "SELECT * FROM services WHERE status NOT IN ('stopped', 'failed', 'completed', 'cancelled') ORDER BY created_at, name",
+      )
+      .all()
+      .map(parseService);
+  }
+
   getService(id: string): ServiceRow | null {
     const raw = this.db.query<Raw<ServiceRow>, [string]>("SELECT * FROM services WHERE id = ?").get(id);
     return raw ? parseService(raw) : null;

@@ -68,23 +68,26 @@ function readCounter(file: string, key: string): number | null {
   }
 }
 
-function killAndRemove(dir: string): void {
+/**
+ * killAndRemove kills what is left in a cgroup and removes it. It never blocks the daemon: a
+ * cgroup whose processes are still dying is retried a few times in the background, and one
+ * that still cannot go is left for a later sweep.
+ */
+function killAndRemove(dir: string, attempt = 0): void {
   try {
-    for (let attempt = 0; attempt < 50; attempt++) {
-      const pids = readFileSync(join(dir, "cgroup.procs"), "utf8").split("\n").filter(Boolean).map(Number);
-      if (pids.length === 0) break;
-      for (const pid of pids) {
-        try {
-          process.kill(pid, "SIGKILL");
-        } catch {
-          // already gone
-        }
+    const pids = readFileSync(join(dir, "cgroup.procs"), "utf8").split("\n").filter(Boolean).map(Number);
+    for (const pid of pids) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // already gone
       }
-      Bun.sleepSync(10);
     }
     rmdirSync(dir);
-  } catch {
-    // A cgroup that cannot be removed now is left for the next start's sweep.
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT" || attempt >= 20) return;
+    setTimeout(() => killAndRemove(dir, attempt + 1), 50).unref?.();
   }
 }
 
