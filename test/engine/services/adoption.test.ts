@@ -10,6 +10,7 @@ import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "no
 import { join } from "node:path";
 import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
 import { eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+import { processExists, ServiceClient } from "./harness";
 
 /** TEST_TIMEOUT_MS covers two engine start-ups on a loaded machine; each test takes 0.5 to 2 s here. */
 const TEST_TIMEOUT_MS = 20_000;
@@ -43,95 +44,45 @@ async function started(dataDir: string): Promise<SpawnedEngine> {
 }
 
 /**
- * Client talks to the engine's API at the port of its latest "listening" line: with
+ * Client talks to a spawned engine at the port of its latest "listening" line: with
  * --port 0 a re-executed engine listens on a new port.
  */
-class Client {
+class Client extends ServiceClient {
   constructor(
-    readonly engine: SpawnedEngine,
+    readonly spawned: SpawnedEngine,
     readonly dataDir: string,
-  ) {}
-
-  private get token(): string {
-    return readFileSync(join(this.dataDir, "admin.token"), "utf8").trim();
+  ) {
+    super({
+      json: async <T>(method: string, path: string, options: { body?: unknown } = {}) => {
+        const token = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+        const response = await fetch(`${listeningUrl(spawned)}${path}`, {
+          method,
+          headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+          body: options.body === undefined ? undefined : JSON.stringify(options.body),
+        });
+        const text = await response.text();
+        return { status: response.status, body: (text ? JSON.parse(text) : undefined) as T };
+      },
+    });
   }
 
   /** listenings counts the "listening" lines the engine printed so far, one per (re)start. */
   listenings(): number {
-    return this.engine.output().split('"msg":"listening"').length - 1;
+    return this.spawned.output().split('"msg":"listening"').length - 1;
   }
 
-  url(): string {
-    const text = this.engine.output();
-    const at = text.lastIndexOf('"msg":"listening"');
-    const line = text.slice(text.lastIndexOf("\n", at) + 1, text.indexOf("\n", at) === -1 ? undefined : text.indexOf("\n", at));
-    const port = /"port":(\d+)/.exec(line)?.[1];
-    if (!port) throw new Error(`no port in the listening line: ${line}`);
-    return `http://127.0.0.1:${port}`;
-  }
-
-  async json<T>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
-    const response = await fetch(`${this.url()}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${this.token}`, "content-type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await response.text();
-    return { status: response.status, body: (text ? JSON.parse(text) : undefined) as T };
-  }
-
-  async deploy(body: Record<string, unknown>): Promise<ServiceRecord> {
-    const { status, body: record } = await this.json<ServiceRecord>("POST", "/api/services", body);
-    if (status !== 201) throw new Error(`deploy ${body.name}: ${status} ${JSON.stringify(record)}`);
-    return record;
-  }
-
-  async get(name: string): Promise<ServiceRecord> {
-    const { status, body } = await this.json<ServiceRecord>("GET", `/api/services/${name}`);
-    if (status !== 200) throw new Error(`GET ${name}: ${status} ${JSON.stringify(body)}`);
-    return body;
-  }
-
-  async diagnose(name: string): Promise<Diagnosis> {
-    const { status, body } = await this.json<Diagnosis>("GET", `/api/services/${name}/diagnose`);
-    if (status !== 200) throw new Error(`diagnose ${name}: ${status} ${JSON.stringify(body)}`);
-    return body;
-  }
-
-  /** waitFor polls until the service has `status` and the predicate holds, failing with its last state. */
-  async waitFor(
-    name: string,
-    status: string,
-    predicate: (record: ServiceRecord) => boolean = () => true,
-    timeoutMs = 10_000,
-  ): Promise<ServiceRecord> {
-    let last: ServiceRecord | undefined;
-    try {
-      await eventually(
-        async () => {
-          last = await this.get(name);
-          return last.status === status && predicate(last);
-        },
-        { timeoutMs, intervalMs: 25 },
-      );
-      return last as ServiceRecord;
-    } catch (error) {
-      throw new Error(
-        `${name} did not become ${status} within ${timeoutMs} ms; last: ${last?.status} (${last?.status_message}); ${(error as Error).message}`,
-      );
-    }
+  json<T>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
+    return this.engine.json<T>(method, path, { body });
   }
 }
 
-/** processAlive says whether a pid names a live process (a zombie is not). */
-function processAlive(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
-    return state !== "Z" && state !== "X";
-  } catch {
-    return false;
-  }
+function listeningUrl(engine: SpawnedEngine): string {
+  const text = engine.output();
+  const at = text.lastIndexOf('"msg":"listening"');
+  const line = text.slice(text.lastIndexOf("\n", at) + 1, text.indexOf("\n", at) === -1 ? undefined : text.indexOf("\n", at));
+  const port = /"port":(\d+)/.exec(line)?.[1];
+  if (!port) throw new Error(`no port in the listening line: ${line}`);
+  return `http://127.0.0.1:${port}`;
 }
 
 /** workloadPids lists the live processes with exactly this argv whose environment carries SERVICE_ID=serviceId. */
@@ -143,7 +94,7 @@ function workloadPids(argv: string[], serviceId: string): number[] {
     try {
       if (readFileSync(`/proc/${entry}/cmdline`, "utf8") !== wanted) continue;
       if (!readFileSync(`/proc/${entry}/environ`, "utf8").split("\0").includes(`SERVICE_ID=${serviceId}`)) continue;
-      if (processAlive(Number(entry))) pids.push(Number(entry));
+      if (processExists(Number(entry))) pids.push(Number(entry));
     } catch {
       // it ended while we looked, or is not ours to read
     }
@@ -168,7 +119,7 @@ async function expectUntouched(client: Client, dataDir: string, before: ServiceR
   expect(diagnosis.restarts.count).toBe(0);
   expect(diagnosis.last_run?.pid).toBe(before.pid);
   expect(diagnosis.last_run?.ended_at).toBeNull();
-  expect(processAlive(before.pid ?? -1)).toBe(true);
+  expect(processExists(before.pid ?? -1)).toBe(true);
   expect(runDirs(dataDir, before.id)).toHaveLength(1);
   expect(workloadPids(["sleep", "300"], before.id)).toEqual([before.pid ?? -1]);
 }
@@ -180,8 +131,8 @@ describe("adoption of workloads across daemon restarts", () => {
       const dataDir = scratch();
       const engine = await started(dataDir);
       const client = new Client(engine, dataDir);
-      await client.deploy({ name: "a", command: "exec sleep 300" });
-      await client.deploy({ name: "job", kind: "batch", command: "sleep 1; exit 0" });
+      await client.deployed({ name: "a", command: "exec sleep 300" });
+      await client.deployed({ name: "job", kind: "batch", command: "sleep 1; exit 0" });
       const a = await client.waitFor("a", "running", (record) => record.pid !== null);
       // On a slow machine the job may already have completed; the drain then has nothing to wait for.
       await eventually(async () => ["running", "completed"].includes((await client.get("job")).status), { timeoutMs: 10_000 });
@@ -216,9 +167,9 @@ describe("adoption of workloads across daemon restarts", () => {
       const dataDir = scratch();
       const first = await started(dataDir);
       const client = new Client(first, dataDir);
-      await client.deploy({ name: "keep", command: "exec sleep 300" });
+      await client.deployed({ name: "keep", command: "exec sleep 300" });
       // `dies` exits with 7 once told to, so that it ends while no daemon runs, at a moment the test chooses.
-      await client.deploy({
+      await client.deployed({
         name: "dies",
         command: 'while [ ! -e "$SERVICE_DATA_DIR/go" ]; do sleep 0.05; done; exit 7',
         restart: { policy: "never" },
@@ -229,7 +180,7 @@ describe("adoption of workloads across daemon restarts", () => {
       first.proc.kill("SIGKILL");
       await first.proc.exited;
       writeFileSync(join(dataDir, "data", "dies", "go"), "");
-      await eventually(() => !processAlive(dies.pid ?? -1), { timeoutMs: 5000 });
+      await eventually(() => !processExists(dies.pid ?? -1), { timeoutMs: 5000 });
       // The shim records the exit in exit.json; with no daemon to tell, that file is all that is left.
       await eventually(
         () => runDirs(dataDir, dies.id).some((run) => existsSync(join(dataDir, "services", dies.id, "runs", run, "exit.json"))),
@@ -261,7 +212,7 @@ describe("adoption of workloads across daemon restarts", () => {
       const dataDir = scratch();
       const first = await started(dataDir);
       const client = new Client(first, dataDir);
-      const deployed = await client.deploy({ name: "reused", command: "exec sleep 300" });
+      const deployed = await client.deployed({ name: "reused", command: "exec sleep 300" });
       const before = await client.waitFor("reused", "running", (record) => record.pid !== null);
       expect(await first.stop()).toBe(0);
 
@@ -274,7 +225,7 @@ describe("adoption of workloads across daemon restarts", () => {
         .map(Number);
       process.kill(shimPid ?? -1, "SIGKILL");
       process.kill(-(workloadPid ?? 0), "SIGKILL");
-      await eventually(() => !processAlive(shimPid ?? -1) && !processAlive(workloadPid ?? -1), { timeoutMs: 5000 });
+      await eventually(() => !processExists(shimPid ?? -1) && !processExists(workloadPid ?? -1), { timeoutMs: 5000 });
       const impostor = Bun.spawn(["sleep", "300"], { stdout: "ignore", stderr: "ignore" });
       cleanups.push(() => impostor.kill("SIGKILL"));
       const db = new Database(join(dataDir, "engine.db"));
@@ -286,7 +237,7 @@ describe("adoption of workloads across daemon restarts", () => {
       const after = await next.waitFor("reused", "running", (record) => record.pid !== null && record.pid !== impostor.pid, 10_000);
       expect(after.pid).not.toBe(before.pid);
       expect(after.restarts).toBe(1);
-      expect(processAlive(impostor.pid)).toBe(true);
+      expect(processExists(impostor.pid)).toBe(true);
       expect(impostor.exitCode).toBeNull();
       expect(runDirs(dataDir, deployed.id)).toHaveLength(2);
     },
@@ -299,7 +250,7 @@ describe("adoption of workloads across daemon restarts", () => {
       const dataDir = scratch();
       const first = await started(dataDir);
       const client = new Client(first, dataDir);
-      const deployed = await client.deploy({ name: "early", command: "exec sleep 300" });
+      const deployed = await client.deployed({ name: "early", command: "exec sleep 300" });
       const before = await client.waitFor("early", "running", (record) => record.pid !== null);
       expect(await first.stop()).toBe(0);
       // As if the daemon had died between starting the shim and recording its pids.

@@ -1,13 +1,29 @@
 import { readFileSync } from "node:fs";
 import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
-import { eventually, type TestEngine } from "../../helpers";
+import { eventually } from "../../helpers";
+
+/** ApiCaller is what ServiceClient needs of an engine: an in-process test engine or a spawned one. */
+export interface ApiCaller {
+  json<T = unknown>(
+    method: string,
+    path: string,
+    options?: { token?: string | null; body?: unknown },
+  ): Promise<{ status: number; body: T }>;
+}
 
 /** ServiceClient wraps the services API of a test engine with the waits tests need. */
 export class ServiceClient {
-  constructor(readonly engine: TestEngine) {}
+  constructor(readonly engine: ApiCaller) {}
 
   async deploy(body: Record<string, unknown>, token?: string): Promise<{ status: number; body: ServiceRecord & Record<string, unknown> }> {
     return this.engine.json("POST", "/api/services", { body, token });
+  }
+
+  /** deployed deploys and returns the record, failing unless the engine answered 201. */
+  async deployed(body: Record<string, unknown>): Promise<ServiceRecord> {
+    const { status, body: record } = await this.deploy(body);
+    if (status !== 201) throw new Error(`deploy ${body.name}: ${status} ${JSON.stringify(record)}`);
+    return record;
   }
 
   async get(name: string): Promise<ServiceRecord> {
