@@ -8,7 +8,7 @@ import { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
+import type { ServiceRecord } from "../../../src/contract/engine";
 import { eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 import { processExists, ServiceClient } from "./harness";
 
