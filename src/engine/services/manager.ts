@@ -564,6 +564,7 @@ export class ServiceManager implements ServiceDirectory {
     this.runtimes.delete(service.id);
     this.o.store.deleteService(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
+    for (const dir of this.madeDirs) if (dir.startsWith(this.serviceDir(service.id))) this.madeDirs.delete(dir);
     this.o.log.info({ service: service.name, dependents }, "service deleted");
     this.schedule();
   }
@@ -783,8 +784,9 @@ export class ServiceManager implements ServiceDirectory {
       if (bound) Object.assign(bindingEnv, bindingVariables(this.boundService(bound)));
     }
     const dataDir = join(this.o.dataDir, "data", service.name);
-    mkdirSync(dataDir, { recursive: true, mode: 0o750 });
-    mkdirSync(join(this.serviceDir(serviceId), "logs"), { recursive: true, mode: 0o750 });
+    this.ensureDir(dataDir);
+    this.ensureDir(join(this.serviceDir(serviceId), "logs"));
+    this.ensureDir(join(this.serviceDir(serviceId), "runs"));
     const runId = randomId("run");
     const runDir = join(this.serviceDir(serviceId), "runs", runId);
     const engineVars: Record<string, string> = {
@@ -1072,6 +1074,15 @@ export class ServiceManager implements ServiceDirectory {
     const service = this.o.store.getService(serviceId);
     if (!service) return;
     this.o.store.updateService({ ...service, ...patch, updated_at: iso(this.now()) });
+  }
+
+  private readonly madeDirs = new Set<string>();
+
+  /** ensureDir makes a directory once per daemon: a recursive mkdir costs more than a launch's spawn. */
+  private ensureDir(dir: string): void {
+    if (this.madeDirs.has(dir)) return;
+    mkdirSync(dir, { recursive: true, mode: 0o750 });
+    this.madeDirs.add(dir);
   }
 
   serviceDir(serviceId: string): string {
