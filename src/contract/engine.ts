@@ -115,6 +115,7 @@ export const ProxyStatus = t.Object(
 export type ProxyStatus = Static<typeof ProxyStatus>;
 
 export const ServiceKind = t.Union([t.Literal("batch"), t.Literal("service"), t.Literal("model"), t.Literal("database")]);
+export type ServiceKind = Static<typeof ServiceKind>;
 export const SERVICE_STATUSES = [
   "pending",
   "scheduled",
@@ -193,6 +194,7 @@ const EnvName = t.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$", maxLength: 128 }
 const EnvMap = t.Record(EnvName, t.String({ maxLength: 65536 }), { maxProperties: 256 });
 
 export const RestartPolicyName = t.Union([t.Literal("always"), t.Literal("on-failure"), t.Literal("never")]);
+export type RestartPolicyName = Static<typeof RestartPolicyName>;
 export const RestartSpec = t.Object(
   {
     policy: t.Optional(RestartPolicyName),

@@ -34,16 +34,12 @@ export const ErrorCodes = {
   last_admin_token: "last_admin_token",
   // services: deploy and control
   invalid_transition: "invalid_transition",
-  command_not_found: "command_not_found",
   gpu_request_impossible: "gpu_request_impossible",
   cap_exceeded: "cap_exceeded",
-  binding_not_found: "binding_not_found",
-  binding_cycle: "binding_cycle",
   build_failed: "build_failed",
   // host facilities
   gpu_inventory_failed: "gpu_inventory_failed",
   shim_unavailable: "shim_unavailable",
-  cgroup_unavailable: "cgroup_unavailable",
   // daemon state
   draining: "draining",
   // configuration and start-up

@@ -18,7 +18,8 @@ const TAIL_CHUNK = 256 * 1024;
 function lastLinesOf(file: string, wanted: number): string[] {
   if (!existsSync(file)) return [];
   const size = statSync(file).size;
-  let readFrom = Math.max(0, size - TAIL_CHUNK);
+  // Start with about what the lines need (every run's exit reads its tail), grow if short.
+  let readFrom = Math.max(0, size - Math.min(TAIL_CHUNK, Math.max(16 * 1024, wanted * 256)));
   for (;;) {
     const fd = openSync(file, "r");
     const buffer = Buffer.alloc(size - readFrom);
@@ -31,7 +32,7 @@ function lastLinesOf(file: string, wanted: number): string[] {
     if (lines.at(-1) === "") lines.pop();
     if (readFrom > 0) lines.shift(); // may start mid-record
     if (lines.length >= wanted || readFrom === 0) return lines.slice(-wanted);
-    readFrom = Math.max(0, readFrom - TAIL_CHUNK * 4);
+    readFrom = Math.max(0, size - (size - readFrom) * 4);
   }
 }
 

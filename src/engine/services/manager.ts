@@ -39,7 +39,7 @@ import {
   type VersionRow,
 } from "./store";
 
-/** ACTIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
+/** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
 /** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
 const GPU_REFRESH_MS = 60_000;
@@ -167,10 +167,10 @@ export class ServiceManager implements ServiceDirectory {
       }
       if (service.desired_state !== "running") continue;
       if (service.status === "building") {
-        const version = this.o.store.getVersion(service.id, service.version);
+        // The build was interrupted with the daemon: run it again.
         const latest = this.o.store.latestVersion(service.id);
-        if (latest && latest.build_result === "running") void this.runVersionBuild(service.id, latest.version);
-        else if (version) this.update(service.id, { status: "pending" });
+        if (latest?.build_result === "running") void this.runVersionBuild(service.id, latest.version);
+        else this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       } else if ((service.status === "restarting" || service.status === "retrying") && service.restart_state.next_retry_at) {
         this.armRetry(service.id, Date.parse(service.restart_state.next_retry_at) - this.now().getTime());
       } else if (!SETTLED_STATUSES.has(service.status)) {
@@ -200,7 +200,7 @@ export class ServiceManager implements ServiceDirectory {
     while (Date.now() < deadline) {
       const launching = [...this.runtimes.values()].some((runtime) => runtime.launching);
       const busy = this.o.store
-        .listServices()
+        .listUnsettledServices()
         .some(
           (service) =>
             service.kind === "batch" &&
@@ -320,7 +320,7 @@ export class ServiceManager implements ServiceDirectory {
   gpuInventory(): GpuInventoryRecord {
     const snapshot = this.o.gpus.snapshot();
     const holders = new Map<string, { service: string; whole: boolean; memory_mb: number }[]>();
-    for (const service of this.o.store.listServices()) {
+    for (const service of this.o.store.listUnsettledServices()) {
       const hold = this.runtimes.get(service.id)?.gpuHold;
       if (!hold) continue;
       for (const uuid of hold.device_uuids) {
@@ -472,7 +472,7 @@ export class ServiceManager implements ServiceDirectory {
     runtime.build = controller;
     const workDir = join(this.serviceDir(serviceId), "builds", String(version));
     rmSync(workDir, { recursive: true, force: true });
-    mkdirSync(join(this.serviceDir(serviceId), "builds"), { recursive: true });
+    this.ensureDir(join(this.serviceDir(serviceId), "builds"));
     const credential = this.o.vcs.credentialFor(row.spec.build.repo_url);
     const result = await runBuild(row.spec.build, {
       workDir,

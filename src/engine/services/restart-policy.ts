@@ -5,7 +5,7 @@
  * backoff from `backoff_s`, capped and jittered so that crashing services do not restart
  * in lockstep.
  */
-export type RestartPolicyName = "always" | "on-failure" | "never";
+import type { RestartPolicyName, ServiceKind } from "../../contract/engine";
 
 export interface RestartPolicy {
   policy: RestartPolicyName;
@@ -31,10 +31,8 @@ export const BACKOFF_CAP_S = 300;
 /** JITTER is the relative spread of a backoff delay: ±10 %. */
 export const JITTER = 0.1;
 
-export type ServiceKindName = "batch" | "service" | "model" | "database";
-
 /** defaultRestartPolicy is a kind's policy when a deploy names none. */
-export function defaultRestartPolicy(kind: ServiceKindName): RestartPolicy {
+export function defaultRestartPolicy(kind: ServiceKind): RestartPolicy {
   if (kind === "batch") return { policy: "on-failure", max_restarts: 3, window_seconds: 600, backoff_s: 1 };
   if (kind === "model") return { policy: "always", max_restarts: 5, window_seconds: 600, backoff_s: 5 };
   return { policy: "always", max_restarts: 5, window_seconds: 300, backoff_s: 1 };
@@ -56,7 +54,7 @@ export type ExitDecision =
  * any other ending; `on-failure` restarts failures; `never` restarts nothing.
  */
 export function decideAfterExit(
-  kind: ServiceKindName,
+  kind: ServiceKind,
   policy: RestartPolicy,
   state: RestartState,
   succeeded: boolean,

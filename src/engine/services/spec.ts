@@ -1,25 +1,17 @@
 import { existsSync, statSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
-import type { ServiceDeploy } from "../../contract/engine";
+import type { ServiceDeploy, ServiceKind } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
 import { InputError, type ValidationDetail } from "../../lib/validation";
+import type { BuildSpec } from "../builds";
 import { type HealthSpec, parseHealthShorthand, SHORTHAND_DEFAULTS } from "../health";
 import type { TemplateCatalog } from "../templates";
-import { defaultRestartPolicy, type RestartPolicy, type ServiceKindName } from "./restart-policy";
-
-export type HealthSpecValue = HealthSpec;
-
-export interface BuildSpecValue {
-  repo_url: string;
-  ref?: string;
-  subdir?: string;
-  command?: string;
-}
+import { defaultRestartPolicy, type RestartPolicy } from "./restart-policy";
 
 /** ServiceSpec is one version of a service, normalized: every default applied, secrets split off. */
 export interface ServiceSpec {
   name: string;
-  kind: ServiceKindName;
+  kind: ServiceKind;
   command: string[];
   template_id: string | null;
   cwd: string | null;
@@ -32,8 +24,8 @@ export interface ServiceSpec {
   priority: number;
   stop_timeout_s: number;
   restart: RestartPolicy;
-  health: HealthSpecValue | null;
-  build: BuildSpecValue | null;
+  health: HealthSpec | null;
+  build: BuildSpec | null;
   bindings: string[];
 }
 
@@ -45,7 +37,7 @@ function detail(loc: (string | number)[], msg: string, type: string, input: unkn
   return { loc: ["body", ...loc], msg, type, input };
 }
 
-function kindOfCategory(category: string): ServiceKindName {
+function kindOfCategory(category: string): ServiceKind {
   return category === "model" || category === "database" || category === "batch" ? category : "service";
 }
 
@@ -85,7 +77,7 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   else if (template) command = shellCommand(template.deploy_defaults.start);
   else problems.push(detail(["command"], "give a command (string or argv) or a template_id", "missing", null));
 
-  const kind: ServiceKindName = body.kind ?? (template ? kindOfCategory(template.category) : "service");
+  const kind: ServiceKind = body.kind ?? (template ? kindOfCategory(template.category) : "service");
   const gpus = body.gpus ?? (template && body.gpu_memory_mb === undefined ? template.deploy_defaults.gpus : 0);
   const gpuMemory = body.gpu_memory_mb ?? 0;
   if (gpus > 0 && gpuMemory > 0) {
@@ -95,7 +87,7 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   }
   const port = body.port ?? (template && template.deploy_defaults.port > 0 ? template.deploy_defaults.port : null);
 
-  let health: HealthSpecValue | null = null;
+  let health: HealthSpec | null = null;
   if (body.health) health = { ...SHORTHAND_DEFAULTS, ...body.health };
   else if (body.health === undefined && template) health = parseHealthShorthand(template.deploy_defaults.health, null);
   if (health && (health.type === "http" || health.type === "tcp") && !health.port && !port) {
@@ -154,9 +146,7 @@ export function assertCommandExists(argv: string[], cwd: string | null, path: st
   if (argv.length === 3 && argv[0] === "/bin/sh" && argv[1] === "-c") {
     const text = (argv[2] ?? "").trim();
     const first = text.split(/\s+/)[0] ?? "";
-    if (first === "" || SHELL_SYNTAX.test(first) || ["exec", "env", "nohup", "time", "command", "builtin", ".", "source"].includes(first))
-      return;
-    if (SHELL_BUILTINS.has(first)) return;
+    if (first === "" || SHELL_SYNTAX.test(first) || NOT_A_PROGRAM.has(first)) return;
     program = first;
   }
   if (program.includes("/")) {
@@ -168,7 +158,16 @@ export function assertCommandExists(argv: string[], cwd: string | null, path: st
   throw new InputError([detail(["command"], `the command ${program} is not on the PATH of this host`, "command_not_found", program)]);
 }
 
-const SHELL_BUILTINS = new Set([
+/** NOT_A_PROGRAM are shell builtins and keywords, and wrappers whose program is a later word. */
+const NOT_A_PROGRAM = new Set([
+  "exec",
+  "env",
+  "nohup",
+  "time",
+  "command",
+  "builtin",
+  ".",
+  "source",
   "break",
   "continue",
   "eval",

@@ -91,10 +91,6 @@ function killAndRemove(dir: string, attempt = 0): void {
   }
 }
 
-function writeLimit(file: string, value: string): void {
-  writeFileSync(file, value);
-}
-
 /**
  * detectCgroupDriver finds the memory controller of the engine's own cgroup and checks it can
  * make a child there. It returns null with a reason when it cannot: then memory limits are not
@@ -160,19 +156,19 @@ function probe(version: 1 | 2, parent: string): { driver: CgroupDriver } | { dri
       if (memoryMb !== null) {
         const bytes = String(memoryMb * 1024 * 1024);
         if (version === 1) {
-          writeLimit(join(dir, "memory.limit_in_bytes"), bytes);
+          writeFileSync(join(dir, "memory.limit_in_bytes"), bytes);
           // Without a memsw limit a workload could spill past its limit into swap.
           if (existsSync(join(dir, "memory.memsw.limit_in_bytes"))) {
             try {
-              writeLimit(join(dir, "memory.memsw.limit_in_bytes"), bytes);
+              writeFileSync(join(dir, "memory.memsw.limit_in_bytes"), bytes);
             } catch {
               // swap accounting off: the memory limit alone applies
             }
           }
         } else {
-          writeLimit(join(dir, "memory.max"), bytes);
+          writeFileSync(join(dir, "memory.max"), bytes);
           try {
-            writeLimit(join(dir, "memory.swap.max"), "0");
+            writeFileSync(join(dir, "memory.swap.max"), "0");
           } catch {
             // no swap controller
           }

@@ -6,7 +6,7 @@ import { isSameProcess, readProcessStat } from "./procfs";
 import { ensureShim } from "./shim";
 
 export { type CgroupDriver, detectCgroupDriver } from "./cgroup";
-export { isSameProcess, processGroupMembers, readProcessStat, residentKb } from "./procfs";
+export { isSameProcess, readProcessStat, residentKb } from "./procfs";
 export { compileShim, ensureShim, shimSource } from "./shim";
 
 /** LaunchSpec is one run of one service, as the supervisor starts it. */
@@ -264,13 +264,6 @@ export class Supervisor {
   isWatching(runId: string): boolean {
     const watched = this.watched.get(runId);
     return watched !== undefined && !watched.reported;
-  }
-
-  /** forget stops watching a run without reporting it (the daemon is handing it to its successor). */
-  forget(runId: string): void {
-    const watched = this.watched.get(runId);
-    if (watched) this.byRunDir.delete(watched.handle.runDir);
-    this.watched.delete(runId);
   }
 
   private noticeExit(runDir: string): void {

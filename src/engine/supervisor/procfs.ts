@@ -46,14 +46,3 @@ export function residentKb(pid: number): number | null {
     return null;
   }
 }
-
-/** processGroupMembers lists the pids of a process group, from /proc. */
-export function processGroupMembers(pgid: number): number[] {
-  const members: number[] = [];
-  for (const entry of new Bun.Glob("[0-9]*").scanSync({ cwd: "/proc", onlyFiles: false })) {
-    const pid = Number(entry);
-    const stat = readProcessStat(pid);
-    if (stat && stat.pgid === pgid && stat.state !== "Z") members.push(pid);
-  }
-  return members;
-}
