@@ -19,6 +19,16 @@ export function printTable(columns: string[], rows: (string | number | boolean |
   process.stdout.write(`${[line(columns.map((c) => c.toUpperCase())), ...cells.map(line)].join("\n")}\n`);
 }
 
+/** formatPairs aligns `key  value` lines on the longest key; a value's further lines are indented under it. */
+export function formatPairs(rows: [string, string][]): string[] {
+  const width = Math.max(...rows.map(([key]) => key.length));
+  return rows.map(([key, value]) => `${key.padEnd(width)}  ${value.replaceAll("\n", `\n${" ".repeat(width + 2)}`)}`.trimEnd());
+}
+
+export function printPairs(rows: [string, string][]): void {
+  process.stdout.write(`${formatPairs(rows).join("\n")}\n`);
+}
+
 export function emit(output: Output, value: unknown, human: () => void): void {
   if (output.json) printJson(value);
   else human();

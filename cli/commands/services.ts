@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../src/contract/engine";
 import { CliError, type EngineClient } from "../client";
-import { emit, type Output, printTable } from "../output";
+import { emit, formatPairs, type Output, printPairs, printTable } from "../output";
 
 const KINDS = ["batch", "service", "model", "database"] as const;
 const RESTART_POLICIES = ["always", "on-failure", "never"] as const;
@@ -169,13 +169,6 @@ function describeHealth(health: Record<string, unknown> | null): string {
   const every = health.interval_s === undefined ? "" : `, every ${health.interval_s} s`;
   const threshold = health.failure_threshold === undefined ? "" : `, ${health.failure_threshold} failures to fail`;
   return `${health.type}${where}${every}${threshold}`;
-}
-
-/** printPairs writes `key  value` lines with the keys aligned; continuation lines are indented. */
-function printPairs(rows: [string, string][]): void {
-  const width = Math.max(...rows.map(([key]) => key.length));
-  const lines = rows.map(([key, value]) => `${key.padEnd(width)}  ${value.replaceAll("\n", `\n${" ".repeat(width + 2)}`)}`.trimEnd());
-  process.stdout.write(`${lines.join("\n")}\n`);
 }
 
 function printService(service: ServiceRecord): void {
@@ -469,8 +462,7 @@ export function diagnosisReport(d: Diagnosis): string {
     rows.push(["last run", parts.join(", ")]);
   } else rows.push(["last run", "never ran"]);
 
-  const width = Math.max(...rows.map(([key]) => key.length));
-  for (const [key, value] of rows) lines.push(`${key.padEnd(width)}  ${value.replaceAll("\n", `\n${" ".repeat(width + 2)}`)}`);
+  lines.push(...formatPairs(rows));
 
   const logs = d.logs.slice(-DIAGNOSIS_LOG_LINES) as Partial<LogLine>[];
   lines.push("");

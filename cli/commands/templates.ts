@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import type { AppTemplate } from "../../src/contract/engine";
 import type { EngineClient } from "../client";
-import { emit, type Output, printTable } from "../output";
+import { emit, type Output, printPairs, printTable } from "../output";
 
 export function registerTemplates(program: Command, client: () => EngineClient, output: () => Output): void {
   const templates = program.command("templates").description("browse app templates");
@@ -38,8 +38,7 @@ export function registerTemplates(program: Command, client: () => EngineClient, 
           ["env", env.join(", ") || "-"],
           ["hint", template.ai_hint],
         ];
-        const width = Math.max(...rows.map(([key]) => key.length));
-        process.stdout.write(`${rows.map(([key, value]) => `${key.padEnd(width)}  ${value}`).join("\n")}\n`);
+        printPairs(rows);
       });
     });
 }
