@@ -15,6 +15,7 @@ import {
   parseNvidiaSmiList,
 } from "../../../src/engine/gpu";
 import { AppError } from "../../../src/lib/errors";
+import { migDevice } from "./devices";
 
 const FAKE_NVIDIA_SMI = join(import.meta.dir, "..", "..", "fixtures", "gpu", "nvidia-smi");
 
@@ -42,21 +43,6 @@ function smi(
     source: "nvidia-smi",
     mig,
     mig_profile: null,
-    visible_id: uuid,
-  };
-}
-
-function migDevice(index: number, uuid: string, parentName: string, profile: string, memory_total_mb: number): GpuDevice {
-  return {
-    index,
-    uuid,
-    name: `${parentName} MIG ${profile}`,
-    memory_total_mb,
-    memory_used_mb: null,
-    utilization_pct: null,
-    source: "nvidia-smi",
-    mig: true,
-    mig_profile: profile,
     visible_id: uuid,
   };
 }

@@ -9,6 +9,7 @@ import {
   planPlacement,
 } from "../../../src/engine/gpu";
 import { AppError } from "../../../src/lib/errors";
+import { migDevice } from "./devices";
 
 // gpu returns nvidia-smi GPU `index` with a uuid whose short form is GPU-0000000<index>.
 function gpu(index: number, memory_total_mb = 81559, name = "NVIDIA H100 80GB HBM3"): GpuDevice {
@@ -29,18 +30,7 @@ function gpu(index: number, memory_total_mb = 81559, name = "NVIDIA H100 80GB HB
 
 function migInstance(index: number, device: number, profile: string, memory_total_mb: number): GpuDevice {
   const uuid = `MIG-0000000${device}-aaaa-5bbb-8ccc-dddd0000000${device}`;
-  return {
-    index,
-    uuid,
-    name: `NVIDIA A100-SXM4-80GB MIG ${profile}`,
-    memory_total_mb,
-    memory_used_mb: null,
-    utilization_pct: null,
-    source: "nvidia-smi",
-    mig: true,
-    mig_profile: profile,
-    visible_id: uuid,
-  };
+  return migDevice(index, uuid, "NVIDIA A100-SXM4-80GB", profile, memory_total_mb);
 }
 
 const H100 = [gpu(0), gpu(1)];
