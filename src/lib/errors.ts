@@ -37,6 +37,13 @@ export const ErrorCodes = {
   gpu_request_impossible: "gpu_request_impossible",
   cap_exceeded: "cap_exceeded",
   build_failed: "build_failed",
+  // proxy, domains and certificates
+  invalid_domain: "invalid_domain",
+  domain_in_use: "domain_in_use",
+  no_port: "no_port",
+  acme_failed: "acme_failed",
+  ca_failed: "ca_failed",
+  trust_failed: "trust_failed",
   // host facilities
   gpu_inventory_failed: "gpu_inventory_failed",
   shim_unavailable: "shim_unavailable",
