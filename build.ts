@@ -39,6 +39,7 @@ const result = await Bun.build({
   define: {
     __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)),
     __ENGINE_EMBEDDED_SHIM__: JSON.stringify(shim),
+    __ENGINE_COMPILED__: "true",
   },
 });
 if (!result.success) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bun
 import { Command, CommanderError } from "commander";
+import { runProxyProcess } from "../src/engine/proxy/main";
 import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
@@ -65,7 +66,10 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
-if (import.meta.main) {
+if (import.meta.main && process.argv[2] === "__proxy") {
+  // The compiled binary is also the proxy process (see src/engine/proxy/processes.ts).
+  runProxyProcess();
+} else if (import.meta.main) {
   const code = await main(process.argv);
   // `serve` keeps running on its own; every other command ends here.
   if (code !== 0 || !process.argv.includes("serve")) process.exit(code);

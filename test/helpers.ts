@@ -102,7 +102,7 @@ export async function startTestEngine(config: ConfigInput = {}, options: DaemonO
   const dataDir = config.dataDir ?? tempDir();
   const clock = new MutableClock();
   const daemon = await startDaemon(
-    resolveConfig({ port: 0, logLevel: "info", logToStdout: false, shimPath: testShim(), ...config, dataDir }, {}),
+    resolveConfig({ port: 0, logLevel: "info", logToStdout: false, shimPath: testShim(), proxy: false, ...config, dataDir }, {}),
     {
       clock,
       restart: () => undefined,
@@ -169,7 +169,13 @@ export async function spawnEngine(
   { command = ENGINE_ENTRY, env = {}, args = [] }: { command?: string[]; env?: Record<string, string>; args?: string[] } = {},
 ): Promise<SpawnedEngine> {
   const proc = Bun.spawn([...command, "serve", "--data-dir", dataDir, "--port", "0", ...args], {
-    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp", ENGINE_SHIM: testShim(), ...env },
+    env: {
+      PATH: process.env.PATH ?? "/usr/bin:/bin",
+      HOME: process.env.HOME ?? "/tmp",
+      ENGINE_SHIM: testShim(),
+      ENGINE_PROXY: "off",
+      ...env,
+    },
     stdout: "pipe",
     stderr: "pipe",
   });

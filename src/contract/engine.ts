@@ -91,24 +91,128 @@ export const TemplateIdParams = t.Object({ template_id: t.String({ pattern: NAME
 
 const Obj = (description: string) => t.Record(t.String(), t.Unknown(), { description });
 
+const NullableString = t.Union([t.String(), t.Null()]);
+
+export const ProxyTls = t.Object(
+  {
+    listening: t.Boolean(),
+    https_port: t.Integer(),
+    http_port: t.Integer({ description: "Plain HTTP: ACME http-01 answers, `.localhost` names, and a 308 to HTTPS for the rest" }),
+    http_redirect: t.Boolean(),
+    protocols: t.Array(t.String()),
+    certificates: t.Integer({ description: "Certificates served (one per name, chosen by SNI)" }),
+    leaf_lifetime_hours: t.Integer(),
+    last_renewal: t.Union([t.Object({ at: DateTime, names: t.Array(t.String()) }), t.Null()]),
+    max_body_bytes: t.Integer(),
+    error: NullableString,
+  },
+  { description: "The listeners and the certificates they serve" },
+);
+export const ProxyCa = t.Object(
+  {
+    initialized: t.Boolean(),
+    subject: t.String(),
+    fingerprint_sha256: t.String({ description: "SHA-256 of the root certificate, as `openssl x509 -fingerprint -sha256` prints it" }),
+    not_after: t.String(),
+    intermediate_not_after: t.String(),
+    root_path: t.String({ description: "The root certificate's file (`engine ca` prints it)" }),
+    trusted_in_system: t.Boolean({ description: "Whether the root is in the system trust store (`engine trust`)" }),
+    trusted_in_nss: t.Union([t.Boolean(), t.Null()], {
+      description: "Whether the root is in the NSS store (Chrome, Firefox); null without certutil",
+    }),
+  },
+  { description: "The local certificate authority" },
+);
+export const ProxyApex = t.Object(
+  { host: t.String(), routed: t.Boolean(), upstream: t.String(), url: t.String() },
+  { description: "`<hostname>.local`: routes to the engine's own API and web UI" },
+);
+export const ProxyRespawn = t.Object(
+  {
+    processes: t.Integer({ description: "Proxy processes serving now (they share the ports with SO_REUSEPORT)" }),
+    pids: t.Array(t.Integer()),
+    count: t.Integer({ description: "Proxy processes respawned after an unexpected exit" }),
+    last_at: NullableDateTime,
+    last_reason: NullableString,
+    retired_on_start: t.Integer({ description: "Processes of the previous daemon retired after this one bound (restart in place)" }),
+  },
+  { description: "Proxy process restarts" },
+);
+export const ProxyRoutes = t.Object(
+  {
+    count: t.Integer(),
+    items: t.Array(
+      t.Object({
+        host: t.String(),
+        path_prefix: t.String(),
+        service: t.String(),
+        upstream: t.String(),
+        state: t.Union([t.Literal("up"), t.Literal("starting"), t.Literal("down")], {
+          description: "up: forwarded; starting: 503 with Retry-After; down: 502",
+        }),
+      }),
+    ),
+  },
+  { description: "The routing table" },
+);
+export const ProxyMdns = t.Object(
+  {
+    enabled: t.Boolean(),
+    backend: t.String({ description: "avahi, bonjour or off" }),
+    published: t.Boolean(),
+    names: t.Array(t.String()),
+  },
+  { description: "mDNS publication of .local names", additionalProperties: true },
+);
+export const ProxyAcme = t.Object(
+  {
+    enabled: t.Boolean(),
+    directory_url: NullableString,
+    orders: t.Array(
+      t.Object(
+        {
+          domain: t.String(),
+          state: t.String({ description: "pending, valid, retrying or failed" }),
+          attempts: t.Integer(),
+          last_error: NullableString,
+          next_retry_at: NullableString,
+          not_after: NullableString,
+        },
+        { additionalProperties: true },
+      ),
+    ),
+  },
+  { description: "ACME account and orders (public domains); never a key", additionalProperties: true },
+);
+export const ProxyDomain = t.Object({
+  domain: t.String(),
+  path_prefix: t.String(),
+  service: t.String(),
+  source: t.Union([t.Literal("default"), t.Literal("user")]),
+  kind: t.Union([t.Literal("mdns"), t.Literal("localhost"), t.Literal("private"), t.Literal("public")]),
+  url: t.String(),
+  certificate: t.Object({ issuer: NullableString, source: NullableString, not_after: NullableString }),
+  acme_state: NullableString,
+});
+
 export const ProxyStatus = t.Object(
   {
-    state: t.String(),
-    mode: t.String(),
+    state: t.String({ description: "starting, running, failed (see tls.error), stopped or disabled" }),
+    mode: t.String({ description: "local-ca, local-ca+acme, or off" }),
     hostname: t.String(),
     scheme: t.String(),
     base_domain: t.String(),
     enabled: t.Boolean(),
     available: t.Boolean(),
     https_port: t.Integer(),
-    tls: Obj("TLS listener state"),
-    ca: Obj("Local certificate authority"),
-    apex: Obj("The apex host name"),
-    respawn: Obj("Proxy listener restarts"),
-    routes: Obj("Routing table summary"),
-    mdns: Obj("mDNS publication of .local names"),
-    acme: Obj("ACME account and orders"),
-    domains: t.Array(t.Record(t.String(), t.Unknown())),
+    tls: ProxyTls,
+    ca: ProxyCa,
+    apex: ProxyApex,
+    respawn: ProxyRespawn,
+    routes: ProxyRoutes,
+    mdns: ProxyMdns,
+    acme: ProxyAcme,
+    domains: t.Array(ProxyDomain),
   },
   { $id: "ProxyStatus" },
 );
@@ -339,6 +443,26 @@ export const RestoreResult = t.Object(
   { service_name: t.String(), dump: t.String(), engine: t.String(), duration_s: t.Number() },
   { $id: "RestoreResult" },
 );
+
+export const DomainAdd = t.Object(
+  {
+    domain: t.String({ minLength: 1, maxLength: 253 }),
+    path_prefix: t.Optional(t.String({ minLength: 1, maxLength: 1024, description: "Route only this path prefix (default /)" })),
+  },
+  { additionalProperties: false },
+);
+export const DomainAdded = t.Object(
+  {
+    service_name: t.String(),
+    domain: t.String(),
+    path_prefix: t.String(),
+    kind: t.String(),
+    url: t.String(),
+    certificate: t.Union([t.Object({ issuer: t.String(), not_after: DateTime }), t.Null()]),
+  },
+  { $id: "DomainAdded" },
+);
+export const ServiceNameParams = t.Object({ name: ServiceName });
 
 export const DomainRemovalResult = t.Object(
   { service_name: t.String(), domain: t.String(), removed: t.Boolean() },

@@ -1,4 +1,4 @@
-import { homedir } from "node:os";
+import { availableParallelism, homedir, hostname as osHostname } from "node:os";
 import { join, resolve } from "node:path";
 import { AppError } from "./errors";
 
@@ -31,6 +31,38 @@ export interface EngineConfig {
   cgroups: boolean;
   /** workloadEnv is the part of the daemon's environment workloads inherit (PATH, HOME, LANG, ...). */
   workloadEnv: Record<string, string | undefined>;
+  /** proxy configures the reverse proxy: its listeners, processes, ACME and mDNS. */
+  proxy: ProxyConfig;
+}
+
+/** ProxyConfig is the reverse proxy's part of the configuration. */
+export interface ProxyConfig {
+  enabled: boolean;
+  /** host the proxy listens on (ENGINE_PROXY_HOST, default 0.0.0.0: the proxy is how the LAN reaches services). */
+  host: string;
+  /** httpsPort and httpPort: null means "443 (80) when permitted, else 8443 (8080)"; 0 picks a free port. */
+  httpsPort: number | null;
+  httpPort: number | null;
+  /** processes is how many proxy processes share the ports with SO_REUSEPORT. */
+  processes: number;
+  /** maxBodyBytes bounds a request body; larger ones answer 413. */
+  maxBodyBytes: number;
+  /** hostname is the machine's short name, used for `<service>-<hostname>.local`. */
+  hostname: string;
+  /** mdns selects how `.local` names are published. */
+  mdns: "auto" | "bonjour" | "avahi" | "off";
+  /** leafLifetimeMs is the lifetime of local-CA leaf certificates. */
+  leafLifetimeMs: number;
+  acme: AcmeConfig | null;
+}
+
+/** AcmeConfig points the proxy at an ACME directory for public domains. */
+export interface AcmeConfig {
+  directoryUrl: string;
+  email: string | undefined;
+  eab: { kid: string; hmacKey: string } | undefined;
+  /** directoryCa is a PEM file trusted for the directory's own TLS (a private CA such as Pebble's). */
+  directoryCaFile: string | undefined;
 }
 
 /** ConfigInput is what flags and the environment may set; every field is optional. */
@@ -50,6 +82,20 @@ export interface ConfigInput {
   serviceLogMaxFiles?: string | number;
   cgroups?: boolean;
   workloadEnv?: Record<string, string | undefined>;
+  proxy?: boolean;
+  proxyHost?: string;
+  httpsPort?: string | number;
+  httpPort?: string | number;
+  proxyProcesses?: string | number;
+  proxyMaxBodyMb?: string | number;
+  hostname?: string;
+  mdns?: string;
+  leafLifetimeHours?: string | number;
+  acmeDirectory?: string;
+  acmeEmail?: string;
+  acmeEabKid?: string;
+  acmeEabHmac?: string;
+  acmeCaFile?: string;
 }
 
 export const DEFAULT_PORT = 9321;
@@ -76,6 +122,20 @@ export function configFromEnv(env: Record<string, string | undefined> = process.
     serviceLogMaxFiles: env.ENGINE_SERVICE_LOG_MAX_FILES || undefined,
     cgroups: env.ENGINE_CGROUPS ? !["0", "off", "false", "no"].includes(env.ENGINE_CGROUPS.toLowerCase()) : undefined,
     workloadEnv: { ...env },
+    proxy: env.ENGINE_PROXY ? !["0", "off", "false", "no"].includes(env.ENGINE_PROXY.toLowerCase()) : undefined,
+    proxyHost: env.ENGINE_PROXY_HOST || undefined,
+    httpsPort: env.ENGINE_HTTPS_PORT || undefined,
+    httpPort: env.ENGINE_HTTP_PORT || undefined,
+    proxyProcesses: env.ENGINE_PROXY_PROCESSES || undefined,
+    proxyMaxBodyMb: env.ENGINE_PROXY_MAX_BODY_MB || undefined,
+    hostname: env.ENGINE_HOSTNAME || undefined,
+    mdns: env.ENGINE_MDNS || undefined,
+    leafLifetimeHours: env.ENGINE_LEAF_LIFETIME_HOURS || undefined,
+    acmeDirectory: env.ENGINE_ACME_DIRECTORY || undefined,
+    acmeEmail: env.ENGINE_ACME_EMAIL || undefined,
+    acmeEabKid: env.ENGINE_ACME_EAB_KID || undefined,
+    acmeEabHmac: env.ENGINE_ACME_EAB_HMAC || undefined,
+    acmeCaFile: env.ENGINE_ACME_CA_FILE || undefined,
   };
 }
 
@@ -83,6 +143,57 @@ function positiveInteger(field: string, raw: string | number, min: number, max: 
   const value = typeof raw === "number" ? raw : /^\d+$/.test(raw) ? Number(raw) : Number.NaN;
   if (!Number.isInteger(value) || value < min || value > max) throw invalid(field, `must be an integer from ${min} to ${max}`, raw);
   return value;
+}
+
+function optionalPort(field: string, raw: string | number | undefined): number | null {
+  return raw === undefined ? null : positiveInteger(field, raw, 0, 65535);
+}
+
+/** shortHostname is the first label of the host name, lower-cased and cut to what a DNS label allows. */
+export function shortHostname(name: string): string {
+  const label = (name.split(".")[0] ?? "")
+    .toLowerCase()
+    .replace(/[^a-z0-9-]/g, "-")
+    .replace(/^-+|-+$/g, "");
+  return label.slice(0, 40) || "engine";
+}
+
+function resolveProxy(merged: ConfigInput): ProxyConfig {
+  const hostname = shortHostname(merged.hostname ?? osHostname());
+  if (merged.hostname !== undefined && hostname !== merged.hostname) {
+    throw invalid("hostname", "must be one DNS label: lower-case letters, digits and hyphens", merged.hostname);
+  }
+  const mdns = merged.mdns ?? "auto";
+  if (!["auto", "bonjour", "avahi", "off"].includes(mdns)) throw invalid("mdns", "must be auto, bonjour, avahi or off", mdns);
+  const proxyHost = merged.proxyHost ?? "0.0.0.0";
+  if (!/^[A-Za-z0-9.:[\]-]+$/.test(proxyHost)) throw invalid("proxy_host", "must be a host name or an IP address", proxyHost);
+  let acme: AcmeConfig | null = null;
+  if (merged.acmeDirectory) {
+    if (!/^https?:\/\//.test(merged.acmeDirectory)) throw invalid("acme_directory", "must be an http(s) URL", merged.acmeDirectory);
+    if ((merged.acmeEabKid === undefined) !== (merged.acmeEabHmac === undefined)) {
+      throw new AppError("config_invalid", "config: acme_eab: set both ENGINE_ACME_EAB_KID and ENGINE_ACME_EAB_HMAC, or neither", {
+        field: "acme_eab",
+      });
+    }
+    acme = {
+      directoryUrl: merged.acmeDirectory,
+      email: merged.acmeEmail,
+      eab: merged.acmeEabKid && merged.acmeEabHmac ? { kid: merged.acmeEabKid, hmacKey: merged.acmeEabHmac } : undefined,
+      directoryCaFile: merged.acmeCaFile ? resolve(merged.acmeCaFile) : undefined,
+    };
+  }
+  return {
+    enabled: merged.proxy ?? true,
+    host: proxyHost,
+    httpsPort: optionalPort("https_port", merged.httpsPort),
+    httpPort: optionalPort("http_port", merged.httpPort),
+    processes: positiveInteger("proxy_processes", merged.proxyProcesses ?? Math.min(4, Math.max(1, availableParallelism())), 1, 64),
+    maxBodyBytes: positiveInteger("proxy_max_body_mb", merged.proxyMaxBodyMb ?? 1024, 1, 1024 * 1024) * 1024 * 1024,
+    hostname,
+    mdns: mdns as ProxyConfig["mdns"],
+    leafLifetimeMs: positiveInteger("leaf_lifetime_hours", merged.leafLifetimeHours ?? 168, 1, 24 * 366) * 3600_000,
+    acme,
+  };
 }
 
 function invalid(field: string, message: string, value: unknown): AppError {
@@ -139,5 +250,6 @@ export function resolveConfig(flags: ConfigInput, env: ConfigInput = configFromE
     serviceLogMaxFiles: positiveInteger("service_log_max_files", merged.serviceLogMaxFiles ?? 5, 1, 100),
     cgroups: merged.cgroups ?? true,
     workloadEnv: merged.workloadEnv ?? { ...process.env },
+    proxy: resolveProxy(merged),
   };
 }

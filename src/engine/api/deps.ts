@@ -1,7 +1,7 @@
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
 import type { VcsTokenStore } from "../link";
-import type { ProxyStatusSource } from "../proxy";
+import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
 import type { TemplateCatalog } from "../templates";
 
@@ -19,7 +19,7 @@ export interface ApiDeps {
   tokens: TokenStore;
   templates: TemplateCatalog;
   vcs: VcsTokenStore;
-  proxy: ProxyStatusSource;
+  proxy: Pick<ProxyController, "status" | "addDomain" | "removeDomain">;
   services: ServiceDirectory;
   daemon: DaemonControl;
 }

@@ -2,6 +2,8 @@ import { Elysia } from "elysia";
 import {
   DatabaseNameParams,
   Diagnosis,
+  DomainAdd,
+  DomainAdded,
   DomainParams,
   DomainRemovalResult,
   ProxyStatus,
@@ -13,7 +15,7 @@ import { assertServiceInScope } from "../auth";
 import type { ApiDeps, RequestContext } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
-/** serviceRoutes serves diagnosis, domain removal, database restore and the proxy's status. */
+/** serviceRoutes serves diagnosis, domains, database restore and the proxy's status. */
 export function serviceRoutes(deps: ApiDeps, ctx: RequestContext) {
   return new Elysia({ name: "services" })
     .get("/api/proxy/status", () => deps.proxy.status(), {
@@ -36,12 +38,33 @@ export function serviceRoutes(deps: ApiDeps, ctx: RequestContext) {
       "/api/services/:name/domains/:domain",
       ({ params, request }) => {
         assertServiceInScope(ctx.principalOf(request), params.name);
-        return deps.services.removeDomain(params.name, params.domain.toLowerCase());
+        return deps.proxy.removeDomain(params.name, params.domain.toLowerCase());
       },
       {
         params: DomainParams,
         response: { 200: DomainRemovalResult, ...errorResponses(...AUTHED, 404, 422) },
         detail: { tags: ["services"], summary: "Remove a domain from a service" },
+      },
+    )
+    .post(
+      // Named :ident because the router shares the tree with POST /api/services/:ident/:action;
+      // the static `domains` segment wins over the action parameter.
+      "/api/services/:ident/domains",
+      async ({ params, body, request, set }) => {
+        assertServiceInScope(ctx.principalOf(request), deps.services.serviceName(params.ident));
+        const added = await deps.proxy.addDomain(params.ident, body.domain, body.path_prefix);
+        set.status = 201;
+        return added;
+      },
+      {
+        params: ServiceIdentParams,
+        body: DomainAdd,
+        response: { 201: DomainAdded, ...errorResponses(...AUTHED, 404, 409, 422) },
+        detail: {
+          tags: ["services"],
+          summary:
+            "Route a domain (and optionally only a path prefix) to a service: a local-CA certificate for .local, .localhost and private names, ACME for public ones",
+        },
       },
     )
     .post(

@@ -39,6 +39,7 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "DELETE /api/services/:name": "write",
   "GET /api/services/:ident/logs": "read",
   "GET /api/gpus": "read",
+  "POST /api/services/:ident/domains": "write",
   "DELETE /api/services/:name/domains/:domain": "write",
   "POST /api/databases/:name/restore": "write",
   "POST /api/daemon/restart": "admin",

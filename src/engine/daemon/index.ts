@@ -1,5 +1,5 @@
+import { X509Certificate } from "node:crypto";
 import { accessSync, chmodSync, constants, existsSync, mkdirSync, rmSync, statSync } from "node:fs";
-import { hostname } from "node:os";
 import { join } from "node:path";
 import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
@@ -12,11 +12,12 @@ import { createApi, type DaemonControl } from "../api";
 import { bootstrapAdminToken, TokenStore } from "../auth";
 import { GpuInventory } from "../gpu";
 import { loadSecretKey, VcsTokenStore } from "../link";
-import { proxyNotRunning } from "../proxy";
+import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
 import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
+import { LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -28,6 +29,8 @@ export interface DaemonOptions {
   restart?: () => Error | undefined;
   /** decorateServices lets tests wrap the service directory (to inject a fault, say). */
   decorateServices?: (services: ServiceDirectory) => ServiceDirectory;
+  /** proxyCommand starts a proxy process instead of the engine's own (tests). */
+  proxyCommand?: string[];
 }
 
 /** RunningDaemon is a started engine. stop() is safe to call more than once. */
@@ -160,6 +163,32 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     await manager.start();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
 
+    // The local CA exists from the first start, so `engine ca` and the status always have a root.
+    const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
+    const rootPem = ca.rootPem();
+    const rootSubject = new X509Certificate(rootPem).subject.replaceAll("\n", ", ");
+    let trust = await trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
+    const describeCa = (): CaDescription => {
+      // Trust is read in the background: the status answers at once with the last reading.
+      void trustStatus(rootPem)
+        .then((value) => {
+          trust = value;
+        })
+        .catch(() => undefined);
+      return {
+        initialized: true,
+        subject: rootSubject,
+        fingerprint_sha256: ca.rootFingerprintSha256(),
+        not_after: ca.rootNotAfter().toISOString(),
+        intermediate_not_after: ca.intermediateNotAfter().toISOString(),
+        root_path: ca.rootPath,
+        trusted_in_system: trust.system,
+        trusted_in_nss: trust.nss,
+      };
+    };
+    let handingOver = false;
+    const proxyHolder: { controller: ProxyController | null } = { controller: null };
+
     let restarting: Promise<void> | undefined;
     const daemon: DaemonControl = {
       requestRestart(drainTimeoutS) {
@@ -169,6 +198,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
           // Let the 202 reach the client before the listener goes away.
           await Bun.sleep(10);
           await services.drain(Date.now() + drainTimeoutS * 1000);
+          // The proxy processes keep serving through the re-exec; the next daemon retires them.
+          handingOver = true;
           await runCleanups();
           const failure = (options.restart ?? reexecSelf)();
           if (failure) {
@@ -179,6 +210,10 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       },
     };
 
+    const requireProxy = (): ProxyController => {
+      if (!proxyHolder.controller) throw new AppError("draining", "the proxy is starting; try again in a moment");
+      return proxyHolder.controller;
+    };
     const api = createApi({
       log,
       version: VERSION,
@@ -186,7 +221,11 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       tokens,
       templates,
       vcs,
-      proxy: proxyNotRunning(hostname()),
+      proxy: {
+        status: () => requireProxy().status(),
+        addDomain: (service, domain, prefix) => requireProxy().addDomain(service, domain, prefix),
+        removeDomain: (service, domain) => requireProxy().removeDomain(service, domain),
+      },
       services,
       daemon,
     });
@@ -209,6 +248,28 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     });
 
     const port = tcp.port ?? config.port;
+    const proxy = new ProxyController({
+      config: config.proxy,
+      dataDir: config.dataDir,
+      apiPort: port,
+      db,
+      services,
+      log,
+      clock,
+      certificates: new LeafCertificates({
+        ca,
+        dir: leavesDirectory(config.dataDir),
+        clock,
+        lifetimeMs: config.proxy.leafLifetimeMs,
+      }),
+      describeCa,
+      acme: null,
+      mdns: null,
+      command: options.proxyCommand,
+    });
+    proxyHolder.controller = proxy;
+    cleanups.push(() => (handingOver ? proxy.handOver() : proxy.stop()));
+    await proxy.start();
     const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
     log.info(
       { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length },

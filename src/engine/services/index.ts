@@ -25,7 +25,6 @@ export interface ServiceDirectory {
   /** serviceName resolves a name or id to the service's name, for scope checks. */
   serviceName(ident: string): string;
   gpuInventory(): GpuInventoryRecord;
-  removeDomain(name: string, domain: string): { service_name: string; domain: string; removed: boolean };
   restoreDatabase(
     name: string,
     dump: string,
@@ -33,6 +32,8 @@ export interface ServiceDirectory {
   ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }>;
   /** drain refuses deploys and waits, at most until the deadline, for batch jobs to finish. */
   drain(deadline: number): Promise<void>;
+  /** subscribe calls `listener` with a service's id after every change of its record, its deletion included. */
+  subscribe(listener: (serviceId: string) => void): () => void;
   /** handOver stops in-process work and leaves workloads running for the next daemon. */
   handOver(): void;
 }

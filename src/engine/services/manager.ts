@@ -295,12 +295,6 @@ export class ServiceManager implements ServiceDirectory {
     });
   }
 
-  removeDomain(name: string, domain: string): { service_name: string; domain: string; removed: boolean } {
-    const service = this.find(name);
-    // The proxy owns domains; until it holds one for this service there is nothing to remove.
-    return { service_name: service.name, domain, removed: false };
-  }
-
   async restoreDatabase(name: string): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }> {
     const service = this.o.store.findService(name);
     if (service?.kind !== "database") throw new AppError("database_not_found", `no database service named ${JSON.stringify(name)}`);
@@ -410,6 +404,7 @@ export class ServiceManager implements ServiceDirectory {
         this.o.store.insertVersion(this.versionRow(id, 1, spec, seal(id, 1), now));
       });
       this.o.log.info({ service: spec.name, version: 1, kind: spec.kind }, "service deployed");
+      this.changed(id);
       if (spec.build) void this.runVersionBuild(id, 1);
       else this.schedule();
       return { record: this.get(id), created: true };
@@ -563,6 +558,7 @@ export class ServiceManager implements ServiceDirectory {
     this.cancelPending(service.id);
     this.runtimes.delete(service.id);
     this.o.store.deleteService(service.id);
+    this.changed(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
     for (const dir of this.madeDirs) if (dir.startsWith(this.serviceDir(service.id))) this.madeDirs.delete(dir);
     this.o.log.info({ service: service.name, dependents }, "service deleted");
@@ -1074,6 +1070,25 @@ export class ServiceManager implements ServiceDirectory {
     const service = this.o.store.getService(serviceId);
     if (!service) return;
     this.o.store.updateService({ ...service, ...patch, updated_at: iso(this.now()) });
+    this.changed(serviceId);
+  }
+
+  private readonly changeListeners = new Set<(serviceId: string) => void>();
+
+  /** subscribe calls `listener` with a service's id after every change of its record, its deletion included. */
+  subscribe(listener: (serviceId: string) => void): () => void {
+    this.changeListeners.add(listener);
+    return () => this.changeListeners.delete(listener);
+  }
+
+  private changed(serviceId: string): void {
+    for (const listener of this.changeListeners) {
+      try {
+        listener(serviceId);
+      } catch (error) {
+        this.o.log.error({ err: error }, "service change listener failed");
+      }
+    }
   }
 
   private readonly madeDirs = new Set<string>();

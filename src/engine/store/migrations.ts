@@ -93,4 +93,17 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX runs_by_service ON runs(service_id, started_at);
     `,
   },
+  {
+    id: "2026-11-21-04-domains",
+    sql: `
+      CREATE TABLE domains (
+        domain      TEXT NOT NULL,
+        path_prefix TEXT NOT NULL DEFAULT '/',
+        service_id  TEXT NOT NULL,
+        created_at  TEXT NOT NULL,
+        PRIMARY KEY (domain, path_prefix)
+      );
+      CREATE INDEX domains_by_service ON domains(service_id);
+    `,
+  },
 ];

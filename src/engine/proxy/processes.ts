@@ -1,0 +1,284 @@
+import { dlopen, FFIType } from "bun:ffi";
+import { readdirSync, readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import type { Subprocess } from "bun";
+import type { Logger } from "../../lib/logger";
+import { isSameProcess } from "../supervisor";
+import type { FromProxy, ListenerConfig, ProxyPidRecord, ProxySnapshot, ToProxy } from "./snapshot";
+
+// build.ts defines this in the compiled binary, where the proxy process is `engine __proxy`.
+declare const __ENGINE_COMPILED__: boolean | undefined;
+
+/** proxyCommand is how to start a proxy process: the binary itself, or Bun on the source entry. */
+export function proxyCommand(): string[] {
+  if (typeof __ENGINE_COMPILED__ !== "undefined" && __ENGINE_COMPILED__) return [process.execPath, "__proxy"];
+  return [process.execPath, join(import.meta.dir, "main.ts")];
+}
+
+/** ProcessesStatus is the `respawn` object of the proxy's status. */
+export interface ProcessesStatus {
+  processes: number;
+  pids: number[];
+  count: number;
+  last_at: string | null;
+  last_reason: string | null;
+  retired_on_start: number;
+}
+
+interface Member {
+  proc: Subprocess;
+  ready: boolean;
+  stopping: boolean;
+  /** applied is the newest snapshot generation the process serves. */
+  applied: number;
+}
+
+let libc: { waitpid: (pid: number, status: null, options: number) => number } | null = null;
+/** reap collects the exit status of a process this pid started before it re-executed itself, so no zombie stays. */
+function reap(pid: number): void {
+  try {
+    libc ??= dlopen("libc.so.6", { waitpid: { args: [FFIType.i32, FFIType.ptr, FFIType.i32], returns: FFIType.i32 } }).symbols as never;
+    libc?.waitpid(pid, null, 1 /* WNOHANG */);
+  } catch {
+    // not our child, or already reaped
+  }
+}
+
+/**
+ * ProxyProcesses keeps N proxy processes that share the ports with SO_REUSEPORT. The first
+ * binds (resolving port 0), the others join it; each gets every snapshot; one that dies is
+ * respawned with backoff and counted. Processes left by the previous daemon (a restart in
+ * place) are retired only after the new ones have bound, so the ports never go unserved.
+ */
+export class ProxyProcesses {
+  private readonly members: Member[] = [];
+  private snapshot: ProxySnapshot | null = null;
+  private stopped = false;
+  private respawns = 0;
+  private lastRespawnAt: string | null = null;
+  private lastReason: string | null = null;
+  private retired = 0;
+  private readonly respawnTimers = new Set<ReturnType<typeof setTimeout>>();
+  httpsPort = 0;
+  httpPort = 0;
+  private appliedWaiters: { generation: number; resolve: () => void }[] = [];
+
+  constructor(private readonly options: { config: ListenerConfig; count: number; log: Logger; command?: string[] }) {}
+
+  /** previous lists the proxy processes a previous daemon left serving, from their pid files. */
+  previous(): ProxyPidRecord[] {
+    const dir = this.options.config.stateDir;
+    let files: string[];
+    try {
+      files = readdirSync(dir).filter((file) => file.endsWith(".pid"));
+    } catch {
+      return [];
+    }
+    const alive: ProxyPidRecord[] = [];
+    for (const file of files) {
+      try {
+        const record = JSON.parse(readFileSync(join(dir, file), "utf8")) as ProxyPidRecord;
+        if (isSameProcess(record.pid, record.start_time)) alive.push(record);
+        else rmSync(join(dir, file), { force: true });
+      } catch {
+        rmSync(join(dir, file), { force: true });
+      }
+    }
+    return alive;
+  }
+
+  /**
+   * start spawns the processes and resolves with the bound ports once all are ready, then
+   * retires `retire` (the previous daemon's processes). A bind failure rejects with the
+   * process's error code (EADDRINUSE, EACCES) and leaves nothing running.
+   */
+  async start(snapshot: ProxySnapshot, retire: ProxyPidRecord[]): Promise<{ httpsPort: number; httpPort: number }> {
+    this.snapshot = snapshot;
+    const first = await this.spawn(this.options.config);
+    this.httpsPort = first.httpsPort;
+    this.httpPort = first.httpPort;
+    const rest = await Promise.allSettled(Array.from({ length: this.options.count - 1 }, () => this.spawn(this.boundConfig())));
+    const failure = rest.find((result) => result.status === "rejected");
+    if (failure) {
+      await this.stop();
+      throw (failure as PromiseRejectedResult).reason;
+    }
+    for (const record of retire) {
+      try {
+        process.kill(record.pid, "SIGTERM");
+        this.retired += 1;
+      } catch {
+        // already gone
+      }
+      void this.reapWhenGone(record.pid);
+    }
+    return { httpsPort: this.httpsPort, httpPort: this.httpPort };
+  }
+
+  private async reapWhenGone(pid: number): Promise<void> {
+    for (let i = 0; i < 600; i++) {
+      reap(pid);
+      try {
+        process.kill(pid, 0);
+      } catch {
+        return;
+      }
+      await Bun.sleep(100);
+    }
+  }
+
+  private boundConfig(): ListenerConfig {
+    return { ...this.options.config, httpsPort: this.httpsPort, httpPort: this.httpPort };
+  }
+
+  private spawn(config: ListenerConfig): Promise<{ httpsPort: number; httpPort: number }> {
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const member: Member = { proc: undefined as unknown as Subprocess, ready: false, stopping: false, applied: -1 };
+      member.proc = Bun.spawn(this.options.command ?? proxyCommand(), {
+        stdin: "ignore",
+        stdout: "inherit",
+        stderr: "inherit",
+        env: { ...process.env },
+        serialization: "json",
+        ipc: (raw) => {
+          const message = raw as FromProxy;
+          if (message.type === "ready") {
+            member.ready = true;
+            member.applied = message.generation;
+            this.notifyApplied();
+            if (!settled) {
+              settled = true;
+              resolve({ httpsPort: message.httpsPort, httpPort: message.httpPort });
+            }
+            // A snapshot may have changed while this process was starting.
+            if (this.snapshot && this.snapshot.generation > message.generation)
+              this.send(member, { type: "snapshot", snapshot: this.snapshot });
+          } else if (message.type === "applied") {
+            member.applied = message.generation;
+            this.notifyApplied();
+          } else if (message.type === "error") {
+            this.options.log.error({ code: message.code, pid: member.proc.pid }, `proxy process: ${message.message}`);
+            if (!settled) {
+              settled = true;
+              reject(Object.assign(new Error(message.message), { code: message.code }));
+            }
+          }
+        },
+        onExit: (_proc, exitCode, signalCode) => {
+          const index = this.members.indexOf(member);
+          if (index >= 0) this.members.splice(index, 1);
+          const reason = signalCode ? `killed by ${signalCode}` : `exited with ${exitCode}`;
+          if (!settled) {
+            settled = true;
+            reject(Object.assign(new Error(`the proxy process ${reason} before it was ready`), { code: "proxy_failed" }));
+            return;
+          }
+          if (this.stopped || member.stopping) return;
+          this.respawnLater(reason);
+        },
+      });
+      this.members.push(member);
+      this.send(member, { type: "start", config, snapshot: this.snapshot as ProxySnapshot });
+    });
+  }
+
+  private respawnLater(reason: string): void {
+    this.respawns += 1;
+    this.lastRespawnAt = new Date().toISOString();
+    this.lastReason = reason;
+    const delay = Math.min(30_000, 100 * 2 ** Math.min(8, this.respawns - 1));
+    this.options.log.warn({ reason, respawns: this.respawns, delay_ms: delay }, "proxy process ended: respawning");
+    const timer = setTimeout(() => {
+      this.respawnTimers.delete(timer);
+      if (this.stopped) return;
+      this.spawn(this.boundConfig()).catch((error) => {
+        this.options.log.error({ err: error }, "proxy process respawn failed");
+        if (!this.stopped) this.respawnLater((error as Error).message);
+      });
+    }, delay);
+    this.respawnTimers.add(timer);
+  }
+
+  private send(member: Member, message: ToProxy): void {
+    try {
+      member.proc.send(message);
+    } catch (error) {
+      this.options.log.warn({ err: error, pid: member.proc.pid }, "proxy process did not take a message");
+    }
+  }
+
+  /** setPorts chooses the ports the first process binds (0: any free port). */
+  setPorts(httpsPort: number, httpPort: number): void {
+    this.options.config.httpsPort = httpsPort;
+    this.options.config.httpPort = httpPort;
+  }
+
+  private notifyApplied(): void {
+    const ready = this.members.filter((member) => member.ready);
+    const lowest = ready.length === 0 ? Number.POSITIVE_INFINITY : Math.min(...ready.map((member) => member.applied));
+    const due = this.appliedWaiters.filter((waiter) => waiter.generation <= lowest);
+    this.appliedWaiters = this.appliedWaiters.filter((waiter) => waiter.generation > lowest);
+    for (const waiter of due) waiter.resolve();
+  }
+
+  /** whenApplied resolves once every ready process serves `generation` or a newer snapshot, or after `timeoutMs`. */
+  whenApplied(generation: number, timeoutMs: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, timeoutMs);
+      this.appliedWaiters.push({
+        generation,
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+      });
+      this.notifyApplied();
+    });
+  }
+
+  /** broadcast sends a snapshot to every process; those still starting get it when ready. */
+  broadcast(snapshot: ProxySnapshot): void {
+    this.snapshot = snapshot;
+    for (const member of this.members) if (member.ready) this.send(member, { type: "snapshot", snapshot });
+  }
+
+  /** stop ends every process gracefully, killing those that take longer than `graceMs`. */
+  async stop(graceMs = 5000): Promise<void> {
+    this.stopped = true;
+    for (const timer of this.respawnTimers) clearTimeout(timer);
+    this.respawnTimers.clear();
+    const members = [...this.members];
+    for (const member of members) {
+      member.stopping = true;
+      this.send(member, { type: "stop" });
+    }
+    await Promise.all(
+      members.map(async (member) => {
+        const exited = await Promise.race([member.proc.exited, Bun.sleep(graceMs).then(() => null)]);
+        if (exited === null) member.proc.kill("SIGKILL");
+      }),
+    );
+  }
+
+  /**
+   * handOver leaves the processes serving for the next daemon (a restart in place): they see
+   * the IPC channel close, keep the last snapshot, and wait to be retired.
+   */
+  handOver(): void {
+    this.stopped = true;
+    for (const timer of this.respawnTimers) clearTimeout(timer);
+    for (const member of this.members) member.stopping = true;
+  }
+
+  status(): ProcessesStatus {
+    return {
+      processes: this.members.filter((member) => member.ready).length,
+      pids: this.members.map((member) => member.proc.pid),
+      count: this.respawns,
+      last_at: this.lastRespawnAt,
+      last_reason: this.lastReason,
+      retired_on_start: this.retired,
+    };
+  }
+}

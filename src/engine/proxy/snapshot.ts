@@ -1,0 +1,66 @@
+/**
+ * The proxy processes hold no state of their own: the daemon sends each of them a
+ * ProxySnapshot (routes, certificates, ACME challenges) whenever something changes, so a
+ * respawned or restarted process serves exactly what the daemon decided.
+ */
+
+/** RouteState is what the proxy does with a request for the route. */
+export type RouteState = "up" | "starting" | "down";
+
+export interface RouteEntry {
+  host: string;
+  /** pathPrefix is "/" or a prefix like "/api"; the longest matching prefix wins. */
+  pathPrefix: string;
+  service: string;
+  /** upstream is `http://127.0.0.1:<port>`. */
+  upstream: string;
+  state: RouteState;
+  /** status is the service's status, shown on the 502/503 page. */
+  status: string;
+  retryAfterS: number;
+}
+
+export interface SnapshotCertificate {
+  serverName: string;
+  cert: string;
+  key: string;
+}
+
+export interface ProxySnapshot {
+  /** generation increases with every snapshot; a process ignores older ones. */
+  generation: number;
+  routes: RouteEntry[];
+  certificates: SnapshotCertificate[];
+  /** challenges maps ACME http-01 tokens to key authorizations. */
+  challenges: Record<string, string>;
+}
+
+/** ListenerConfig is what a proxy process needs to bind. */
+export interface ListenerConfig {
+  host: string;
+  httpsPort: number;
+  httpPort: number;
+  maxBodyBytes: number;
+  /** stateDir holds the process's pid file, so a restarted daemon finds and retires it. */
+  stateDir: string;
+}
+
+/** Messages from the daemon to a proxy process. */
+export type ToProxy =
+  | { type: "start"; config: ListenerConfig; snapshot: ProxySnapshot }
+  | { type: "snapshot"; snapshot: ProxySnapshot }
+  | { type: "stop" };
+
+/** Messages from a proxy process to the daemon. */
+export type FromProxy =
+  | { type: "ready"; httpsPort: number; httpPort: number; generation: number }
+  | { type: "applied"; generation: number; rebinds: number }
+  | { type: "error"; code: string; message: string };
+
+/** ProxyPidRecord is a proxy process's pid file: enough for the next daemon to find, check and retire it. */
+export interface ProxyPidRecord {
+  pid: number;
+  start_time: number;
+  https_port: number;
+  http_port: number;
+}
