@@ -1,0 +1,28 @@
+// The tls module: the engine's local certificate authority, the leaf certificates it issues
+// for proxied names, and the installation of its root into the system and NSS trust stores.
+// ACME certificates live in ./acme and are exported here once the proxy uses them.
+export {
+  CLOCK_SKEW_MS,
+  DEFAULT_LEAF_LIFETIME_MS,
+  INTERMEDIATE_LIFETIME_MS,
+  type IssuedLeaf,
+  LocalCa,
+  type LocalCaOptions,
+  pkiDirectory,
+  RENEWAL_FRACTION,
+  ROOT_LIFETIME_MS,
+  renewalDue,
+  renewalTime,
+} from "./ca";
+export { LeafCertificates, type LeafCertificatesOptions, leavesDirectory, validateLeafName } from "./leaves";
+export {
+  installTrust,
+  rootFileStem,
+  SYSTEM_TRUST_STORES,
+  type SystemTrustStore,
+  type TrustChange,
+  type TrustOptions,
+  type TrustStatus,
+  trustStatus,
+  uninstallTrust,
+} from "./trust";
