@@ -4,7 +4,8 @@ import { createToken, startTestEngine, type TestEngine } from "../../helpers";
 
 let engine: TestEngine;
 beforeAll(async () => {
-  engine = await startTestEngine();
+  // The proxy runs (on free ports, without mDNS) so its status is the real one.
+  engine = await startTestEngine({ proxy: true, httpsPort: 0, httpPort: 0, proxyProcesses: 2, mdns: "off" });
 });
 afterAll(() => engine.close());
 

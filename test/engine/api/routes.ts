@@ -37,6 +37,13 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
     { key: "GET /api/services/:ident/logs", method: "GET", path: "/api/services/web/logs?tail=10", adminStatus: 404 },
     { key: "GET /api/gpus", method: "GET", path: "/api/gpus", adminStatus: 200 },
     {
+      key: "POST /api/services/:ident/domains",
+      method: "POST",
+      path: "/api/services/web/domains",
+      body: { domain: "web.example.com" },
+      adminStatus: 404,
+    },
+    {
       key: "DELETE /api/services/:name/domains/:domain",
       method: "DELETE",
       path: "/api/services/web/domains/web.example.com",
