@@ -1,5 +1,5 @@
 import { X509Certificate } from "node:crypto";
-import { accessSync, chmodSync, constants, existsSync, mkdirSync, rmSync, statSync } from "node:fs";
+import { accessSync, chmodSync, constants, existsSync, mkdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
@@ -17,7 +17,7 @@ import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services
 import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
-import { LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
+import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -40,6 +40,8 @@ export interface RunningDaemon {
   port: number;
   socketPath: string;
   log: Logger;
+  /** proxy is the reverse proxy's controller (tests use it to run a renewal check at once). */
+  proxy: ProxyController;
   stop(): Promise<void>;
   /** restarted resolves when a requested restart has drained and closed everything. */
   readonly restarting: Promise<void> | undefined;
@@ -248,6 +250,20 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     });
 
     const port = tcp.port ?? config.port;
+    const acmeConfig = config.proxy.acme;
+    const acme = acmeConfig
+      ? new AcmeIssuer({
+          directoryUrl: acmeConfig.directoryUrl,
+          email: acmeConfig.email,
+          eab: acmeConfig.eab,
+          dir: join(pkiDirectory(config.dataDir), "acme"),
+          directoryCa: acmeConfig.directoryCaFile ? readFileSync(acmeConfig.directoryCaFile, "utf8") : undefined,
+          log,
+          clock,
+          onChallenge: (token, keyAuthorization) => proxyHolder.controller?.setChallenge(token, keyAuthorization),
+          onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
+        })
+      : null;
     const proxy = new ProxyController({
       config: config.proxy,
       dataDir: config.dataDir,
@@ -263,7 +279,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
         lifetimeMs: config.proxy.leafLifetimeMs,
       }),
       describeCa,
-      acme: null,
+      acme,
       mdns: null,
       command: options.proxyCommand,
     });
@@ -283,6 +299,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       port,
       socketPath: config.socketPath,
       log,
+      proxy,
       get restarting() {
         return restarting;
       },

@@ -45,7 +45,7 @@ export interface PublicIssuer {
   ensure(domain: string, current?: { notBefore: Date; notAfter: Date }): void;
   cancel(domain: string): boolean;
   renewDue(now?: Date): string[];
-  status(): { directory_url: string; orders: AcmeOrderSummary[] } & Record<string, unknown>;
+  status(): { directory_url: string; orders: AcmeOrderSummary[] };
   stop(): void;
 }
 
@@ -63,7 +63,7 @@ export interface AcmeOrderSummary {
 export interface NamePublisher {
   publish(name: string, port: number): void | Promise<void>;
   unpublish(name: string): void | Promise<void>;
-  status(): { backend: string; published: boolean; names: string[] } & Record<string, unknown>;
+  status(): { backend: string; published: boolean; names: string[] };
   stop(): void | Promise<void>;
 }
 

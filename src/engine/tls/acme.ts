@@ -72,6 +72,12 @@ export interface AcmeIssuerOptions {
   clock: Clock;
   /** retry sets ensure()'s backoff: baseMs · 2^(failures−1), capped at maxMs, ±10 % jitter. */
   retry?: { baseMs: number; maxMs: number };
+  /**
+   * onChallenge is told of each http-01 answer before the CA is asked to check it (and of its
+   * withdrawal, with null), and is awaited: the engine's proxy processes hold their own copy
+   * of the answers, so the CA must not look before they all serve it.
+   */
+  onChallenge?: (token: string, keyAuthorization: string | null) => void | Promise<void>;
   /** onCertificate receives every certificate ensure() or renewDue() obtains. */
   onCertificate?: (domain: string, certificate: AcmeCertificate) => void | Promise<void>;
 }
@@ -369,8 +375,10 @@ export class AcmeIssuer {
             stage: "challenge",
           });
         }
-        this.challenges.set(challenge.token, await client.getChallengeKeyAuthorization(challenge));
+        const keyAuthorization = await client.getChallengeKeyAuthorization(challenge);
+        this.challenges.set(challenge.token, keyAuthorization);
         tokens.push(challenge.token);
+        await this.options.onChallenge?.(challenge.token, keyAuthorization);
         await client.completeChallenge(challenge);
         try {
           await client.waitForValidStatus(authorization);
@@ -388,7 +396,10 @@ export class AcmeIssuer {
       if (error instanceof AppError) throw error;
       throw acmeFailed(domain, "order", error, problem.last);
     } finally {
-      for (const token of tokens) this.challenges.delete(token);
+      for (const token of tokens) {
+        this.challenges.delete(token);
+        await Promise.resolve(this.options.onChallenge?.(token, null)).catch(() => undefined);
+      }
     }
   }
 

@@ -1,6 +1,14 @@
 // The tls module: the engine's local certificate authority, the leaf certificates it issues
 // for proxied names, and the installation of its root into the system and NSS trust stores.
-// ACME certificates live in ./acme and are exported here once the proxy uses them.
+
+export {
+  type AcmeCertificate,
+  AcmeIssuer,
+  type AcmeIssuerOptions,
+  type AcmeOrderState,
+  type AcmeStatus,
+  DEFAULT_ACME_RETRY,
+} from "./acme";
 export {
   CLOCK_SKEW_MS,
   DEFAULT_LEAF_LIFETIME_MS,
