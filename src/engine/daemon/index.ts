@@ -12,6 +12,7 @@ import { createApi, type DaemonControl } from "../api";
 import { bootstrapAdminToken, TokenStore } from "../auth";
 import { GpuInventory } from "../gpu";
 import { loadSecretKey, VcsTokenStore } from "../link";
+import { MdnsPublisher } from "../mdns";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
 import { openStore } from "../store";
@@ -264,6 +265,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
           onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
         })
       : null;
+    const mdns = config.proxy.enabled && config.proxy.mdns !== "off" ? new MdnsPublisher({ backend: config.proxy.mdns, log }) : null;
+    await mdns?.start();
     const proxy = new ProxyController({
       config: config.proxy,
       dataDir: config.dataDir,
@@ -280,7 +283,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       }),
       describeCa,
       acme,
-      mdns: null,
+      mdns,
       command: options.proxyCommand,
     });
     proxyHolder.controller = proxy;

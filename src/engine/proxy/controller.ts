@@ -488,8 +488,10 @@ export class ProxyController {
       this.certificates.set(domain, { ...certificate, source: "acme" });
       this.o.acme.ensure(domain, { notBefore: certificate.notBefore, notAfter: certificate.notAfter });
     }
+    // Read the service again: it may have moved (or gone) while the CA was working.
+    const current = this.o.services.get(service.id);
     this.store.insert({ domain, path_prefix: pathPrefix, service_id: service.id, created_at: iso(this.o.clock.now()) });
-    this.routesByService.set(service.id, this.routesFor(service));
+    this.routesByService.set(service.id, this.routesFor(current));
     this.pushRoutes();
     this.o.log.info({ service: service.name, domain, path_prefix: pathPrefix, kind }, "domain added");
     const held = this.certificates.get(domain);
