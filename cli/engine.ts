@@ -8,6 +8,7 @@ import { registerDaemon } from "./commands/daemon";
 import { registerServe } from "./commands/serve";
 import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
+import { registerTls } from "./commands/tls";
 import { registerTokens } from "./commands/tokens";
 import { emit, type Output } from "./output";
 
@@ -32,6 +33,7 @@ export function buildProgram(): Command {
   registerTemplates(program, client, output);
   registerServices(program, client, output);
   registerDaemon(program, client, output);
+  registerTls(program, output);
 
   program
     .command("version")
