@@ -1,0 +1,100 @@
+import { afterAll, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
+import { join } from "node:path";
+import { eventually, REPO_ROOT, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+
+const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
+const cleanups: (() => unknown)[] = [];
+afterAll(async () => {
+  for (const cleanup of cleanups.reverse()) await cleanup();
+});
+
+interface Status {
+  https_port: number;
+  tls: { http_port: number };
+  respawn: { pids: number[]; retired_on_start: number };
+  routes: { items: { host: string; state: string }[] };
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test("the proxy keeps serving through a drain restart: the new daemon binds before the old proxy processes are retired", async () => {
+  const dir = tempDir();
+  let engine: SpawnedEngine | null = await spawnEngine(dir, {
+    env: { ENGINE_PROXY: "on", ENGINE_HTTPS_PORT: "0", ENGINE_HTTP_PORT: "0", ENGINE_MDNS: "off", ENGINE_PROXY_PROCESSES: "2" },
+  });
+  cleanups.push(async () => {
+    await engine?.stop();
+    reapWorkloads(dir);
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const token = (await Bun.file(join(dir, "admin.token")).text()).trim();
+  const auth = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const api = (port: number, path: string, init: RequestInit = {}) =>
+    fetch(`http://127.0.0.1:${port}${path}`, { ...init, headers: { ...auth, ...(init.headers ?? {}) } });
+
+  const upstream = Bun.serve({ port: 0, fetch: () => new Response("upstream ok") });
+  cleanups.push(() => upstream.stop(true));
+  // The service is a placeholder process; the proxy routes to its declared port, where the test's upstream answers.
+  const deployed = await api(engine.port, "/api/services", {
+    method: "POST",
+    body: JSON.stringify({ name: "web", port: upstream.port, command: ["sleep", "600"] }),
+  });
+  expect(deployed.status).toBe(201);
+  const before = await eventually(async () => {
+    const status = (await (await api(engine?.port ?? 0, "/api/proxy/status")).json()) as Status;
+    return status.routes.items.some((route) => route.host === "web.localhost" && route.state === "up") ? status : null;
+  });
+  const url = `http://127.0.0.1:${before.tls.http_port}/`;
+
+  // Requests keep flowing, one after another, through the whole restart.
+  let ok = 0;
+  let failed = 0;
+  let running = true;
+  const load = (async () => {
+    while (running) {
+      try {
+        const response = await fetch(url, { headers: { host: "web.localhost" } });
+        if (response.status === 200 && (await response.text()) === "upstream ok") ok += 1;
+        else failed += 1;
+      } catch {
+        failed += 1;
+      }
+    }
+  })();
+  await eventually(() => ok > 20);
+
+  const linesBefore = engine.output().split('"msg":"listening"').length;
+  expect((await api(engine.port, "/api/daemon/restart", { method: "POST", body: JSON.stringify({ drain_timeout_s: 2 }) })).status).toBe(
+    202,
+  );
+  await eventually(() => (engine?.output().split('"msg":"listening"').length ?? 0) > linesBefore, { timeoutMs: 20000 });
+  const port = Number(/"port":(\d+)/.exec(engine.output().slice(engine.output().lastIndexOf('"msg":"listening"') - 400))?.[1]);
+  engine = { ...engine, port, url: `http://127.0.0.1:${port}` };
+  const after = await eventually(
+    async () => {
+      const status = (await (await api(port, "/api/proxy/status")).json()) as Status;
+      return status.respawn.retired_on_start === 2 ? status : null;
+    },
+    { timeoutMs: 15000 },
+  );
+  const okAtRestart = ok;
+  await eventually(() => ok > okAtRestart + 20);
+  running = false;
+  await load;
+
+  expect(after.https_port).toBe(before.https_port);
+  expect(after.tls.http_port).toBe(before.tls.http_port);
+  expect(after.respawn.pids).not.toEqual(before.respawn.pids);
+  await eventually(() => before.respawn.pids.every((pid) => !alive(pid)), { timeoutMs: 10000 });
+  console.log(`proxy across a drain restart: ${ok} requests answered, ${failed} failed`);
+  // Measured here: 0 failures in ~6000 requests. A connection reset while the old processes close is the one way to lose one.
+  expect(failed).toBeLessThanOrEqual(Math.ceil(ok * 0.01));
+});
