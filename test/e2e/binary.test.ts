@@ -39,7 +39,18 @@ beforeAll(async () => {
   copyFileSync(built, binary);
   Bun.spawnSync(["chmod", "755", binary]);
   // ENGINE_SHIM empty: the binary must use the shim it carries, not the tests' compiled one.
-  engine = await spawnEngine(join(workDir, "data"), { command: [binary], env: { ENGINE_SHIM: "" } });
+  // The proxy runs too, on free ports: its processes are the binary itself (`engine __proxy`).
+  engine = await spawnEngine(join(workDir, "data"), {
+    command: [binary],
+    env: {
+      ENGINE_SHIM: "",
+      ENGINE_PROXY: "on",
+      ENGINE_HTTPS_PORT: "0",
+      ENGINE_HTTP_PORT: "0",
+      ENGINE_MDNS: "off",
+      ENGINE_PROXY_PROCESSES: "2",
+    },
+  });
 }, 180_000);
 
 afterAll(async () => {
@@ -70,6 +81,20 @@ describe("compiled dist/engine", () => {
       return lines.some((line) => line.line === "from-binary");
     });
     expect((await fetch(`${engine.url}/api/services/e2e/stop`, { method: "POST", headers })).status).toBe(200);
+  });
+
+  test("its proxy processes are the binary itself, and they answer for the engine's own name", async () => {
+    const token = readFileSync(join(workDir, "data", "admin.token"), "utf8").trim();
+    const status = (await (await fetch(`${engine.url}/api/proxy/status`, { headers: { authorization: `Bearer ${token}` } })).json()) as {
+      state: string;
+      tls: { http_port: number };
+      respawn: { processes: number };
+    };
+    expect(status.state).toBe("running");
+    expect(status.respawn.processes).toBe(2);
+    const health = await fetch(`http://127.0.0.1:${status.tls.http_port}/api/health`, { headers: { host: "localhost" } });
+    expect(health.status).toBe(200);
+    expect(((await health.json()) as { status: string }).status).toBe("ok");
   });
 
   test("runs with no node_modules and answers /api/openapi.json listing every path of the spec", async () => {
