@@ -1,0 +1,416 @@
+/**
+ * bench/proxy.ts: the engine's reverse proxy against nginx and Caddy as plain reverse proxies
+ * of the same upstream (a Bun.serve answering "hello", run as an engine service), over HTTP and
+ * HTTPS, driven by wrk with keep-alive connections. Each figure is printed next to its anchors
+ * measured in the same run: the upstream reached directly, and nginx. "cpu us/req" is the
+ * proxy's own processes' CPU time per request served, the steadiest figure on a small noisy box
+ * where the load generator, the proxy and the upstream share the cores.
+ *
+ * The engine is started from source with its proxy on free ports; the upstream is deployed with
+ * a `port` through POST /api/services and reached by its `.localhost` name, which the proxy
+ * serves on both its HTTP and HTTPS ports. When a part cannot run (no wrk, nginx, caddy or
+ * openssl; the engine's proxy not available) the bench says so and measures the rest.
+ * Every process it starts is ended, on failure too.
+ *
+ * Usage: bun bench/proxy.ts [--duration-s 5] [--runs 2] [--connections 64] [--proxy-processes N]
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
+import { fmt, freePort, printRows } from "./lib";
+
+const arg = (name: string, fallback: number) => {
+  const index = process.argv.indexOf(name);
+  const value = index >= 0 ? Number(process.argv[index + 1]) : fallback;
+  return Number.isFinite(value) && value > 0 ? Math.floor(value) : fallback;
+};
+const DURATION_S = arg("--duration-s", 5);
+const RUNS = arg("--runs", 2);
+const CONNECTIONS = arg("--connections", 64);
+const PROXY_PROCESSES = arg("--proxy-processes", 0);
+/** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */
+const SERVICE = "hello";
+const HOST = `${SERVICE}.localhost`;
+/** STARTUP_DEADLINE_MS bounds each wait for a process or route to come up. */
+const STARTUP_DEADLINE_MS = 20_000;
+
+interface WrkResult {
+  rps: number;
+  p99Ms: number;
+  requests: number;
+  errors: number;
+  cpuUsPerRequest: number;
+}
+
+interface Target {
+  name: string;
+  http?: string;
+  https?: string;
+  /** pids are the proxy's processes, whose CPU time is charged to its requests (none for direct). */
+  pids: () => number[];
+}
+
+const wrk = Bun.which("wrk");
+if (!wrk) {
+  console.log("\nProxy: skipped (wrk is not installed; apt-get install wrk)");
+  process.exit(0);
+}
+
+const clockTicks = (() => {
+  const result = Bun.spawnSync(["getconf", "CLK_TCK"], { stdout: "pipe", stderr: "ignore" });
+  const ticks = Number(result.stdout.toString().trim());
+  return Number.isFinite(ticks) && ticks > 0 ? ticks : 100;
+})();
+
+/** cpuTicks sums user and system time of `pids` (all their threads), in clock ticks. */
+function cpuTicks(pids: number[]): number {
+  let total = 0;
+  for (const pid of pids) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      // Fields after the command name, which is in parentheses and may contain spaces.
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      total += Number(fields[11]) + Number(fields[12]);
+    } catch {
+      // exited
+    }
+  }
+  return total;
+}
+
+/** withChildren returns `pid` and its direct children (nginx's workers under its master). */
+function withChildren(pid: number | undefined): number[] {
+  if (!pid) return [];
+  const pids = [pid];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) === pid) pids.push(Number(entry));
+    } catch {
+      // exited
+    }
+  }
+  return pids;
+}
+
+function toMs(value: string, unit: string): number {
+  const n = Number(value);
+  return unit === "us" ? n / 1000 : unit === "s" ? n * 1000 : unit === "m" ? n * 60_000 : n;
+}
+
+/** runWrk drives `url` with wrk for DURATION_S, Host: HOST, and charges the proxy's CPU to its requests. */
+async function runWrk(url: string, pids: number[]): Promise<WrkResult> {
+  const before = cpuTicks(pids);
+  const proc = Bun.spawn(
+    [wrk as string, "-t2", `-c${CONNECTIONS}`, `-d${DURATION_S}s`, "--latency", "--timeout", "5s", "-H", `Host: ${HOST}`, url],
+    { stdout: "pipe", stderr: "pipe" },
+  );
+  const killer = setTimeout(() => proc.kill("SIGKILL"), (DURATION_S + 15) * 1000);
+  const [out, err] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  clearTimeout(killer);
+  const after = cpuTicks(pids);
+  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out)?.[1] ?? Number.NaN);
+  const p99 = /^\s+99%\s+([\d.]+)(us|ms|s|m)\s*$/m.exec(out);
+  const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? 0);
+  const socket = /Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/.exec(out);
+  const errors =
+    Number(/Non-2xx or 3xx responses: (\d+)/.exec(out)?.[1] ?? 0) + (socket ? socket.slice(1).reduce((a, b) => a + Number(b), 0) : 0);
+  if (!Number.isFinite(rps)) throw new Error(`wrk ${url}: ${(err || out).trim().slice(0, 300)}`);
+  return {
+    rps,
+    p99Ms: p99 ? toMs(p99[1] ?? "", p99[2] ?? "ms") : Number.NaN,
+    requests,
+    errors,
+    cpuUsPerRequest: pids.length > 0 && requests > 0 ? (((after - before) / clockTicks) * 1e6) / requests : Number.NaN,
+  };
+}
+
+/** answers fetches `url` with Host: HOST (TLS unverified: wrk does not verify either) and checks the body. */
+async function answers(url: string): Promise<boolean> {
+  try {
+    const response = await fetch(url, { headers: { host: HOST }, tls: { rejectUnauthorized: false } } as RequestInit);
+    return response.ok && (await response.text()) === "hello";
+  } catch {
+    return false;
+  }
+}
+
+async function until(what: string, check: () => Promise<boolean>, timeoutMs = STARTUP_DEADLINE_MS): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await check()) return;
+    await Bun.sleep(100);
+  }
+  throw new Error(`${what} not ready within ${timeoutMs} ms`);
+}
+
+const workDir = tempDir("engine-bench-proxy-");
+const dataDir = join(workDir, "engine");
+mkdirSync(dataDir);
+const procs: ReturnType<typeof Bun.spawn>[] = [];
+let engine: SpawnedEngine | undefined;
+const notes: string[] = [];
+
+/** start runs a helper process with its output in `<workDir>/<name>.log`; `finally` ends it. */
+function start(name: string, command: string[], env: Record<string, string> = {}): ReturnType<typeof Bun.spawn> {
+  const log = Bun.file(join(workDir, `${name}.log`));
+  const proc = Bun.spawn(command, { cwd: workDir, env: { ...process.env, ...env }, stdout: log, stderr: log });
+  procs.push(proc);
+  return proc;
+}
+
+/**
+ * stopStrayEngine ends an engine serving `dataDir` that spawnEngine gave up on (it throws
+ * without a handle when the engine never says "listening"); the engine stops its proxy processes.
+ */
+async function stopStrayEngine(dataDir: string): Promise<void> {
+  const marker = `\0--data-dir\0${dataDir}\0`;
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (readFileSync(`/proc/${entry}/cmdline`, "utf8").includes(marker)) process.kill(Number(entry), "SIGTERM");
+    } catch {
+      // exited, or not ours to read
+    }
+  }
+  await Bun.sleep(1000);
+}
+
+/** exitedWith describes a helper that exited early, with the end of its log. */
+function exitedWith(name: string, proc: ReturnType<typeof Bun.spawn>): Error {
+  let log = "";
+  try {
+    log = readFileSync(join(workDir, `${name}.log`), "utf8")
+      .trim()
+      .split("\n")
+      .slice(-2)
+      .join(" | ");
+  } catch {
+    // no log
+  }
+  return new Error(`${name} exited with ${proc.exitCode}: ${log.slice(0, 300)}`);
+}
+
+try {
+  const upstreamFile = join(workDir, "upstream.ts");
+  writeFileSync(
+    upstreamFile,
+    `Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), fetch: () => new Response("hello") });\n`,
+  );
+
+  // ------------------------------------------------------------ the engine, with the upstream as its service
+  let upstreamPort = 0;
+  let engineTarget: Target | undefined;
+  let step = "starting the engine";
+  try {
+    engine = await spawnEngine(dataDir, {
+      env: {
+        ENGINE_PROXY: "on",
+        ENGINE_HTTPS_PORT: "0",
+        ENGINE_HTTP_PORT: "0",
+        ENGINE_MDNS: "off",
+        ENGINE_HOSTNAME: "bench",
+        ...(PROXY_PROCESSES > 0 ? { ENGINE_PROXY_PROCESSES: String(PROXY_PROCESSES) } : {}),
+      },
+    });
+    const base = engine.url;
+    const token = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+    const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+    step = "deploying the upstream";
+    const port = await freePort();
+    const deployed = await fetch(`${base}/api/services`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ name: SERVICE, port, command: [process.execPath, upstreamFile] }),
+    });
+    if (deployed.status !== 201) throw new Error(`POST /api/services answered ${deployed.status}: ${await deployed.text()}`);
+    await until("the upstream service", () => answers(`http://127.0.0.1:${port}/`));
+    upstreamPort = port;
+    step = "reading the proxy's status";
+    interface Status {
+      https_port?: number;
+      tls?: { http_port?: number };
+      respawn?: { processes?: number; pids?: number[] };
+      routes?: { items?: { host: string; state: string }[] };
+    }
+    const status = async (): Promise<Status> => {
+      const response = await fetch(`${base}/api/proxy/status`, { headers });
+      if (response.status !== 200) throw new Error(`GET /api/proxy/status answered ${response.status}`);
+      return (await response.json()) as Status;
+    };
+    await until(`route ${HOST}`, async () => ((await status()).routes?.items ?? []).some((r) => r.host === HOST && r.state === "up"));
+    const current = await status();
+    const httpPort = current.tls?.http_port;
+    const httpsPort = current.https_port;
+    if (!httpPort || !httpsPort) throw new Error("GET /api/proxy/status has no https_port or tls.http_port");
+    step = "proxying";
+    const http = `http://127.0.0.1:${httpPort}/`;
+    const https = `https://127.0.0.1:${httpsPort}/`;
+    await until(`the proxy over HTTP (${http})`, () => answers(http));
+    await until(`the proxy over HTTPS (${https})`, () => answers(https));
+    engineTarget = {
+      name: `engine proxy (${current.respawn?.processes ?? "?"} processes)`,
+      http,
+      https,
+      pids: () => current.respawn?.pids ?? [],
+    };
+  } catch (error) {
+    notes.push(`engine proxy: not available (${step}: ${(error as Error).message.split("\n")[0]})`);
+  }
+  if (!upstreamPort) {
+    upstreamPort = await freePort();
+    start("upstream", [process.execPath, upstreamFile], { PORT: String(upstreamPort) });
+    await until("the upstream", () => answers(`http://127.0.0.1:${upstreamPort}/`));
+  }
+  const upstream = `127.0.0.1:${upstreamPort}`;
+
+  // ------------------------------------------------------------ a certificate for nginx and Caddy
+  let certificate: { cert: string; key: string } | undefined;
+  if (Bun.which("openssl")) {
+    const cert = join(workDir, "cert.pem");
+    const key = join(workDir, "key.pem");
+    const made = Bun.spawnSync(
+      ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", `/CN=${HOST}`],
+      { stdout: "ignore", stderr: "pipe" },
+    );
+    if (made.exitCode === 0) certificate = { cert, key };
+    else notes.push(`HTTPS for nginx and Caddy: skipped (openssl failed: ${made.stderr.toString().trim().slice(0, 200)})`);
+  } else notes.push("HTTPS for nginx and Caddy: skipped (openssl is not installed)");
+
+  // ------------------------------------------------------------ nginx
+  let nginxTarget: Target | undefined;
+  if (Bun.which("nginx")) {
+    try {
+      const [http, https] = [await freePort(), await freePort()];
+      const temp = (name: string) => `${name}_temp_path ${join(workDir, `nginx-${name}`)};`;
+      writeFileSync(
+        join(workDir, "nginx.conf"),
+        `worker_processes auto;
+daemon off;
+pid ${join(workDir, "nginx.pid")};
+error_log ${join(workDir, "nginx-error.log")} warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  ${["client_body", "proxy", "fastcgi", "uwsgi", "scgi"].map(temp).join("\n  ")}
+  upstream bench { server ${upstream}; keepalive 64; }
+  server {
+    listen 127.0.0.1:${http};
+    ${certificate ? `listen 127.0.0.1:${https} ssl;\n    ssl_certificate ${certificate.cert};\n    ssl_certificate_key ${certificate.key};` : ""}
+    location / {
+      proxy_pass http://bench;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+    }
+  }
+}
+`,
+      );
+      const nginx = start("nginx", ["nginx", "-p", workDir, "-c", join(workDir, "nginx.conf"), "-e", join(workDir, "nginx-error.log")]);
+      const urls = { http: `http://127.0.0.1:${http}/`, https: certificate ? `https://127.0.0.1:${https}/` : undefined };
+      await until("nginx", async () => {
+        if (nginx.exitCode !== null) throw exitedWith("nginx", nginx);
+        return (await answers(urls.http)) && (!urls.https || (await answers(urls.https)));
+      });
+      nginxTarget = { name: "nginx", ...urls, pids: () => withChildren(nginx.pid) };
+    } catch (error) {
+      notes.push(`nginx: not available (${(error as Error).message.split("\n")[0]})`);
+    }
+  } else notes.push("nginx: skipped (not installed)");
+
+  // ------------------------------------------------------------ Caddy
+  let caddyTarget: Target | undefined;
+  if (Bun.which("caddy")) {
+    try {
+      const [http, https] = [await freePort(), await freePort()];
+      writeFileSync(
+        join(workDir, "Caddyfile"),
+        `{
+  admin off
+  auto_https off
+}
+http://:${http} {
+  bind 127.0.0.1
+  reverse_proxy ${upstream}
+}
+${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert} ${certificate.key}\n  reverse_proxy ${upstream}\n}\n` : ""}`,
+      );
+      // Caddy keeps its state under XDG dirs; point them at the temp dir so the bench leaves nothing behind.
+      const caddy = start("caddy", ["caddy", "run", "--config", join(workDir, "Caddyfile"), "--adapter", "caddyfile"], {
+        HOME: workDir,
+        XDG_CONFIG_HOME: join(workDir, "xdg-config"),
+        XDG_DATA_HOME: join(workDir, "xdg-data"),
+      });
+      const urls = { http: `http://127.0.0.1:${http}/`, https: certificate ? `https://127.0.0.1:${https}/` : undefined };
+      await until("caddy", async () => {
+        if (caddy.exitCode !== null) throw exitedWith("caddy", caddy);
+        return (await answers(urls.http)) && (!urls.https || (await answers(urls.https)));
+      });
+      caddyTarget = { name: "caddy", ...urls, pids: () => [caddy.pid] };
+    } catch (error) {
+      notes.push(`caddy: not available (${(error as Error).message.split("\n")[0]})`);
+    }
+  } else notes.push("caddy: skipped (not installed)");
+
+  // ------------------------------------------------------------ measure, interleaved, keep each target's better run
+  const direct: Target = { name: "direct (upstream)", http: `http://${upstream}/`, pids: () => [] };
+  const targets = [direct, engineTarget, nginxTarget, caddyTarget].filter((t): t is Target => t !== undefined);
+  const best = new Map<string, WrkResult>();
+  const keep = (key: string, result: WrkResult) => {
+    const previous = best.get(key);
+    if (!previous || result.rps > previous.rps) best.set(key, result);
+  };
+  for (let run = 0; run < RUNS; run++) {
+    // Rotate the order each run so no target always follows the same one.
+    const order = targets.map((_, i) => targets[(i + run) % targets.length] as Target);
+    for (const target of order) {
+      for (const scheme of ["http", "https"] as const) {
+        const url = target[scheme];
+        if (!url) continue;
+        try {
+          keep(`${target.name} ${scheme}`, await runWrk(url, target.pids()));
+        } catch (error) {
+          notes.push(`${target.name} ${scheme}: ${(error as Error).message}`);
+        }
+      }
+    }
+  }
+
+  const anchorDirect = best.get(`${direct.name} http`);
+  for (const scheme of ["http", "https"] as const) {
+    const anchorNginx = nginxTarget ? best.get(`nginx ${scheme}`) : undefined;
+    const rows: (string | number)[][] = [];
+    for (const target of targets) {
+      const result = best.get(`${target.name} ${scheme}`);
+      if (!result) continue;
+      rows.push([
+        target.name,
+        fmt(result.rps, 0),
+        fmt(result.p99Ms),
+        anchorDirect ? fmt(result.rps / anchorDirect.rps) : "n/a",
+        anchorNginx ? fmt(result.rps / anchorNginx.rps) : "n/a",
+        fmt(result.cpuUsPerRequest, 1),
+        result.errors,
+      ]);
+    }
+    printRows(
+      `Proxy over ${scheme.toUpperCase()} (wrk -t2 -c${CONNECTIONS}, ${DURATION_S} s, better of ${RUNS} runs; Host: ${HOST}; ` +
+        `ratios to the upstream reached directly over plain HTTP and to nginx; ${navigator.hardwareConcurrency} cores shared by all)`,
+      ["target", "req/s", "p99 ms", "/direct", "/nginx", "cpu us/req", "errors"],
+      rows,
+    );
+  }
+  for (const note of notes) console.log(note);
+} finally {
+  for (const proc of procs) if (proc.exitCode === null) proc.kill("SIGTERM");
+  await Promise.all(procs.map((proc) => Promise.race([proc.exited, Bun.sleep(5000).then(() => proc.kill("SIGKILL"))])));
+  // Stop the engine first (it hands workloads over and stops restarting them), then reap its service.
+  if (engine) await engine.stop();
+  else await stopStrayEngine(dataDir);
+  if (existsSync(dataDir)) reapWorkloads(dataDir);
+  rmSync(workDir, { recursive: true, force: true });
+}
