@@ -72,11 +72,13 @@ export async function waitForHttp(url: string, timeoutMs = 20000): Promise<void>
   throw new Error(`${url} did not answer within ${timeoutMs} ms`);
 }
 
-export async function freePort(): Promise<number> {
-  const server = Bun.serve({ port: 0, fetch: () => new Response() });
-  const port = server.port ?? 0;
-  server.stop(true);
-  return port;
+export { freePort } from "../test/helpers";
+
+/** numericArg reads `--name N` from the command line: a positive whole number, else the fallback. */
+export function numericArg(name: string, fallback: number): number {
+  const index = process.argv.indexOf(name);
+  const value = index >= 0 ? Number(process.argv[index + 1]) : fallback;
+  return Number.isFinite(value) && value > 0 ? Math.floor(value) : fallback;
 }
 
 export function fmt(n: number, digits = 2): string {

@@ -17,17 +17,12 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
-import { fmt, freePort, printRows } from "./lib";
+import { fmt, freePort, numericArg, printRows } from "./lib";
 
-const arg = (name: string, fallback: number) => {
-  const index = process.argv.indexOf(name);
-  const value = index >= 0 ? Number(process.argv[index + 1]) : fallback;
-  return Number.isFinite(value) && value > 0 ? Math.floor(value) : fallback;
-};
-const DURATION_S = arg("--duration-s", 5);
-const RUNS = arg("--runs", 2);
-const CONNECTIONS = arg("--connections", 64);
-const PROXY_PROCESSES = arg("--proxy-processes", 0);
+const DURATION_S = numericArg("--duration-s", 5);
+const RUNS = numericArg("--runs", 2);
+const CONNECTIONS = numericArg("--connections", 64);
+const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
 /** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */
 const SERVICE = "hello";
 const HOST = `${SERVICE}.localhost`;

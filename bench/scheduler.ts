@@ -23,17 +23,12 @@ import { existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir, testShim } from "../test/helpers";
-import { fmt, printRows } from "./lib";
+import { fmt, numericArg, printRows } from "./lib";
 
-const arg = (name: string, fallback: number) => {
-  const index = process.argv.indexOf(name);
-  const value = index >= 0 ? Number(process.argv[index + 1]) : fallback;
-  return Number.isFinite(value) && value > 0 ? Math.floor(value) : fallback;
-};
-const SERVICES = arg("--services", 200);
-const JOBS = arg("--jobs", 1000);
-const KILLS = arg("--kills", 30);
-const CONCURRENCY = arg("--submit-concurrency", 16);
+const SERVICES = numericArg("--services", 200);
+const JOBS = numericArg("--jobs", 1000);
+const KILLS = numericArg("--kills", 30);
+const CONCURRENCY = numericArg("--submit-concurrency", 16);
 /** Deadlines: no phase may hang the bench. */
 const RUNNING_DEADLINE_MS = 120_000;
 const JOBS_DEADLINE_MS = 300_000;

@@ -67,6 +67,44 @@ export async function eventually<T>(
   throw new Error(`condition not met within ${timeoutMs} ms${lastError ? `: ${(lastError as Error).message}` : ""}`);
 }
 
+/** freePort returns a TCP port that was free a moment ago, found by listening on port 0. */
+export async function freePort(): Promise<number> {
+  const server = Bun.serve({ port: 0, fetch: () => new Response() });
+  const port = server.port ?? 0;
+  server.stop(true);
+  return port;
+}
+
+/**
+ * curlVerified fetches `https://host:port/path` with curl, trusting only `caFile` and resolving
+ * `host` to loopback, so the TLS server sees `host` as SNI as a real client's would.
+ */
+export async function curlVerified(
+  host: string,
+  port: number,
+  caFile: string,
+  path = "/",
+  extra: string[] = [],
+): Promise<{ code: number; out: string; err: string }> {
+  const proc = Bun.spawn(
+    [
+      "curl",
+      "-sS",
+      "--max-time",
+      "10",
+      "--cacert",
+      caFile,
+      "--resolve",
+      `${host}:${port}:127.0.0.1`,
+      ...extra,
+      `https://${host}:${port}${path}`,
+    ],
+    { stdout: "pipe", stderr: "pipe" },
+  );
+  const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  return { code, out, err };
+}
+
 export function tempDir(prefix = "engine-test-"): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }

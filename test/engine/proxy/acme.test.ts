@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
-import { freePort, pebbleAvailable, type RunningPebble, startPebble } from "../tls/pebble";
+import { curlVerified, eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { pebbleAvailable, type RunningPebble, startPebble } from "../tls/pebble";
 
 const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
 const available = pebbleAvailable();
@@ -70,22 +70,8 @@ describe.skipIf(!available)("ACME through the engine, against a real Pebble", ()
     writeFileSync(rootFile, `${await pebble.rootPem()}\n${await pebble.intermediatePem()}`);
     const out = await eventually(
       async () => {
-        const proc = Bun.spawn(
-          [
-            "curl",
-            "-sS",
-            "--max-time",
-            "10",
-            "--cacert",
-            rootFile,
-            "--resolve",
-            `shop.example.com:${status.https_port}:127.0.0.1`,
-            `https://shop.example.com:${status.https_port}/x`,
-          ],
-          { stdout: "pipe", stderr: "pipe" },
-        );
-        const text = await new Response(proc.stdout).text();
-        return (await proc.exited) === 0 && text.startsWith("{") ? text : null;
+        const result = await curlVerified("shop.example.com", status.https_port, rootFile, "/x");
+        return result.code === 0 && result.out.startsWith("{") ? result.out : null;
       },
       { timeoutMs: 10000 },
     );

@@ -1,8 +1,9 @@
 import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
-import { eventually, tempDir } from "../../helpers";
+import { eventually, freePort, tempDir } from "../../helpers";
+
+export { freePort };
 
 /**
  * This helper runs a real ACME CA for tests: Let's Encrypt's Pebble plus its mock DNS server,
@@ -46,19 +47,6 @@ export interface RunningPebble {
   intermediatePem(): Promise<string>;
   /** stop kills Pebble and the DNS server and removes the temp dir; safe to call twice. */
   stop(): Promise<void>;
-}
-
-/** freePort returns a TCP port that was free a moment ago, found by listening on port 0. */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      const port = typeof address === "object" && address ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 function openssl(args: string[], cwd: string): void {
