@@ -171,13 +171,18 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     const rootPem = ca.rootPem();
     const rootSubject = new X509Certificate(rootPem).subject.replaceAll("\n", ", ");
     let trust = await trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
+    let trustReadAt = Date.now();
     const describeCa = (): CaDescription => {
-      // Trust is read in the background: the status answers at once with the last reading.
-      void trustStatus(rootPem)
-        .then((value) => {
-          trust = value;
-        })
-        .catch(() => undefined);
+      // Reading NSS runs certutil: the status answers with the last reading and refreshes it
+      // in the background at most every 30 s, not on every request.
+      if (Date.now() - trustReadAt > 30_000) {
+        trustReadAt = Date.now();
+        void trustStatus(rootPem)
+          .then((value) => {
+            trust = value;
+          })
+          .catch(() => undefined);
+      }
       return {
         initialized: true,
         subject: rootSubject,

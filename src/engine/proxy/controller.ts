@@ -539,13 +539,12 @@ export class ProxyController {
     const processes: ProcessesStatus | null = this.processes?.status() ?? null;
     const routes = this.allRoutes();
     const running = this.state === "running";
-    const domainRows = this.store.list();
-    const serviceNames = new Map<string, string>();
-    for (const list of this.routesByService.values()) for (const route of list) serviceNames.set(route.host, route.service);
+    const userRoutes = new Set(this.store.list().map((row) => `${row.domain}${row.path_prefix}`));
+    const acmeStatus = this.o.acme?.status() ?? null;
+    const acmeStates = new Map(acmeStatus?.orders.map((order) => [order.domain, order.state]));
     const describe = (host: string, service: string, source: "default" | "user", pathPrefix = "/") => {
       const held = this.certificates.get(host);
       const kind = domainKind(host);
-      const acmeOrder = this.o.acme?.status().orders.find((order) => order.domain === host);
       return {
         domain: host,
         path_prefix: pathPrefix,
@@ -556,14 +555,14 @@ export class ProxyController {
         certificate: held
           ? { issuer: held.issuer, source: held.source, not_after: iso(held.notAfter) }
           : { issuer: null, source: null, not_after: null },
-        acme_state: acmeOrder?.state ?? null,
+        acme_state: acmeStates.get(host) ?? null,
       };
     };
     const domains = [];
     for (const list of this.routesByService.values()) {
       for (const route of list) {
-        const row = domainRows.find((candidate) => candidate.domain === route.host && candidate.path_prefix === route.pathPrefix);
-        domains.push(describe(route.host, route.service, row ? "user" : "default", route.pathPrefix));
+        const source = userRoutes.has(`${route.host}${route.pathPrefix}`) ? "user" : "default";
+        domains.push(describe(route.host, route.service, source, route.pathPrefix));
       }
     }
     const ca = this.o.describeCa();
@@ -603,7 +602,7 @@ export class ProxyController {
         })),
       },
       mdns: this.o.mdns ? { enabled: true, ...this.o.mdns.status() } : { enabled: false, backend: "off", published: false, names: [] },
-      acme: this.o.acme ? { ...this.o.acme.status(), enabled: true } : { enabled: false, directory_url: null, orders: [] },
+      acme: acmeStatus ? { ...acmeStatus, enabled: true } : { enabled: false, directory_url: null, orders: [] },
       domains: domains.sort((a, b) => a.domain.localeCompare(b.domain)),
     };
   }
