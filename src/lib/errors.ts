@@ -15,8 +15,8 @@ export class AppError extends Error {
   }
 }
 
-/** The stable error codes. Clients branch on these; never rename one, only add. */
-export const ErrorCodes = {
+/** The stable error codes of the engine. Clients branch on these; never rename one, only add. */
+export const EngineErrorCodes = {
   // authentication and authorization
   unauthenticated: "unauthenticated",
   invalid_token: "invalid_token",
@@ -57,7 +57,54 @@ export const ErrorCodes = {
   not_supported: "not_supported",
   internal: "internal",
 } as const;
-export type ErrorCode = keyof typeof ErrorCodes;
+export type EngineErrorCode = keyof typeof EngineErrorCodes;
+
+/**
+ * The stable error codes of the cloud console. The four the contract names (`slow_down`,
+ * `entitlement_required`, `trial_quota_used`, `trial_boxes_busy`) keep exactly those names.
+ */
+export const CloudErrorCodes = {
+  unauthenticated: "unauthenticated",
+  invalid_session: "invalid_session",
+  forbidden: "forbidden",
+  account_suspended: "account_suspended",
+  entitlement_required: "entitlement_required",
+  node_limit_reached: "node_limit_reached",
+  trial_quota_used: "trial_quota_used",
+  trial_boxes_busy: "trial_boxes_busy",
+  not_found: "not_found",
+  account_not_found: "account_not_found",
+  link_code_not_found: "link_code_not_found",
+  link_code_used: "link_code_used",
+  link_code_expired: "link_code_expired",
+  device_request_not_found: "device_request_not_found",
+  invalid_device_credential: "invalid_device_credential",
+  authorization_pending: "authorization_pending",
+  slow_down: "slow_down",
+  access_denied: "access_denied",
+  expired_token: "expired_token",
+  already_consumed: "already_consumed",
+  user_code_attempts_exhausted: "user_code_attempts_exhausted",
+  preauth_key_invalid: "preauth_key_invalid",
+  preauth_key_exhausted: "preauth_key_exhausted",
+  invalid_request: "invalid_request",
+  invalid_return_to: "invalid_return_to",
+  login_failed: "login_failed",
+  provider_not_configured: "provider_not_configured",
+  rate_limited: "rate_limited",
+  conflict: "conflict",
+  not_supported: "not_supported",
+  config_invalid: "config_invalid",
+  data_dir_unwritable: "data_dir_unwritable",
+  port_in_use: "port_in_use",
+  database_unavailable: "database_unavailable",
+  internal: "internal",
+} as const;
+export type CloudErrorCode = keyof typeof CloudErrorCodes;
+
+/** ErrorCodes is every stable code of both binaries; each app maps its own set to statuses. */
+export const ErrorCodes = { ...EngineErrorCodes, ...CloudErrorCodes } as const;
+export type ErrorCode = EngineErrorCode | CloudErrorCode;
 
 export function isAppError(error: unknown): error is AppError {
   return error instanceof AppError;

@@ -26,12 +26,26 @@ export const REDACTED_PATHS = [
   "*.admin_token",
   "adminToken",
   "*.adminToken",
+  "cookie",
+  "*.cookie",
+  "headers.cookie",
+  "*.headers.cookie",
+  "device_code",
+  "*.device_code",
+  "user_code",
+  "*.user_code",
+  "client_secret",
+  "*.client_secret",
+  "credential",
+  "*.credential",
 ];
 
 export interface LoggerOptions {
   level: LogLevel;
-  /** dataDir receives `engine.log`; omit for a logger that writes nowhere but stdout. */
+  /** dataDir receives the log file; omit for a logger that writes nowhere but stdout. */
   dataDir?: string;
+  /** fileName is the log file's name in dataDir (default `engine.log`). */
+  fileName?: string;
   stdout: boolean;
 }
 
@@ -51,7 +65,7 @@ export function createLogger(options: LoggerOptions): { log: Logger; flush: () =
   if (options.dataDir) {
     // The file is opened here, synchronously, so the destination is ready at once: an exit
     // during start-up then flushes cleanly instead of failing on a half-open stream.
-    const fd = openSync(join(options.dataDir, "engine.log"), "a", 0o600);
+    const fd = openSync(join(options.dataDir, options.fileName ?? "engine.log"), "a", 0o600);
     const file = pino.destination({ dest: fd, sync: false });
     destinations.push(file);
     streams.push({ stream: file, level: options.level === "silent" ? "fatal" : options.level });

@@ -1,7 +1,7 @@
-import type { ErrorCode } from "../../lib/errors";
+import type { EngineErrorCode } from "../../lib/errors";
 
 /** STATUS_BY_CODE maps every domain error code to its HTTP status: the one place that does. */
-export const STATUS_BY_CODE: Record<ErrorCode, number> = {
+export const STATUS_BY_CODE: Record<EngineErrorCode, number> = {
   unauthenticated: 401,
   invalid_token: 401,
   token_revoked: 401,
@@ -35,23 +35,3 @@ export const STATUS_BY_CODE: Record<ErrorCode, number> = {
   not_supported: 501,
   internal: 500,
 };
-
-const JSON_HEADERS = { "content-type": "application/json" };
-
-/** errorResponse writes the one error envelope every non-422 failure uses. */
-export function errorResponse(
-  status: number,
-  code: string,
-  message: string,
-  requestId: string,
-  extraHeaders?: Record<string, string>,
-): Response {
-  return new Response(JSON.stringify({ error: { code, message, request_id: requestId } }), {
-    status,
-    headers: { ...JSON_HEADERS, "x-request-id": requestId, ...extraHeaders },
-  });
-}
-
-export function validationResponse(detail: unknown[], requestId: string): Response {
-  return new Response(JSON.stringify({ detail }), { status: 422, headers: { ...JSON_HEADERS, "x-request-id": requestId } });
-}
