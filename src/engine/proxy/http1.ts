@@ -1,0 +1,627 @@
+/**
+ * http1 is the proxy's HTTP/1.1 framing (RFC 9110, RFC 9112): a strict parser for request and
+ * response heads, an incremental chunked-body decoder, and the serializers that write the heads
+ * the proxy sends on. It is pure (bytes in, values out) so that every rule is tested with tables
+ * in test/engine/proxy/http1.test.ts; the connection state machines live in forwarder.ts.
+ *
+ * Strict means: anything two HTTP implementations could read differently (request smuggling,
+ * RFC 9112 §11.2) is refused instead of guessed at — both Content-Length and Transfer-Encoding,
+ * Content-Length values that disagree, obs-fold, bare CR or LF, a Transfer-Encoding whose last
+ * coding is not chunked, bytes outside the grammar in names and values.
+ */
+
+/** MAX_HEAD_BYTES bounds a request's or response's head (request line and fields); a larger request head answers 431. */
+export const MAX_HEAD_BYTES = 64 * 1024;
+
+/** MAX_TRAILER_BYTES bounds the trailer section of a chunked body. */
+const MAX_TRAILER_BYTES = 16 * 1024;
+
+/** MAX_CHUNK_EXTENSION_BYTES bounds a chunk-size line's extensions, which the proxy passes on but never reads. */
+const MAX_CHUNK_EXTENSION_BYTES = 4096;
+
+const CRLF_CRLF = "\r\n\r\n";
+
+/**
+ * FIELD_LINE is one field line (RFC 9112 §5): a token, a colon with no space before it, optional
+ * whitespace, a value of visible characters, spaces, tabs and obs-text, optional whitespace.
+ */
+const FIELD_LINE =
+  /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[\t ]*((?:[\x21-\x7e\x80-\xff](?:[\t \x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?)[\t ]*$/;
+
+/** REQUEST_LINE is method SP request-target SP HTTP-version, with nothing but visible ASCII in the target. */
+const REQUEST_LINE = /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) HTTP\/(\d)\.(\d)$/;
+
+/** STATUS_LINE is HTTP-version SP 3DIGIT SP [reason-phrase]; a missing space before an empty reason is tolerated, as browsers do. */
+const STATUS_LINE = /^HTTP\/1\.(\d) ([1-9]\d\d)(?: ([\t \x21-\x7e\x80-\xff]*))?$/;
+
+/** HOST_VALUE is a uri-host with an optional port: reg-name, IPv4 or a bracketed IP literal. */
+const HOST_VALUE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::\d*)?$/;
+
+/** DIGITS is a Content-Length value. 15 digits keeps it an exact integer. */
+const DIGITS = /^\d{1,15}$/;
+
+/**
+ * HOP_BY_HOP are the fields that describe one connection (RFC 9110 §7.6.1), never forwarded as
+ * received; the proxy writes its own framing and connection fields.
+ */
+export const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"]);
+
+/** HeadError is why a head was refused, with the status to answer (400, 431, 505) or to report (502 for a response). */
+export interface HeadError {
+  ok: false;
+  status: number;
+  reason: string;
+}
+
+/** Fields is a head's field lines in order: names as received (case kept) and trimmed values. */
+export interface Fields {
+  names: string[];
+  values: string[];
+}
+
+/** BodyFraming is how a message's body ends (RFC 9112 §6.3). */
+export type BodyFraming =
+  | { kind: "none" }
+  | { kind: "length"; length: number }
+  | { kind: "chunked" }
+  /** close: the body runs until the sender closes the connection (responses only). */
+  | { kind: "close" };
+
+/** RequestHead is a parsed, validated request head. */
+export interface RequestHead {
+  method: string;
+  /** target is the request-target in origin form ("/path?query"), or "*" for OPTIONS. */
+  target: string;
+  /** minor is the HTTP/1 minor version: 0 or 1 (a higher 1.x is read as 1.1, RFC 9110 §2.5). */
+  minor: number;
+  fields: Fields;
+  /** host is the Host field, or the authority of an absolute-form target, which takes precedence (RFC 9112 §3.2.2). */
+  host: string;
+  framing: BodyFraming;
+  /** contentLength is the Content-Length value (one value, even when received as a list), or -1. */
+  contentLength: number;
+  /** transferCodings is the Transfer-Encoding value as received, when the body is chunked. */
+  transferCodings: string;
+  /** keepAlive is false when the client asked to close, or speaks HTTP/1.0 (which the proxy always closes). */
+  keepAlive: boolean;
+  /** upgrade is "websocket" for a websocket handshake (Connection: upgrade and Upgrade: websocket), else null. */
+  upgrade: string | null;
+  /** expectContinue is true for `Expect: 100-continue`. */
+  expectContinue: boolean;
+  /** connectionTokens are the lower-cased Connection tokens: fields they name are hop-by-hop too. */
+  connectionTokens: string[];
+}
+
+/** ResponseHead is a parsed, validated response head from an upstream. */
+export interface ResponseHead {
+  status: number;
+  reason: string;
+  minor: number;
+  fields: Fields;
+  /** contentLength is the Content-Length value, or -1. */
+  contentLength: number;
+  /** transferCodings is the Transfer-Encoding value as received, or "". */
+  transferCodings: string;
+  /** chunked is true when the last transfer coding is chunked. */
+  chunked: boolean;
+  /** keepAlive is false when the upstream will close the connection after this response. */
+  keepAlive: boolean;
+  connectionTokens: string[];
+}
+
+export type HeadResult<T> = { ok: true; head: T; length: number } | HeadError;
+
+function fail(status: number, reason: string): HeadError {
+  return { ok: false, status, reason };
+}
+
+/**
+ * findHeadEnd returns the offset just past the CRLF CRLF that ends a head starting at 0, or -1
+ * while the head is incomplete. A head longer than MAX_HEAD_BYTES, or one that already shows a
+ * bare LF (so no CRLF CRLF may ever come), is an error at once rather than a wait for more.
+ */
+function findHeadEnd(buffer: Buffer, tooLarge: number): number | HeadError {
+  const end = buffer.indexOf(CRLF_CRLF, 0, "latin1");
+  if (end >= 0) {
+    if (end + 4 > MAX_HEAD_BYTES) return fail(tooLarge, "the head is larger than 64 KiB");
+    return end + 4;
+  }
+  if (buffer.length >= MAX_HEAD_BYTES) return fail(tooLarge, "the head is larger than 64 KiB");
+  // A bare LF can only be refused once seen; without this a client that ends lines with LF alone
+  // would wait for the idle timeout instead of getting its 400.
+  for (let at = buffer.indexOf(10); at >= 0; at = buffer.indexOf(10, at + 1)) {
+    if (at === 0 || buffer[at - 1] !== 13) return fail(400, "a line ends with a bare LF");
+  }
+  return -1;
+}
+
+/**
+ * parseFields reads the field lines of a head (lines[1..]). It refuses obs-fold (a line that
+ * starts with a space or tab, RFC 9112 §5.2), a stray CR or LF, a space before the colon, and
+ * characters outside the grammar.
+ */
+function parseFields(lines: string[]): Fields | string {
+  const names: string[] = [];
+  const values: string[] = [];
+  for (let i = 1; i < lines.length; i++) {
+    const line = lines[i] as string;
+    const first = line.charCodeAt(0);
+    if (first === 32 || first === 9) return "obs-fold (a field line starting with whitespace) is not accepted";
+    const match = FIELD_LINE.exec(line);
+    if (!match) return line.includes("\r") || line.includes("\n") ? "a bare CR or LF in a field line" : "a malformed field line";
+    names.push(match[1] as string);
+    values.push(match[2] as string);
+  }
+  return { names, values };
+}
+
+/** listTokens splits a comma-separated field value into lower-cased, trimmed, non-empty members. */
+function listTokens(value: string, into: string[]): void {
+  for (const part of value.split(",")) {
+    const token = part.trim().toLowerCase();
+    if (token) into.push(token);
+  }
+}
+
+/**
+ * readContentLength folds a Content-Length value into the one seen so far: RFC 9110 §8.6 lets a
+ * recipient accept a list of identical values ("5, 5"), and any disagreement is an error.
+ */
+function readContentLength(value: string, previous: number): number | string {
+  let length = previous;
+  for (const part of value.split(",")) {
+    const digits = part.trim();
+    if (!DIGITS.test(digits)) return "an invalid Content-Length";
+    const n = Number(digits);
+    if (length >= 0 && n !== length) return "Content-Length values disagree";
+    length = n;
+  }
+  return length;
+}
+
+/** parseTarget turns an absolute-form target into origin form and its authority; other forms pass through. */
+function parseTarget(method: string, target: string): { path: string; authority: string | null } | string {
+  if (target.charCodeAt(0) === 47 /* / */) return { path: target, authority: null };
+  if (target === "*") return method === "OPTIONS" ? { path: "*", authority: null } : "an asterisk target is only for OPTIONS";
+  const absolute = /^https?:\/\/([^/?#]*)([^#]*)$/i.exec(target);
+  if (!absolute) return "the request target is not in origin or absolute form";
+  const path = absolute[2] ?? "";
+  return { authority: absolute[1] ?? "", path: path.startsWith("/") ? path : `/${path}` };
+}
+
+/**
+ * parseRequestHead parses the request head at the start of `buffer`. It returns null while the
+ * head is incomplete, the head and its length in bytes once complete, or the status to answer:
+ * 431 for a head over MAX_HEAD_BYTES, 505 for an HTTP major version other than 1, 400 for every
+ * other fault. Empty lines before the request line are skipped (RFC 9112 §2.2).
+ */
+export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null {
+  let skipped = 0;
+  while (input.length >= skipped + 2 && input[skipped] === 13 && input[skipped + 1] === 10) skipped += 2;
+  const buffer = skipped > 0 ? input.subarray(skipped) : input;
+  const end = findHeadEnd(buffer, 431);
+  if (end === -1) return null;
+  if (typeof end !== "number") return end;
+  const lines = buffer.toString("latin1", 0, end - 4).split("\r\n");
+  const requestLine = REQUEST_LINE.exec(lines[0] as string);
+  if (!requestLine) return fail(400, "a malformed request line");
+  const method = requestLine[1] as string;
+  if (requestLine[3] !== "1") return fail(requestLine[3] === "0" ? 400 : 505, "only HTTP/1.0 and HTTP/1.1 are served");
+  const minor = Number(requestLine[4]) >= 1 ? 1 : 0;
+  if (method === "CONNECT") return fail(400, "CONNECT is not served by a reverse proxy");
+  const target = parseTarget(method, requestLine[2] as string);
+  if (typeof target === "string") return fail(400, target);
+  const fields = parseFields(lines);
+  if (typeof fields === "string") return fail(400, fields);
+
+  let host: string | null = null;
+  let contentLength = -1;
+  let transferCodings = "";
+  const codings: string[] = [];
+  const connectionTokens: string[] = [];
+  let upgradeValue: string | null = null;
+  let expectContinue = false;
+  const { names, values } = fields;
+  for (let i = 0; i < names.length; i++) {
+    const name = (names[i] as string).toLowerCase();
+    const value = values[i] as string;
+    switch (name) {
+      case "host":
+        if (host !== null) return fail(400, "more than one Host field");
+        if (!HOST_VALUE.test(value)) return fail(400, "an invalid Host");
+        host = value;
+        break;
+      case "content-length": {
+        const length = readContentLength(value, contentLength);
+        if (typeof length === "string") return fail(400, length);
+        contentLength = length;
+        break;
+      }
+      case "transfer-encoding":
+        transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
+        listTokens(value, codings);
+        break;
+      case "connection":
+        listTokens(value, connectionTokens);
+        break;
+      case "upgrade":
+        upgradeValue = value;
+        break;
+      case "expect":
+        if (value.toLowerCase() === "100-continue") expectContinue = true;
+        break;
+    }
+  }
+  if (host === null && minor === 1 && target.authority === null) return fail(400, "an HTTP/1.1 request without Host");
+  if (target.authority !== null) {
+    if (!HOST_VALUE.test(target.authority)) return fail(400, "an invalid authority in the request target");
+    host = target.authority;
+  }
+  let framing: BodyFraming;
+  if (codings.length > 0) {
+    if (contentLength >= 0) return fail(400, "both Content-Length and Transfer-Encoding");
+    if (minor === 0) return fail(400, "Transfer-Encoding in an HTTP/1.0 request");
+    if (codings[codings.length - 1] !== "chunked" || codings.indexOf("chunked") !== codings.length - 1) {
+      return fail(400, "a Transfer-Encoding whose only and last coding is not chunked");
+    }
+    framing = { kind: "chunked" };
+  } else framing = contentLength > 0 ? { kind: "length", length: contentLength } : { kind: "none" };
+  const upgrade =
+    upgradeValue !== null && connectionTokens.includes("upgrade") && /^websocket$/i.test(upgradeValue.trim()) ? "websocket" : null;
+  return {
+    ok: true,
+    length: skipped + end,
+    head: {
+      method,
+      target: target.path,
+      minor,
+      fields,
+      host: host ?? "",
+      framing,
+      contentLength,
+      transferCodings,
+      keepAlive: minor === 1 && !connectionTokens.includes("close"),
+      upgrade,
+      expectContinue,
+      connectionTokens,
+    },
+  };
+}
+
+/**
+ * parseResponseHead parses an upstream's response head at the start of `buffer`: null while
+ * incomplete, else the head and its length, or an error (the proxy answers 502 for it). An
+ * upstream is held to the same framing rules as a client: a response with both Content-Length
+ * and Transfer-Encoding, or disagreeing lengths, is refused rather than guessed at.
+ */
+export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | null {
+  const end = findHeadEnd(buffer, 502);
+  if (end === -1) return null;
+  if (typeof end !== "number") return end;
+  const lines = buffer.toString("latin1", 0, end - 4).split("\r\n");
+  const statusLine = STATUS_LINE.exec(lines[0] as string);
+  if (!statusLine) return fail(502, "a malformed status line");
+  const fields = parseFields(lines);
+  if (typeof fields === "string") return fail(502, fields);
+  const minor = Number(statusLine[1]) >= 1 ? 1 : 0;
+  let contentLength = -1;
+  let transferCodings = "";
+  const codings: string[] = [];
+  const connectionTokens: string[] = [];
+  const { names, values } = fields;
+  for (let i = 0; i < names.length; i++) {
+    const name = (names[i] as string).toLowerCase();
+    const value = values[i] as string;
+    if (name === "content-length") {
+      const length = readContentLength(value, contentLength);
+      if (typeof length === "string") return fail(502, length);
+      contentLength = length;
+    } else if (name === "transfer-encoding") {
+      transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
+      listTokens(value, codings);
+    } else if (name === "connection") listTokens(value, connectionTokens);
+  }
+  if (codings.length > 0 && contentLength >= 0) return fail(502, "both Content-Length and Transfer-Encoding");
+  const chunked = codings.length > 0 && codings[codings.length - 1] === "chunked";
+  if (chunked && codings.indexOf("chunked") !== codings.length - 1) return fail(502, "chunked applied more than once");
+  return {
+    ok: true,
+    length: end,
+    head: {
+      status: Number(statusLine[2]),
+      reason: statusLine[3] ?? "",
+      minor,
+      fields,
+      contentLength,
+      transferCodings,
+      chunked,
+      keepAlive:
+        minor === 1
+          ? !connectionTokens.includes("close")
+          : connectionTokens.includes("keep-alive") && !connectionTokens.includes("close") && (contentLength >= 0 || chunked),
+      connectionTokens,
+    },
+  };
+}
+
+/**
+ * responseFraming is how a response's body ends (RFC 9112 §6.3): never a body for HEAD, 1xx,
+ * 204 and 304; chunked when the last coding is chunked; else Content-Length; else the
+ * connection's close (which also covers a Transfer-Encoding without chunked).
+ */
+export function responseFraming(method: string, head: ResponseHead): BodyFraming {
+  if (method === "HEAD" || head.status < 200 || head.status === 204 || head.status === 304) return { kind: "none" };
+  if (head.chunked) return { kind: "chunked" };
+  if (head.transferCodings) return { kind: "close" };
+  if (head.contentLength >= 0) return head.contentLength === 0 ? { kind: "none" } : { kind: "length", length: head.contentLength };
+  return { kind: "close" };
+}
+
+/** IDEMPOTENT are the methods a request may be sent again for (RFC 9110 §9.2.2). */
+const IDEMPOTENT = new Set(["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"]);
+
+/** isIdempotent is true for methods that may be retried after a connection failed before any answer. */
+export function isIdempotent(method: string): boolean {
+  return IDEMPOTENT.has(method);
+}
+
+enum ChunkState {
+  Size,
+  SizeSpace,
+  Extension,
+  SizeLf,
+  Data,
+  DataCr,
+  DataLf,
+  TrailerStart,
+  Trailer,
+  TrailerLf,
+  EndLf,
+  Done,
+}
+
+/**
+ * ChunkedDecoder follows a chunked body (RFC 9112 §7.1) as its bytes arrive, in any split. It
+ * finds where the body ends, counts its data bytes (for the body limit), and refuses what is
+ * not chunked coding: a size that is not hex, a bare CR or LF, a missing CRLF after data,
+ * oversized extensions or trailers. The proxy forwards the received bytes unchanged (the
+ * framing it checked is the framing the next hop reads); `onData`, when set, also receives the
+ * decoded data, for a client that cannot read chunked coding.
+ */
+export class ChunkedDecoder {
+  private state = ChunkState.Size;
+  private remaining = 0;
+  private sizeDigits = 0;
+  private lineBytes = 0;
+  private trailerBytes = 0;
+  /** dataBytes is the number of data bytes seen so far. */
+  dataBytes = 0;
+  /** error is why the body is not valid chunked coding, once it is not. */
+  error: string | null = null;
+
+  constructor(private readonly onData?: (data: Uint8Array) => void) {}
+
+  /** done is true once the last chunk and the trailer section have been read. */
+  get done(): boolean {
+    return this.state === ChunkState.Done;
+  }
+
+  /**
+   * feed reads `bytes` from `from` and returns how many belong to the body: all of them while
+   * it goes on, fewer when it ends inside them (the rest is the next message), and -1 after an
+   * error (see `error`).
+   */
+  feed(bytes: Uint8Array, from = 0): number {
+    let i = from;
+    const length = bytes.length;
+    while (i < length) {
+      const state = this.state;
+      if (state === ChunkState.Data) {
+        const take = Math.min(this.remaining, length - i);
+        if (this.onData) this.onData(bytes.subarray(i, i + take));
+        this.remaining -= take;
+        this.dataBytes += take;
+        i += take;
+        if (this.remaining === 0) this.state = ChunkState.DataCr;
+        continue;
+      }
+      if (state === ChunkState.Done) break;
+      const c = bytes[i] as number;
+      i += 1;
+      switch (state) {
+        case ChunkState.Size: {
+          const digit = hexValue(c);
+          if (digit >= 0) {
+            if (++this.sizeDigits > 12) return this.fail("a chunk size too large");
+            this.remaining = this.remaining * 16 + digit;
+          } else if (this.sizeDigits === 0) return this.fail("a chunk size that is not hexadecimal");
+          else if (c === 13) this.state = ChunkState.SizeLf;
+          else if (c === 59 /* ; */) this.enterExtension();
+          else if (c === 32 || c === 9) this.state = ChunkState.SizeSpace;
+          else return this.fail("a chunk size that is not hexadecimal");
+          break;
+        }
+        case ChunkState.SizeSpace:
+          // RFC 9112 §7.1.1 allows whitespace (BWS) only before an extension's semicolon.
+          if (c === 59) this.enterExtension();
+          else if (c !== 32 && c !== 9) return this.fail("whitespace after a chunk size");
+          break;
+        case ChunkState.Extension:
+          if (c === 13) this.state = ChunkState.SizeLf;
+          else if ((c < 32 && c !== 9) || c === 127) return this.fail("a control character in a chunk extension");
+          else if (++this.lineBytes > MAX_CHUNK_EXTENSION_BYTES) return this.fail("a chunk extension too long");
+          break;
+        case ChunkState.SizeLf:
+          if (c !== 10) return this.fail("a bare CR after a chunk size");
+          if (this.remaining === 0) this.state = ChunkState.TrailerStart;
+          else this.state = ChunkState.Data;
+          this.sizeDigits = 0;
+          break;
+        case ChunkState.DataCr:
+          if (c !== 13) return this.fail("chunk data longer than its size");
+          this.state = ChunkState.DataLf;
+          break;
+        case ChunkState.DataLf:
+          if (c !== 10) return this.fail("a bare CR after chunk data");
+          this.state = ChunkState.Size;
+          break;
+        case ChunkState.TrailerStart:
+          if (c === 13) this.state = ChunkState.EndLf;
+          else if (c === 10 || c === 32 || c === 9) return this.fail("a malformed trailer field");
+          else {
+            this.state = ChunkState.Trailer;
+            if (++this.trailerBytes > MAX_TRAILER_BYTES) return this.fail("trailers larger than 16 KiB");
+          }
+          break;
+        case ChunkState.Trailer:
+          if (c === 13) this.state = ChunkState.TrailerLf;
+          else if (c === 10 || (c < 32 && c !== 9) || c === 127) return this.fail("a control character in a trailer field");
+          else if (++this.trailerBytes > MAX_TRAILER_BYTES) return this.fail("trailers larger than 16 KiB");
+          break;
+        case ChunkState.TrailerLf:
+          if (c !== 10) return this.fail("a bare CR in a trailer field");
+          this.state = ChunkState.TrailerStart;
+          break;
+        case ChunkState.EndLf:
+          if (c !== 10) return this.fail("a bare CR at the end of a chunked body");
+          this.state = ChunkState.Done;
+          return i - from;
+      }
+    }
+    return i - from;
+  }
+
+  private enterExtension(): void {
+    this.state = ChunkState.Extension;
+    this.lineBytes = 0;
+  }
+
+  private fail(reason: string): number {
+    this.error = reason;
+    return -1;
+  }
+}
+
+function hexValue(c: number): number {
+  if (c >= 48 && c <= 57) return c - 48;
+  if (c >= 97 && c <= 102) return c - 87;
+  if (c >= 65 && c <= 70) return c - 55;
+  return -1;
+}
+
+/** REASONS are the reason phrases of the statuses the proxy writes itself. */
+const REASONS: Record<number, string> = {
+  100: "Continue",
+  101: "Switching Protocols",
+  200: "OK",
+  308: "Permanent Redirect",
+  400: "Bad Request",
+  404: "Not Found",
+  413: "Content Too Large",
+  431: "Request Header Fields Too Large",
+  500: "Internal Server Error",
+  502: "Bad Gateway",
+  503: "Service Unavailable",
+  504: "Gateway Timeout",
+  505: "HTTP Version Not Supported",
+};
+
+/** reasonPhrase is the standard phrase for a status the proxy writes itself. */
+export function reasonPhrase(status: number): string {
+  return REASONS[status] ?? "Unknown";
+}
+
+/** Forwarding is what the proxy adds to a request it forwards. */
+export interface Forwarding {
+  /** clientAddress is the peer's IP address (X-Forwarded-For, X-Real-IP). */
+  clientAddress: string;
+  /** scheme is the client's scheme (X-Forwarded-Proto). */
+  scheme: "http" | "https";
+}
+
+/**
+ * SET_BY_PROXY are request fields the proxy drops and writes itself: hop-by-hop ones, the
+ * forwarding fields, Content-Length (written once, as the single value it read) and Expect.
+ */
+const SET_BY_PROXY = new Set([...HOP_BY_HOP, "expect", "content-length", "x-real-ip", "x-forwarded-proto", "x-forwarded-host"]);
+
+/**
+ * serializeRequestHead writes the head the proxy sends upstream: the request line in origin
+ * form over HTTP/1.1; the client's fields minus hop-by-hop ones and those its Connection names,
+ * minus Expect (the proxy answers 100-continue itself) and the forwarding fields it sets;
+ * `Host` as received; X-Forwarded-For (appended to), -Proto, -Host and X-Real-IP; the body's
+ * framing (chunked coding passes through unchanged); and the upgrade fields of a websocket
+ * handshake. Field values may hold obs-text, so the head is encoded as latin1, byte for byte.
+ */
+export function serializeRequestHead(head: RequestHead, forwarding: Forwarding): Buffer {
+  const { names, values } = head.fields;
+  let text = `${head.method} ${head.target} HTTP/1.1\r\n`;
+  let priorFor = "";
+  let sawHost = false;
+  for (let i = 0; i < names.length; i++) {
+    const name = names[i] as string;
+    const lower = name.toLowerCase();
+    if (SET_BY_PROXY.has(lower)) continue;
+    if (lower === "x-forwarded-for") {
+      priorFor = priorFor ? `${priorFor}, ${values[i]}` : (values[i] as string);
+      continue;
+    }
+    if (head.connectionTokens.length > 0 && head.connectionTokens.includes(lower)) continue;
+    if (lower === "host") {
+      // An absolute-form target's authority replaces Host (RFC 9112 §3.2.2).
+      if (values[i] !== head.host) continue;
+      sawHost = true;
+    }
+    text += `${name}: ${values[i]}\r\n`;
+  }
+  // An absolute-form request may come without Host; the upstream still needs one.
+  if (!sawHost && head.host) text += `Host: ${head.host}\r\n`;
+  if (head.contentLength >= 0) text += `Content-Length: ${head.contentLength}\r\n`;
+  const client = forwarding.clientAddress;
+  text += `X-Forwarded-For: ${priorFor ? `${priorFor}, ${client}` : client}\r\n`;
+  text += `X-Forwarded-Proto: ${forwarding.scheme}\r\nX-Forwarded-Host: ${head.host}\r\nX-Real-IP: ${client}\r\n`;
+  if (head.framing.kind === "chunked") text += `Transfer-Encoding: ${head.transferCodings}\r\n`;
+  if (head.upgrade) text += `Connection: upgrade\r\nUpgrade: ${head.upgrade}\r\n`;
+  return Buffer.from(`${text}\r\n`, "latin1");
+}
+
+/**
+ * serializeResponseHead writes the head the proxy sends to its client: the upstream's status
+ * over HTTP/1.1, its fields minus hop-by-hop ones and those its Connection names, then the
+ * framing the proxy keeps (`Transfer-Encoding` when the chunked body passes through unchanged),
+ * `Connection: close` when the proxy closes after it, and the upgrade fields of a 101.
+ */
+export function serializeResponseHead(head: ResponseHead, options: { chunked: boolean; close: boolean; upgrade: string | null }): Buffer {
+  const { names, values } = head.fields;
+  let text = `HTTP/1.1 ${head.status} ${head.reason}\r\n`;
+  for (let i = 0; i < names.length; i++) {
+    const name = names[i] as string;
+    const lower = name.toLowerCase();
+    if (HOP_BY_HOP.has(lower) || lower === "content-length") continue;
+    if (head.connectionTokens.length > 0 && head.connectionTokens.includes(lower)) continue;
+    text += `${name}: ${values[i]}\r\n`;
+  }
+  if (head.contentLength >= 0) text += `Content-Length: ${head.contentLength}\r\n`;
+  if (options.chunked) text += `Transfer-Encoding: ${head.transferCodings}\r\n`;
+  if (options.upgrade) text += `Connection: upgrade\r\nUpgrade: ${options.upgrade}\r\n`;
+  else if (options.close) text += "Connection: close\r\n";
+  return Buffer.from(`${text}\r\n`, "latin1");
+}
+
+/** LocalAnswer is a response the proxy makes itself (error pages, redirects, ACME answers). */
+export interface LocalAnswer {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+}
+
+/** serializeAnswer writes a whole local answer: head and, unless the request was HEAD, body. */
+export function serializeAnswer(answer: LocalAnswer, options: { head: boolean; close: boolean }): Buffer {
+  const body = Buffer.from(answer.body, "utf8");
+  let text = `HTTP/1.1 ${answer.status} ${reasonPhrase(answer.status)}\r\n`;
+  for (const [name, value] of Object.entries(answer.headers)) text += `${name}: ${value}\r\n`;
+  text += `content-length: ${body.length}\r\n`;
+  if (options.close) text += "connection: close\r\n";
+  const head = Buffer.from(`${text}\r\n`, "latin1");
+  return options.head || body.length === 0 ? head : Buffer.concat([head, body]);
+}
