@@ -28,13 +28,13 @@ const CLIENT_IDLE_MS = 120_000;
 /** CLOSING_GRACE_MS is how long a connection the proxy is closing may take to read its last bytes. */
 const CLOSING_GRACE_MS = 30_000;
 /** CONNECT_TIMEOUT_MS bounds a connect to an upstream (504 beyond it). */
-const CONNECT_TIMEOUT_MS = 10_000;
+export const CONNECT_TIMEOUT_MS = 10_000;
 /**
  * HEADER_TIMEOUT_MS bounds the wait for a response head once the request is sent (504 beyond
  * it). It is long because a model may think for minutes before its first byte; once the head
  * has come, a response may stay quiet for as long as it likes (SSE, token streams).
  */
-const HEADER_TIMEOUT_MS = 300_000;
+export const HEADER_TIMEOUT_MS = 300_000;
 /** SWEEP_MS is the resolution of the timeouts above. */
 const SWEEP_MS = 1000;
 
@@ -48,6 +48,10 @@ export interface ForwarderOptions {
   maxBodyBytes: number;
   /** httpsPort is where plain HTTP requests are redirected. */
   httpsPort: () => number;
+  /** connectTimeoutMs overrides CONNECT_TIMEOUT_MS (tests). */
+  connectTimeoutMs?: number;
+  /** headerTimeoutMs overrides HEADER_TIMEOUT_MS (tests). */
+  headerTimeoutMs?: number;
 }
 
 /** Decision is what the proxy does with a request: answer it itself, or forward it on a route. */
@@ -447,6 +451,7 @@ class Exchange implements UpstreamOwner {
   private closeClient = false;
   private deadline = 0;
   private deadlineWhat: "connect" | "header" = "connect";
+  private deadlineMs = 0;
   private finished = false;
 
   constructor(
@@ -470,17 +475,18 @@ class Exchange implements UpstreamOwner {
     const connection = this.client.forwarder.pool.acquire(upstreamTarget(this.route.upstream), this, fresh);
     this.upstream = connection;
     if (connection.connected) this.onUpstreamOpen(connection);
-    else this.setDeadline("connect", CONNECT_TIMEOUT_MS);
+    else this.setDeadline("connect", this.client.forwarder.options.connectTimeoutMs ?? CONNECT_TIMEOUT_MS);
   }
 
   private setDeadline(what: "connect" | "header", ms: number): void {
     this.deadlineWhat = what;
+    this.deadlineMs = ms;
     this.deadline = Date.now() + ms;
   }
 
   onUpstreamOpen(connection: UpstreamConnection): void {
     if (connection !== this.upstream) return;
-    this.setDeadline("header", HEADER_TIMEOUT_MS);
+    this.setDeadline("header", this.client.forwarder.options.headerTimeoutMs ?? HEADER_TIMEOUT_MS);
     // RFC 9110 §10.1.1: the proxy answers 100-continue itself once it is ready for the body,
     // and does not pass Expect on (a client whose request is refused never sends the body).
     if (this.head.expectContinue && !this.requestDone && !this.continueSent && this.head.minor === 1) {
@@ -767,15 +773,12 @@ class Exchange implements UpstreamOwner {
   checkTimeouts(now: number): void {
     if (this.deadline === 0 || now < this.deadline) return;
     const where = this.route.upstream.replace("http://", "");
-    if (this.deadlineWhat === "connect") {
-      this.failUpstream(
-        504,
-        "Service timed out",
-        `${this.route.service} did not accept a connection on ${where} within ${CONNECT_TIMEOUT_MS / 1000} s.`,
-      );
-    } else {
-      this.failUpstream(504, "Service timed out", `${this.route.service} did not answer within ${HEADER_TIMEOUT_MS / 1000} s.`);
-    }
+    const seconds = this.deadlineMs / 1000;
+    const detail =
+      this.deadlineWhat === "connect"
+        ? `${this.route.service} did not accept a connection on ${where} within ${seconds} s.`
+        : `${this.route.service} did not answer within ${seconds} s.`;
+    this.failUpstream(504, "Service timed out", detail);
   }
 }
 

@@ -120,7 +120,7 @@ function fail(status: number, reason: string): HeadError {
  * while the head is incomplete. A head longer than MAX_HEAD_BYTES, or one that already shows a
  * bare LF (so no CRLF CRLF may ever come), is an error at once rather than a wait for more.
  */
-function findHeadEnd(buffer: Buffer, tooLarge: number): number | HeadError {
+function findHeadEnd(buffer: Buffer, tooLarge: number, malformed: number): number | HeadError {
   const end = buffer.indexOf(CRLF_CRLF, 0, "latin1");
   if (end >= 0) {
     if (end + 4 > MAX_HEAD_BYTES) return fail(tooLarge, "the head is larger than 64 KiB");
@@ -130,7 +130,7 @@ function findHeadEnd(buffer: Buffer, tooLarge: number): number | HeadError {
   // A bare LF can only be refused once seen; without this a client that ends lines with LF alone
   // would wait for the idle timeout instead of getting its 400.
   for (let at = buffer.indexOf(10); at >= 0; at = buffer.indexOf(10, at + 1)) {
-    if (at === 0 || buffer[at - 1] !== 13) return fail(400, "a line ends with a bare LF");
+    if (at === 0 || buffer[at - 1] !== 13) return fail(malformed, "a line ends with a bare LF");
   }
   return -1;
 }
@@ -199,7 +199,7 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
   let skipped = 0;
   while (input.length >= skipped + 2 && input[skipped] === 13 && input[skipped + 1] === 10) skipped += 2;
   const buffer = skipped > 0 ? input.subarray(skipped) : input;
-  const end = findHeadEnd(buffer, 431);
+  const end = findHeadEnd(buffer, 431, 400);
   if (end === -1) return null;
   if (typeof end !== "number") return end;
   const lines = buffer.toString("latin1", 0, end - 4).split("\r\n");
@@ -295,7 +295,7 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
  * and Transfer-Encoding, or disagreeing lengths, is refused rather than guessed at.
  */
 export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | null {
-  const end = findHeadEnd(buffer, 502);
+  const end = findHeadEnd(buffer, 502, 502);
   if (end === -1) return null;
   if (typeof end !== "number") return end;
   const lines = buffer.toString("latin1", 0, end - 4).split("\r\n");

@@ -1,6 +1,6 @@
 import { createSecureContext, type SecureContext } from "node:tls";
 import type { SocketHandler, TCPSocketListener, TCPSocketListenOptions } from "bun";
-import { type ClientConnection, Forwarder } from "./forwarder";
+import { type ClientConnection, Forwarder, type ForwarderOptions } from "./forwarder";
 import { Router } from "./router";
 import type { ListenerConfig, ProxySnapshot, SnapshotCertificate } from "./snapshot";
 
@@ -42,8 +42,12 @@ export class ProxyListener {
   httpsPort = 0;
   httpPort = 0;
 
-  constructor(private readonly config: ListenerConfig) {
-    this.forwarder = new Forwarder({ maxBodyBytes: config.maxBodyBytes, httpsPort: () => this.httpsPort });
+  /** `timeouts` shortens the forwarder's upstream timeouts, for tests. */
+  constructor(
+    private readonly config: ListenerConfig,
+    timeouts: Pick<ForwarderOptions, "connectTimeoutMs" | "headerTimeoutMs"> = {},
+  ) {
+    this.forwarder = new Forwarder({ ...timeouts, maxBodyBytes: config.maxBodyBytes, httpsPort: () => this.httpsPort });
   }
 
   /** start binds both ports with the first snapshot; a taken port throws EADDRINUSE. */
