@@ -139,7 +139,8 @@ export function configFromEnv(env: Record<string, string | undefined> = process.
   };
 }
 
-function positiveInteger(field: string, raw: string | number, min: number, max: number): number {
+/** positiveInteger reads an integer setting in [min, max] or fails naming the field. */
+export function positiveInteger(field: string, raw: string | number, min: number, max: number): number {
   const value = typeof raw === "number" ? raw : /^\d+$/.test(raw) ? Number(raw) : Number.NaN;
   if (!Number.isInteger(value) || value < min || value > max) throw invalid(field, `must be an integer from ${min} to ${max}`, raw);
   return value;
@@ -196,7 +197,8 @@ function resolveProxy(merged: ConfigInput): ProxyConfig {
   };
 }
 
-function invalid(field: string, message: string, value: unknown): AppError {
+/** invalid is the config_invalid error for one field, with the value that failed. */
+export function invalid(field: string, message: string, value: unknown): AppError {
   return new AppError("config_invalid", `config: ${field}: ${message} (got ${JSON.stringify(value)})`, { field });
 }
 

@@ -79,7 +79,6 @@ export const CloudErrorCodes = {
   link_code_expired: "link_code_expired",
   device_request_not_found: "device_request_not_found",
   invalid_device_credential: "invalid_device_credential",
-  authorization_pending: "authorization_pending",
   slow_down: "slow_down",
   access_denied: "access_denied",
   expired_token: "expired_token",

@@ -1,5 +1,21 @@
-import { chmodSync, closeSync, constants, fsyncSync, mkdirSync, openSync, renameSync, writeSync } from "node:fs";
-import { dirname } from "node:path";
+import { randomBytes } from "node:crypto";
+import {
+  chmodSync,
+  closeSync,
+  constants,
+  existsSync,
+  fsyncSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  statSync,
+  writeSync,
+} from "node:fs";
+import { dirname, join } from "node:path";
+import { AppError } from "./errors";
+
+export const SECRET_KEY_FILE = "secret.key";
 
 /**
  * writePrivateFile writes a file readable only by its owner (mode 0600), atomically: it
@@ -18,4 +34,16 @@ export function writePrivateFile(path: string, contents: string | Uint8Array): v
   }
   chmodSync(temporary, 0o600);
   renameSync(temporary, path);
+}
+
+/** loadSecretKey reads `<data-dir>/secret.key` (32 bytes, base64, mode 0600), creating it on first use. */
+export function loadSecretKey(dataDir: string): Buffer {
+  const file = join(dataDir, SECRET_KEY_FILE);
+  if (!existsSync(file)) writePrivateFile(file, randomBytes(32).toString("base64"));
+  if ((statSync(file).mode & 0o077) !== 0) {
+    throw new AppError("config_invalid", `${file} must be readable by its owner only (chmod 600 ${file})`);
+  }
+  const key = Buffer.from(readFileSync(file, "utf8").trim(), "base64");
+  if (key.length !== 32) throw new AppError("config_invalid", `${file} does not hold a 32-byte base64 key`);
+  return key;
 }

@@ -13,8 +13,9 @@ export function errorResponse(
   message: string,
   requestId: string,
   extraHeaders?: Record<string, string>,
+  extraFields?: Record<string, unknown>,
 ): Response {
-  return new Response(JSON.stringify({ error: { code, message, request_id: requestId } }), {
+  return new Response(JSON.stringify({ error: { code, message, request_id: requestId, ...extraFields } }), {
     status,
     headers: { ...JSON_HEADERS, "x-request-id": requestId, ...extraHeaders },
   });
@@ -69,6 +70,8 @@ export interface ApiBasicsOptions {
   statusByCode: Record<string, number>;
   /** headersFor adds headers to an error answer (WWW-Authenticate on a 401, Retry-After on a 429). */
   headersFor?: (status: number, error: { code: string; details?: Record<string, unknown> }) => Record<string, string> | undefined;
+  /** fieldsFor adds fields to the envelope's `error` object (the new `interval` of a `slow_down`). */
+  fieldsFor?: (error: { code: string; details?: Record<string, unknown> }) => Record<string, unknown> | undefined;
 }
 
 /**
@@ -126,7 +129,7 @@ export function apiBasics(options: ApiBasicsOptions) {
         const status = statusByCode[error.code] ?? 500;
         const headers = options.headersFor?.(status, error);
         if (status >= 500) log.error({ request_id: requestId, code: error.code, err: error.message }, "request failed");
-        return errorResponse(status, error.code, error.message, requestId, headers);
+        return errorResponse(status, error.code, error.message, requestId, headers, options.fieldsFor?.(error));
       }
       // Anything else is a bug: log it once with the request id, and tell the client only the id.
       log.error({ request_id: requestId, err: error, path: pathOf(request.url) }, "unhandled error");

@@ -1,1 +1,2 @@
-export { loadSecretKey, type VcsCredential, VcsTokenStore } from "./vcs-token";
+export { loadSecretKey } from "../../lib/files";
+export { type VcsCredential, VcsTokenStore } from "./vcs-token";

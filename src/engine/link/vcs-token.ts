@@ -1,27 +1,9 @@
 import type { Database } from "bun:sqlite";
-import { randomBytes } from "node:crypto";
-import { existsSync, readFileSync, statSync } from "node:fs";
-import { join } from "node:path";
 import type { VcsTokenPush } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
-import { writePrivateFile } from "../../lib/files";
 import { InputError } from "../../lib/validation";
-
-export const SECRET_KEY_FILE = "secret.key";
-
-/** loadSecretKey reads `<data-dir>/secret.key` (32 bytes, mode 0600), creating it on first use. */
-export function loadSecretKey(dataDir: string): Buffer {
-  const file = join(dataDir, SECRET_KEY_FILE);
-  if (!existsSync(file)) writePrivateFile(file, randomBytes(32).toString("base64"));
-  if ((statSync(file).mode & 0o077) !== 0) {
-    throw new AppError("config_invalid", `${file} must be readable by its owner only (chmod 600 ${file})`);
-  }
-  const key = Buffer.from(readFileSync(file, "utf8").trim(), "base64");
-  if (key.length !== 32) throw new AppError("config_invalid", `${file} does not hold a 32-byte base64 key`);
-  return key;
-}
 
 /** VcsCredential is a usable code-host token, for builds. */
 export interface VcsCredential {

@@ -3,9 +3,9 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { VcsTokenStore } from "../../../src/engine/link";
-import { loadSecretKey } from "../../../src/engine/link/vcs-token";
 import { openStore } from "../../../src/engine/store";
 import { systemClock } from "../../../src/lib/clock";
+import { loadSecretKey } from "../../../src/lib/files";
 import { eventually, startTestEngine, type TestEngine } from "../../helpers";
 
 let engine: TestEngine;

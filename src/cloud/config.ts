@@ -1,0 +1,193 @@
+import { homedir } from "node:os";
+import { join, resolve } from "node:path";
+import { invalid, type LogLevel, positiveInteger } from "../lib/config";
+
+/** CloudRole decides which modules a process starts: the API, the background worker, or both. */
+export type CloudRole = "api" | "worker" | "all";
+export const CLOUD_ROLES: readonly CloudRole[] = ["api", "worker", "all"];
+
+/** SOCIAL_PROVIDERS are the two social sign-in providers the console offers (the contract allows exactly two). */
+export const SOCIAL_PROVIDERS = ["github", "google"] as const;
+export type SocialProvider = (typeof SOCIAL_PROVIDERS)[number];
+
+/** OidcConfig points the console at its OpenID provider; absent, sign-in answers 404/503 and the rest works. */
+export interface OidcConfig {
+  issuer: string;
+  clientId: string;
+  /** clientSecret authenticates the console at the token endpoint (client_secret_basic); never returned or logged. */
+  clientSecret: string;
+  /** providerHintParam is the authorization parameter that names the social provider to the IdP. */
+  providerHintParam: string;
+  /** publishableKey is the IdP's browser-safe key, shown by provider-config (empty when the IdP has none). */
+  publishableKey: string;
+  /** extraCaFile is a PEM bundle trusted for the IdP's TLS (a private test CA). */
+  extraCaFile: string | undefined;
+}
+
+/** CloudConfig is the console's whole configuration, validated once at start-up. */
+export interface CloudConfig {
+  dataDir: string;
+  host: string;
+  port: number;
+  role: CloudRole;
+  /** databaseUrl is `sqlite://<file>` (the embedded default) or `postgres://...` (several replicas). */
+  databaseUrl: string;
+  /** publicUrl is where browsers and machines reach the console; it builds verification and callback URLs. */
+  publicUrl: string;
+  /** hostedBaseDomain is the domain hosted machines live under; link metadata publishes it. */
+  hostedBaseDomain: string;
+  logLevel: LogLevel;
+  logToStdout: boolean;
+  /** trustForwardedFor takes the client address from X-Forwarded-For (only behind a proxy you run). */
+  trustForwardedFor: boolean;
+  /** secretKey (base64, 32 bytes) seals secrets that must be read again; by default a 0600 file in the data dir. */
+  secretKey: string | undefined;
+  /** sessionIdleMs and sessionAbsoluteMs bound a session: renewed by use up to the absolute limit (ASVS 7.3). */
+  sessionIdleMs: number;
+  sessionAbsoluteMs: number;
+  /** rateLimits keeps token buckets in this process (one replica) or in the database (several). */
+  rateLimits: "memory" | "database";
+  oidc: OidcConfig | null;
+}
+
+/** CloudConfigInput is what flags and the environment may set; every field is optional. */
+export interface CloudConfigInput {
+  dataDir?: string;
+  host?: string;
+  port?: string | number;
+  role?: string;
+  databaseUrl?: string;
+  publicUrl?: string;
+  hostedBaseDomain?: string;
+  logLevel?: string;
+  logToStdout?: boolean;
+  trustForwardedFor?: boolean;
+  secretKey?: string;
+  sessionIdleHours?: string | number;
+  sessionAbsoluteDays?: string | number;
+  rateLimits?: string;
+  oidcIssuer?: string;
+  oidcClientId?: string;
+  oidcClientSecret?: string;
+  oidcProviderHintParam?: string;
+  oidcPublishableKey?: string;
+  oidcCaFile?: string;
+}
+
+export const DEFAULT_CLOUD_PORT = 8787;
+const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info", "debug", "trace", "silent"];
+
+/** defaultCloudDataDir is `$XDG_DATA_HOME/engine-cloud`, else `~/.local/share/engine-cloud`. */
+export function defaultCloudDataDir(env: Record<string, string | undefined> = process.env): string {
+  const base = env.XDG_DATA_HOME && env.XDG_DATA_HOME.length > 0 ? env.XDG_DATA_HOME : join(homedir(), ".local", "share");
+  return join(base, "engine-cloud");
+}
+
+const truthy = (raw: string | undefined) => (raw ? !["0", "off", "false", "no"].includes(raw.toLowerCase()) : undefined);
+
+/** cloudConfigFromEnv reads DATABASE_URL and the ENGINE_CLOUD_* variables: the only place the console reads process.env. */
+export function cloudConfigFromEnv(env: Record<string, string | undefined> = process.env): CloudConfigInput {
+  return {
+    dataDir: env.ENGINE_CLOUD_DATA_DIR || undefined,
+    host: env.ENGINE_CLOUD_HOST || undefined,
+    port: env.ENGINE_CLOUD_PORT || undefined,
+    role: env.ENGINE_CLOUD_ROLE || undefined,
+    databaseUrl: env.DATABASE_URL || undefined,
+    publicUrl: env.ENGINE_CLOUD_PUBLIC_URL || undefined,
+    hostedBaseDomain: env.ENGINE_CLOUD_HOSTED_BASE_DOMAIN || undefined,
+    logLevel: env.ENGINE_CLOUD_LOG_LEVEL || undefined,
+    trustForwardedFor: truthy(env.ENGINE_CLOUD_TRUST_FORWARDED_FOR),
+    secretKey: env.ENGINE_CLOUD_SECRET_KEY || undefined,
+    sessionIdleHours: env.ENGINE_CLOUD_SESSION_IDLE_HOURS || undefined,
+    sessionAbsoluteDays: env.ENGINE_CLOUD_SESSION_ABSOLUTE_DAYS || undefined,
+    rateLimits: env.ENGINE_CLOUD_RATE_LIMITS || undefined,
+    oidcIssuer: env.ENGINE_CLOUD_OIDC_ISSUER || undefined,
+    oidcClientId: env.ENGINE_CLOUD_OIDC_CLIENT_ID || undefined,
+    oidcClientSecret: env.ENGINE_CLOUD_OIDC_CLIENT_SECRET || undefined,
+    oidcProviderHintParam: env.ENGINE_CLOUD_OIDC_PROVIDER_PARAM || undefined,
+    oidcPublishableKey: env.ENGINE_CLOUD_OIDC_PUBLISHABLE_KEY || undefined,
+    oidcCaFile: env.ENGINE_CLOUD_OIDC_CA_FILE || undefined,
+  };
+}
+
+function httpUrl(field: string, raw: string): string {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw invalid(field, "must be an absolute http(s) URL", raw);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw invalid(field, "must be an absolute http(s) URL", raw);
+  return url.href.replace(/\/$/, "");
+}
+
+function resolveOidc(merged: CloudConfigInput): OidcConfig | null {
+  const { oidcIssuer, oidcClientId, oidcClientSecret } = merged;
+  if (!oidcIssuer && !oidcClientId && !oidcClientSecret) return null;
+  if (!oidcIssuer || !oidcClientId || !oidcClientSecret) {
+    throw invalid("oidc", "set ENGINE_CLOUD_OIDC_ISSUER, _CLIENT_ID and _CLIENT_SECRET together, or none of them", {
+      issuer: Boolean(oidcIssuer),
+      client_id: Boolean(oidcClientId),
+      client_secret: Boolean(oidcClientSecret),
+    });
+  }
+  const hint = merged.oidcProviderHintParam ?? "identity_provider";
+  if (!/^[A-Za-z0-9_.-]{1,64}$/.test(hint)) throw invalid("oidc_provider_param", "must be a parameter name", hint);
+  return {
+    issuer: httpUrl("oidc_issuer", oidcIssuer),
+    clientId: oidcClientId,
+    clientSecret: oidcClientSecret,
+    providerHintParam: hint,
+    publishableKey: merged.oidcPublishableKey ?? "",
+    extraCaFile: merged.oidcCaFile ? resolve(merged.oidcCaFile) : undefined,
+  };
+}
+
+/**
+ * resolveCloudConfig merges flags over the environment over defaults and validates the result,
+ * failing with the name of the first bad field.
+ */
+export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInput = cloudConfigFromEnv()): CloudConfig {
+  const merged: CloudConfigInput = { ...env };
+  for (const [key, value] of Object.entries(flags)) if (value !== undefined) (merged as Record<string, unknown>)[key] = value;
+
+  const dataDir = resolve(merged.dataDir ?? defaultCloudDataDir());
+  const port = positiveInteger("port", merged.port ?? DEFAULT_CLOUD_PORT, 0, 65535);
+  const host = merged.host ?? "127.0.0.1";
+  if (!/^[A-Za-z0-9.:[\]-]+$/.test(host)) throw invalid("host", "must be a host name or an IP address", host);
+  const role = (merged.role ?? "all") as CloudRole;
+  if (!CLOUD_ROLES.includes(role)) throw invalid("role", `must be one of ${CLOUD_ROLES.join(", ")}`, merged.role);
+  const logLevel = (merged.logLevel ?? "info") as LogLevel;
+  if (!LOG_LEVELS.includes(logLevel)) throw invalid("log_level", `must be one of ${LOG_LEVELS.join(", ")}`, merged.logLevel);
+
+  const databaseUrl = merged.databaseUrl ?? `sqlite://${join(dataDir, "cloud.db")}`;
+  if (!/^(sqlite|file):/.test(databaseUrl) && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
+    // The URL may hold a password: name only its scheme.
+    throw invalid("database_url", "must be sqlite://<file> or postgres://...", databaseUrl.split(":")[0]);
+  }
+  const hostedBaseDomain = (merged.hostedBaseDomain ?? "hosted.localhost").toLowerCase();
+  if (!/^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/.test(hostedBaseDomain)) {
+    throw invalid("hosted_base_domain", "must be a DNS name", merged.hostedBaseDomain);
+  }
+  // One SQLite file means one process: memory buckets. PostgreSQL means replicas may share the load.
+  const rateLimits = merged.rateLimits ?? (databaseUrl.startsWith("postgres") ? "database" : "memory");
+  if (rateLimits !== "memory" && rateLimits !== "database") throw invalid("rate_limits", "must be memory or database", rateLimits);
+  const publicHost = host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host;
+  return {
+    dataDir,
+    host,
+    port,
+    role,
+    databaseUrl,
+    publicUrl: merged.publicUrl ? httpUrl("public_url", merged.publicUrl) : `http://${publicHost}:${port}`,
+    hostedBaseDomain,
+    logLevel,
+    logToStdout: merged.logToStdout ?? true,
+    trustForwardedFor: merged.trustForwardedFor ?? false,
+    secretKey: merged.secretKey,
+    sessionIdleMs: positiveInteger("session_idle_hours", merged.sessionIdleHours ?? 24 * 7, 1, 24 * 90) * 3600_000,
+    sessionAbsoluteMs: positiveInteger("session_absolute_days", merged.sessionAbsoluteDays ?? 30, 1, 365) * 86_400_000,
+    rateLimits,
+    oidc: resolveOidc(merged),
+  };
+}

@@ -1,0 +1,141 @@
+import type { Dialect } from "./index";
+
+/**
+ * Migration is one append-only step of the console's schema, with a dated id. Never edit or
+ * reorder one that has shipped: add another. `statements` returns the same portable SQL for
+ * both dialects except where a type name differs.
+ */
+export interface Migration {
+  id: string;
+  statements(dialect: Dialect): string[];
+}
+
+export const MIGRATIONS: Migration[] = [
+  {
+    id: "2026-11-21-01-console",
+    statements: () => [
+      // Accounts own nodes, keys and (later) one hosted allocation. `standing` is asserted
+      // before a key is minted or a device approved; `remote_link` gates assistant flows.
+      `CREATE TABLE accounts (
+        id TEXT PRIMARY KEY,
+        email TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL DEFAULT '',
+        standing TEXT NOT NULL DEFAULT 'active',
+        remote_link INTEGER NOT NULL DEFAULT 0,
+        paid INTEGER NOT NULL DEFAULT 0,
+        node_limit INTEGER NOT NULL DEFAULT 5,
+        trials_left INTEGER NOT NULL DEFAULT 1,
+        idp_issuer TEXT,
+        idp_subject TEXT,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+      )`,
+      "CREATE UNIQUE INDEX accounts_identity ON accounts (idp_issuer, idp_subject)",
+      // Sessions keep only the SHA-256 of the token (Lucia's pattern).
+      `CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        digest TEXT NOT NULL UNIQUE,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        last_seen_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        absolute_expires_at BIGINT NOT NULL,
+        user_agent TEXT NOT NULL DEFAULT '',
+        source TEXT NOT NULL DEFAULT ''
+      )`,
+      "CREATE INDEX sessions_account ON sessions (account_id)",
+      // A sign-in in progress: the state's digest, the digest of the browser binding cookie,
+      // the nonce, and the PKCE verifier sealed (it is used again at the callback).
+      `CREATE TABLE login_attempts (
+        id TEXT PRIMARY KEY,
+        state_digest TEXT NOT NULL UNIQUE,
+        binding_digest TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        verifier_sealed TEXT NOT NULL,
+        provider TEXT,
+        return_to TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        consumed_at BIGINT
+      )`,
+      // Nodes: a slug unique per account; the node's credential is kept as a digest only.
+      `CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        slug TEXT NOT NULL,
+        hostname TEXT NOT NULL,
+        os TEXT NOT NULL DEFAULT '',
+        version TEXT NOT NULL DEFAULT '',
+        credential_digest TEXT,
+        enrolled_via TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        last_seen_at BIGINT
+      )`,
+      "CREATE UNIQUE INDEX nodes_account_slug ON nodes (account_id, slug)",
+      "CREATE UNIQUE INDEX nodes_credential ON nodes (credential_digest)",
+      // Link codes (NL-...): single use, short-lived.
+      `CREATE TABLE link_codes (
+        id TEXT PRIMARY KEY,
+        digest TEXT NOT NULL UNIQUE,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        consumed_at BIGINT,
+        node_id TEXT
+      )`,
+      // Device link requests (RFC 8628): digests of both plaintexts; the three reported strings;
+      // the source address; the user code's attempt budget; no account until approved.
+      `CREATE TABLE device_requests (
+        id TEXT PRIMARY KEY,
+        device_code_digest TEXT NOT NULL UNIQUE,
+        user_code_digest TEXT NOT NULL UNIQUE,
+        hostname TEXT NOT NULL,
+        os TEXT NOT NULL,
+        version TEXT NOT NULL,
+        source TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts_left INTEGER NOT NULL,
+        interval_s INTEGER NOT NULL,
+        account_id TEXT REFERENCES accounts(id) ON DELETE CASCADE,
+        node_id TEXT,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        decided_at BIGINT,
+        consumed_at BIGINT
+      )`,
+      "CREATE INDEX device_requests_expiry ON device_requests (expires_at)",
+      // Pre-authorized link keys: uuid ids, digests only; uses counted even after a node is deleted.
+      `CREATE TABLE preauth_keys (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        digest TEXT NOT NULL UNIQUE,
+        description TEXT NOT NULL DEFAULT '',
+        max_uses INTEGER NOT NULL,
+        uses INTEGER NOT NULL DEFAULT 0,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        revoked_at BIGINT
+      )`,
+      "CREATE INDEX preauth_keys_account ON preauth_keys (account_id, created_at)",
+      // Audit rows: never a secret's plaintext.
+      `CREATE TABLE audit (
+        id TEXT PRIMARY KEY,
+        account_id TEXT,
+        action TEXT NOT NULL,
+        subject TEXT NOT NULL DEFAULT '',
+        source TEXT NOT NULL DEFAULT '',
+        details TEXT NOT NULL DEFAULT '{}',
+        created_at BIGINT NOT NULL
+      )`,
+      "CREATE INDEX audit_account ON audit (account_id, created_at)",
+      // Token buckets shared by replicas (used when the limiter runs in the database).
+      `CREATE TABLE rate_buckets (
+        key TEXT PRIMARY KEY,
+        tokens DOUBLE PRECISION NOT NULL,
+        updated_at BIGINT NOT NULL
+      )`,
+    ],
+  },
+];

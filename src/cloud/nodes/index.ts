@@ -1,0 +1,161 @@
+import { randomBytes } from "node:crypto";
+import { digestSecret, randomId } from "../../lib/crypto";
+import { AppError } from "../../lib/errors";
+import { type Database, num, type Sql } from "../db";
+
+/** NODE_CREDENTIAL_PREFIX marks a node's own credential for secret scanners and humans. */
+export const NODE_CREDENTIAL_PREFIX = "enc_";
+
+/** EnrollmentRoute says which of the four routes enrolled a node. */
+export type EnrollmentRoute = "link_code" | "device" | "preauth_key";
+
+/** Reported is what a machine says about itself: unverified, bounded, control characters stripped. */
+export interface Reported {
+  hostname: string;
+  os: string;
+  version: string;
+}
+
+/** Node is a linked machine. */
+export interface Node {
+  id: string;
+  accountId: string;
+  slug: string;
+  hostname: string;
+  os: string;
+  version: string;
+  enrolledVia: EnrollmentRoute;
+  createdAt: number;
+  lastSeenAt: number | null;
+}
+
+/** Enrollment is a node and its freshly minted credential (the plaintext exists only in this answer). */
+export interface Enrollment {
+  node: Node;
+  credential: string;
+  adopted: boolean;
+}
+
+/** REPORTED_MAX bounds each reported string (characters, after stripping). */
+export const REPORTED_MAX = { hostname: 253, os: 128, version: 64 } as const;
+
+/**
+ * cleanReported strips control characters (C0, DEL, C1, and the bidi overrides that can
+ * disguise text) and bounds each string, so what an approver reads is what was stored.
+ */
+export function cleanReported(raw: Reported): Reported {
+  const clean = (value: string, max: number) =>
+    value
+      .replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, "")
+      .trim()
+      .slice(0, max);
+  return {
+    hostname: clean(raw.hostname, REPORTED_MAX.hostname),
+    os: clean(raw.os, REPORTED_MAX.os),
+    version: clean(raw.version, REPORTED_MAX.version),
+  };
+}
+
+/** slugOf derives a node's slug from its reported hostname: the first label, lower-case, DNS-safe. */
+export function slugOf(hostname: string): string {
+  const label = (hostname.split(".")[0] ?? "")
+    .toLowerCase()
+    .normalize("NFKD")
+    .replace(/[^a-z0-9-]+/g, "-")
+    .replace(/-{2,}/g, "-")
+    .replace(/^-+|-+$/g, "")
+    .slice(0, 40)
+    .replace(/-+$/, "");
+  return label || "machine";
+}
+
+function rowToNode(row: Record<string, unknown>): Node {
+  return {
+    id: row.id as string,
+    accountId: row.account_id as string,
+    slug: row.slug as string,
+    hostname: row.hostname as string,
+    os: row.os as string,
+    version: row.version as string,
+    enrolledVia: row.enrolled_via as EnrollmentRoute,
+    createdAt: num(row.created_at),
+    lastSeenAt: row.last_seen_at === null ? null : num(row.last_seen_at),
+  };
+}
+
+/** NodeStore enrolls and lists nodes. Every enrollment route ends in `enroll`. */
+export class NodeStore {
+  constructor(private readonly db: Database) {}
+
+  /**
+   * enroll creates a node under an account, or adopts the account's node with the same slug
+   * (a reinstalled machine re-linking keeps its identity), and mints the node's credential.
+   * It runs inside the caller's transaction: the account row is touched first so concurrent
+   * enrollments of one account queue, and the node limit counts only new nodes.
+   */
+  async enroll(tx: Sql, accountId: string, reported: Reported, via: EnrollmentRoute): Promise<Enrollment> {
+    const now = Date.now();
+    const [account] = await tx`UPDATE accounts SET updated_at = ${now} WHERE id = ${accountId} RETURNING node_limit`;
+    if (!account) throw new AppError("account_not_found", "the account is gone");
+    const clean = cleanReported(reported);
+    const slug = slugOf(clean.hostname);
+    const credential = NODE_CREDENTIAL_PREFIX + randomBytes(32).toString("base64url");
+    const digest = digestSecret(credential);
+    const [existing] = await tx`SELECT * FROM nodes WHERE account_id = ${accountId} AND slug = ${slug}`;
+    if (existing) {
+      await tx`UPDATE nodes SET hostname = ${clean.hostname}, os = ${clean.os}, version = ${clean.version},
+        credential_digest = ${digest}, enrolled_via = ${via}, updated_at = ${now} WHERE id = ${existing.id}`;
+      const node = rowToNode({ ...existing, hostname: clean.hostname, os: clean.os, version: clean.version, enrolled_via: via });
+      return { node, credential, adopted: true };
+    }
+    const [count] = await tx`SELECT COUNT(*) AS n FROM nodes WHERE account_id = ${accountId}`;
+    if (num(count.n) >= num(account.node_limit)) {
+      throw new AppError("node_limit_reached", `the account has reached its limit of ${num(account.node_limit)} machines`);
+    }
+    const id = randomId("node");
+    await tx`INSERT INTO nodes (id, account_id, slug, hostname, os, version, credential_digest, enrolled_via, created_at, updated_at)
+      VALUES (${id}, ${accountId}, ${slug}, ${clean.hostname}, ${clean.os}, ${clean.version}, ${digest}, ${via}, ${now}, ${now})`;
+    const node: Node = { id, accountId, slug, ...clean, enrolledVia: via, createdAt: now, lastSeenAt: null };
+    return { node, credential, adopted: false };
+  }
+
+  async list(accountId: string): Promise<Node[]> {
+    return (await this.db.sql`SELECT * FROM nodes WHERE account_id = ${accountId} ORDER BY created_at`).map(rowToNode);
+  }
+
+  /** authenticate returns the node a credential belongs to, or throws `invalid_session`. */
+  async authenticate(credential: string | null | undefined): Promise<Node> {
+    if (!credential?.startsWith(NODE_CREDENTIAL_PREFIX)) throw new AppError("unauthenticated", "a node credential is required");
+    const [row] = await this.db.sql`SELECT * FROM nodes WHERE credential_digest = ${digestSecret(credential)}`;
+    if (!row) throw new AppError("invalid_session", "the node credential is not valid");
+    return rowToNode(row);
+  }
+
+  /** remove deletes a node (its enrollment keys stay spent). */
+  async remove(accountId: string, nodeId: string): Promise<boolean> {
+    const rows = await this.db.sql`DELETE FROM nodes WHERE account_id = ${accountId} AND id = ${nodeId} RETURNING id`;
+    return rows.length > 0;
+  }
+}
+
+/** ClaimAnswer is the one node-identity answer every enrollment route returns (`LinkClaimResponse`). */
+export interface ClaimAnswer {
+  node_id: string;
+  slug: string;
+  account_id: string;
+  node_credential: string;
+  cloud_url: string;
+  hosted_base_domain: string;
+}
+
+/** claimAnswer builds `LinkClaimResponse` from an enrollment: one function, so every route answers the same shape. */
+export function claimAnswer(enrollment: Enrollment, site: { publicUrl: string; hostedBaseDomain: string }): ClaimAnswer {
+  return {
+    node_id: enrollment.node.id,
+    slug: enrollment.node.slug,
+    account_id: enrollment.node.accountId,
+    node_credential: enrollment.credential,
+    cloud_url: site.publicUrl,
+    hosted_base_domain: site.hostedBaseDomain,
+  };
+}

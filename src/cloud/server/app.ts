@@ -1,0 +1,111 @@
+import { openapi } from "@elysiajs/openapi";
+import { type AnyElysia, Elysia } from "elysia";
+import { CLOUD_INTERFACE_VERSION, ErrorEnvelope, HealthView, LinkMetadataView, ReadyView } from "../../contract/cloud";
+import { AppError } from "../../lib/errors";
+import { apiBasics, RequestIds } from "../../lib/http";
+import { sessionRoutes } from "../auth/session-routes";
+import type { CloudDeps } from "./deps";
+import { STATUS_BY_CODE } from "./errors";
+
+/** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
+export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
+
+/**
+ * readiness runs the role's dependency checks concurrently, each bounded to 3 s, and answers
+ * each by name with `ready` true only when all pass.
+ */
+async function readiness(deps: CloudDeps): Promise<Record<string, boolean | number | string>> {
+  const names = Object.keys(deps.readyChecks);
+  const bounded = (check: () => Promise<boolean>) =>
+    Promise.race([check().catch(() => false), new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 3000))]);
+  const results = await Promise.all(names.map((name) => bounded(deps.readyChecks[name] as () => Promise<boolean>)));
+  const answer: Record<string, boolean | number | string> = {
+    ready: results.every(Boolean),
+    role: deps.config.role,
+    dialect: deps.db.dialect,
+  };
+  names.forEach((name, i) => {
+    answer[name] = results[i] as boolean;
+  });
+  return answer;
+}
+
+/**
+ * buildCloudApp assembles the console's API: the shared request plumbing, the OpenAPI
+ * document, the routes every role serves (health, ready, the two 501 boundaries, link
+ * metadata, sessions) and the modules' route plugins.
+ */
+export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
+  const requestIds = new RequestIds();
+  // The metadata is static: one body and one ETag for the life of the process.
+  const metadata = JSON.stringify({ hosted_base_domain: deps.site.hostedBaseDomain });
+  const metadataTag = `"${Bun.hash(metadata).toString(36)}"`;
+  let app = new Elysia()
+    .onRequest(({ request }) => {
+      requestIds.of(request);
+    })
+    .use(
+      apiBasics({
+        log: deps.log,
+        requestIds,
+        statusByCode: STATUS_BY_CODE,
+        headersFor: (status, error): Record<string, string> | undefined => {
+          if (status === 401) return { "www-authenticate": `Bearer realm="engine-cloud"` };
+          const retry = error.details?.retry_after_s;
+          return status === 429 && typeof retry === "number" ? { "retry-after": String(retry) } : undefined;
+        },
+        fieldsFor: (error) => (error.code === "slow_down" ? { interval: error.details?.interval } : undefined),
+      }),
+    )
+    .use(
+      openapi({
+        path: "/api/docs",
+        specPath: "/api/openapi.json",
+        provider: null,
+        documentation: {
+          info: { title: "engine-cloud — cloud console API", version: CLOUD_INTERFACE_VERSION },
+          components: { securitySchemes: { session: { type: "http", scheme: "bearer" } } },
+        },
+      }),
+    )
+    .get(
+      "/api/health",
+      () => ({
+        status: "ok",
+        version: deps.version,
+        role: deps.config.role,
+        uptime_s: String(Math.round((Date.now() - deps.startedAt) / 1000)),
+      }),
+      { response: { 200: HealthView }, detail: { tags: ["meta"], summary: "Process liveness; touches nothing external" } },
+    )
+    .get("/api/ready", () => readiness(deps), {
+      response: { 200: ReadyView },
+      detail: { tags: ["meta"], summary: "Whether this role's dependencies answer" },
+    })
+    .get(
+      "/api/auth",
+      () => {
+        throw new AppError("not_supported", "GET /api/auth is a boundary, not a route: start with /api/auth/login");
+      },
+      { response: { 501: ErrorEnvelope }, detail: { tags: ["auth"], summary: "Boundary (501)" } },
+    )
+    .get(
+      "/api/link",
+      () => {
+        throw new AppError("not_supported", "GET /api/link is a boundary, not a route: see /api/link/device");
+      },
+      { response: { 501: ErrorEnvelope }, detail: { tags: ["link"], summary: "Boundary (501)" } },
+    )
+    .get(
+      "/api/link/metadata",
+      ({ request }) => {
+        const headers = { "content-type": "application/json", "cache-control": "public, max-age=300", etag: metadataTag };
+        if (request.headers.get("if-none-match") === metadataTag) return new Response(null, { status: 304, headers });
+        return new Response(metadata, { headers });
+      },
+      { response: { 200: LinkMetadataView }, detail: { tags: ["link"], summary: "The hosted base domain; static and cacheable" } },
+    )
+    .use(sessionRoutes(deps));
+  for (const module of modules) app = app.use(module(deps)) as unknown as typeof app;
+  return app;
+}

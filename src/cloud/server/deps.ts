@@ -1,0 +1,37 @@
+import type { SecretBox } from "../../lib/crypto";
+import type { Logger } from "../../lib/logger";
+import type { AccountStore } from "../accounts";
+import type { AuditLog } from "../audit";
+import type { SessionStore } from "../auth/sessions";
+import type { CloudConfig } from "../config";
+import type { Database } from "../db";
+import type { NodeStore } from "../nodes";
+import type { RateLimiter } from "../ratelimit";
+
+/**
+ * CloudDeps are the modules the console's routes call, built once by the composition root.
+ * Handlers are thin: validate, charge the rate limit, call the module, answer.
+ */
+export interface CloudDeps {
+  config: CloudConfig;
+  log: Logger;
+  version: string;
+  startedAt: number;
+  db: Database;
+  accounts: AccountStore;
+  sessions: SessionStore;
+  nodes: NodeStore;
+  audit: AuditLog;
+  limiter: RateLimiter;
+  /** secrets seals what must be read again (a PKCE verifier), under the data dir's key. */
+  secrets: SecretBox;
+  /**
+   * readyChecks are the role's dependencies GET /api/ready reports, by name; a module adds its
+   * own (the identity provider's discovery document) when it is mounted.
+   */
+  readyChecks: Record<string, () => Promise<boolean>>;
+  /** site is where the console is reached, fixed once the port is bound. */
+  site: { publicUrl: string; hostedBaseDomain: string };
+  /** sourceOf is the client's network address (X-Forwarded-For only when configured to trust it). */
+  sourceOf(request: Request): string;
+}

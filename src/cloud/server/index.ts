@@ -1,0 +1,144 @@
+import { accessSync, constants, mkdirSync } from "node:fs";
+import { SecretBox } from "../../lib/crypto";
+import { AppError } from "../../lib/errors";
+import { loadSecretKey } from "../../lib/files";
+import { createLogger, type Logger } from "../../lib/logger";
+import { VERSION } from "../../lib/version";
+import { AccountStore } from "../accounts";
+import { AuditLog } from "../audit";
+import { SessionStore } from "../auth/sessions";
+import type { CloudConfig } from "../config";
+import { Database } from "../db";
+import { NodeStore } from "../nodes";
+import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
+import { buildCloudApp, type CloudRoutes } from "./app";
+import type { CloudDeps } from "./deps";
+import { API_MODULES } from "./modules";
+
+export type { CloudRoutes } from "./app";
+export type { CloudDeps } from "./deps";
+
+/** SWEEP_INTERVAL_MS is how often the worker role deletes what has expired. */
+const SWEEP_INTERVAL_MS = 60_000;
+/** KEEP_EXPIRED_MS keeps expired link rows a day for support questions, then deletes them. */
+const KEEP_EXPIRED_MS = 86_400_000;
+
+export interface CloudOptions {
+  /** log replaces the logger built from the config (tests pass a silent one). */
+  log?: Logger;
+  /** modules replaces the API role's route plugins (tests mount one module alone). */
+  modules?: CloudRoutes[];
+}
+
+/** RunningCloud is a started console: where it listens, its modules, and how to stop it. */
+export interface RunningCloud {
+  url: string;
+  port: number;
+  deps: CloudDeps;
+  secrets: SecretBox;
+  stop(): Promise<void>;
+}
+
+function sourceResolver(config: CloudConfig, server: () => Bun.Server<undefined> | null) {
+  return (request: Request): string => {
+    if (config.trustForwardedFor) {
+      const forwarded = request.headers.get("x-forwarded-for");
+      const first = forwarded?.split(",")[0]?.trim();
+      if (first && /^[0-9a-fA-F:.]{2,45}$/.test(first)) return first;
+    }
+    return server()?.requestIP(request)?.address ?? "unknown";
+  };
+}
+
+/**
+ * startCloud is the console's composition root: it opens and migrates the database, builds
+ * the modules, and starts what the role asks for: `api` serves HTTP, `worker` sweeps expired
+ * rows, `all` does both. Health and ready are served by every role. `stop` is safe after a
+ * partial start.
+ */
+export async function startCloud(config: CloudConfig, options: CloudOptions = {}): Promise<RunningCloud> {
+  const cleanups: (() => Promise<void> | void)[] = [];
+  const stop = async () => {
+    for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+  };
+  try {
+    mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
+    try {
+      accessSync(config.dataDir, constants.W_OK);
+    } catch {
+      throw new AppError("data_dir_unwritable", `the data dir ${config.dataDir} is not writable`);
+    }
+    let log = options.log;
+    if (!log) {
+      const made = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout, fileName: "cloud.log" });
+      log = made.log;
+      cleanups.push(made.flush);
+    }
+    const db = await Database.open(config.databaseUrl);
+    cleanups.push(() => db.close());
+    const applied = await db.migrate();
+    if (applied.length > 0) log.info({ migrations: applied }, "database migrated");
+
+    const secrets = new SecretBox(config.secretKey ? Buffer.from(config.secretKey, "base64") : loadSecretKey(config.dataDir));
+    const accounts = new AccountStore(db);
+    let server: Bun.Server<undefined> | null = null;
+    const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
+    const deps: CloudDeps = {
+      config,
+      log,
+      version: VERSION,
+      startedAt: Date.now(),
+      db,
+      accounts,
+      sessions: new SessionStore(db, accounts, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
+      nodes: new NodeStore(db),
+      audit: new AuditLog(db),
+      limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
+      secrets,
+      readyChecks: {},
+      site,
+      sourceOf: sourceResolver(config, () => server),
+    };
+
+    if (config.role !== "api") {
+      const sweep = async () => {
+        try {
+          const now = Date.now();
+          const sessions = await deps.sessions.sweep();
+          const devices = await db.sql`DELETE FROM device_requests WHERE expires_at < ${now - KEEP_EXPIRED_MS} RETURNING id`;
+          const codes = await db.sql`DELETE FROM link_codes WHERE expires_at < ${now - KEEP_EXPIRED_MS} RETURNING id`;
+          const logins = await db.sql`DELETE FROM login_attempts WHERE expires_at < ${now} RETURNING id`;
+          const removed = sessions + devices.length + codes.length + logins.length;
+          if (removed > 0)
+            log.info({ sessions, device_requests: devices.length, link_codes: codes.length, logins: logins.length }, "swept");
+        } catch (error) {
+          log.warn({ err: (error as Error).message }, "sweep failed; retrying next round");
+        }
+      };
+      const timer = setInterval(sweep, SWEEP_INTERVAL_MS);
+      timer.unref?.();
+      cleanups.push(() => clearInterval(timer));
+    }
+
+    deps.readyChecks.database = () => db.ping();
+    const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
+    const app = buildCloudApp(deps, modules);
+    try {
+      server = Bun.serve({ hostname: config.host, port: config.port, fetch: (request) => app.handle(request), idleTimeout: 30 });
+    } catch (error) {
+      throw new AppError("port_in_use", `cannot listen on ${config.host}:${config.port}: ${(error as Error).message}`);
+    }
+    const bound = server;
+    cleanups.push(() => bound.stop(true));
+    const port = bound.port ?? config.port;
+    if (config.port === 0 && site.publicUrl.endsWith(":0")) site.publicUrl = site.publicUrl.replace(/:0$/, `:${port}`);
+    log.info(
+      { url: `http://${config.host}:${port}`, role: config.role, dialect: db.dialect, public_url: site.publicUrl },
+      "engine-cloud listening",
+    );
+    return { url: `http://${config.host === "0.0.0.0" ? "127.0.0.1" : config.host}:${port}`, port, deps, secrets, stop };
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+}

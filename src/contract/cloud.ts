@@ -1,0 +1,185 @@
+/**
+ * Schemas of the cloud console API (../shared/spec/cloud-console-api.md), interface 0.1.0.
+ *
+ * The console's routes validate with these and the engine's link client reads answers with
+ * the same ones, so the two cannot drift. Names follow RFC 8628 where the device flow has one.
+ */
+import { type Static, Type as t } from "@sinclair/typebox";
+
+export const CLOUD_INTERFACE_VERSION = "0.1.0";
+
+const DateTime = t.String({ format: "date-time" });
+
+/** ErrorEnvelope is the body of every non-422 error (the same envelope as the engine's). */
+export const ErrorEnvelope = t.Object(
+  {
+    error: t.Object({
+      code: t.String(),
+      message: t.String(),
+      request_id: t.String(),
+      /** interval is set on `slow_down`: the new polling interval in seconds (RFC 8628 §3.5). */
+      interval: t.Optional(t.Integer()),
+    }),
+  },
+  { $id: "ErrorEnvelope" },
+);
+export const HTTPValidationError = t.Object(
+  {
+    detail: t.Array(
+      t.Object({
+        loc: t.Array(t.Union([t.String(), t.Integer()])),
+        msg: t.String(),
+        type: t.String(),
+        input: t.Unknown(),
+        ctx: t.Record(t.String(), t.Unknown()),
+      }),
+    ),
+  },
+  { $id: "HTTPValidationError" },
+);
+
+export const HealthView = t.Record(t.String(), t.Union([t.String(), t.Record(t.String(), t.String())]), { $id: "HealthView" });
+export const ReadyView = t.Record(t.String(), t.Union([t.Boolean(), t.Integer(), t.String()]), { $id: "ReadyView" });
+
+// ---- sign-in and sessions
+
+export const SocialProviderName = t.Union([t.Literal("github"), t.Literal("google")]);
+export const ReturnTo = t.String({ default: "/", maxLength: 2048 });
+export const LoginQuery = t.Object({ return_to: t.Optional(ReturnTo), identity: t.Optional(t.String({ maxLength: 320 })) });
+export const SocialQuery = t.Object({ provider: SocialProviderName, return_to: t.Optional(ReturnTo) });
+export const CallbackQuery = t.Object({ code: t.String({ maxLength: 4096 }), state: t.String({ maxLength: 512 }) });
+/** LoginStart is the answer of both sign-in starts: where the browser goes next. */
+export const LoginStart = t.Object({ url: t.String(), expires_in: t.Integer() }, { $id: "LoginStart" });
+/** SignedIn is the answer of both callbacks: the session is in the Set-Cookie header; `return_to` is where to go. */
+export const SignedIn = t.Object({ return_to: t.String(), account_id: t.String(), expires_at: DateTime }, { $id: "SignedIn" });
+
+export const ProviderConfigView = t.Object(
+  { publishable_key: t.String(), project_url: t.String(), client_id: t.String() },
+  { $id: "ProviderConfigView" },
+);
+export const AccountView = t.Object({
+  id: t.String(),
+  email: t.String(),
+  name: t.String(),
+  standing: t.String(),
+  remote_link: t.Boolean(),
+  paid: t.Boolean(),
+  node_limit: t.Integer(),
+});
+export const SessionView = t.Object(
+  {
+    session_id: t.String(),
+    kind: t.String(),
+    created_at: DateTime,
+    expires_at: DateTime,
+    absolute_expires_at: DateTime,
+    account: AccountView,
+  },
+  { $id: "SessionView" },
+);
+export const LogoutAllView = t.Object({ ended: t.Integer() }, { $id: "LogoutAllView" });
+
+// ---- linking
+
+export const LinkMetadataView = t.Object({ hosted_base_domain: t.String() }, { $id: "LinkMetadataView" });
+
+/** LinkClaimResponse is the one node-identity answer of claim, poll (approved) and preauth. */
+export const LinkClaimResponse = t.Object(
+  {
+    node_id: t.String(),
+    slug: t.String(),
+    account_id: t.String(),
+    /** node_credential is the node's own secret for later calls; shown once. */
+    node_credential: t.String(),
+    cloud_url: t.String(),
+    hosted_base_domain: t.String(),
+  },
+  { $id: "LinkClaimResponse" },
+);
+export type LinkClaimResponse = Static<typeof LinkClaimResponse>;
+
+const Hostname = t.String({ minLength: 1, maxLength: 1024 });
+const ReportedOs = t.String({ maxLength: 1024, default: "" });
+const ReportedVersion = t.String({ maxLength: 1024, default: "" });
+
+export const LinkClaimRequest = t.Object(
+  {
+    code: t.String({ minLength: 1, maxLength: 128 }),
+    hostname: Hostname,
+    os: t.Optional(ReportedOs),
+    version: t.Optional(ReportedVersion),
+  },
+  { $id: "LinkClaimRequest" },
+);
+export const LinkCodeMintRequest = t.Object({ expires_in_s: t.Optional(t.Integer({ minimum: 60, maximum: 3600 })) });
+export const LinkCodeMintResponse = t.Object({ code: t.String(), expires_at: DateTime }, { $id: "LinkCodeMintResponse" });
+
+export const DeviceLinkRequest = t.Object({ hostname: Hostname, os: ReportedOs, version: ReportedVersion }, { $id: "DeviceLinkRequest" });
+export const DeviceLinkResponse = t.Object(
+  {
+    device_code: t.String(),
+    user_code: t.String(),
+    verification_uri: t.String(),
+    verification_uri_complete: t.String(),
+    expires_in: t.Integer(),
+    interval: t.Integer(),
+  },
+  { $id: "DeviceLinkResponse" },
+);
+export type DeviceLinkResponse = Static<typeof DeviceLinkResponse>;
+export const DevicePollRequest = t.Object({ device_code: t.String({ minLength: 1, maxLength: 256 }) }, { $id: "DevicePollRequest" });
+export const DevicePollPending = t.Object(
+  { status: t.Literal("authorization_pending"), interval: t.Integer(), expires_in: t.Integer() },
+  { $id: "DevicePollPending" },
+);
+
+export const PreauthLinkRequest = t.Object(
+  { key: t.String({ minLength: 1, maxLength: 256 }), hostname: Hostname, os: ReportedOs, version: ReportedVersion },
+  { $id: "PreauthLinkRequest" },
+);
+export const PreauthKeyMintRequest = t.Object(
+  {
+    expires_in_s: t.Optional(t.Integer({ minimum: 60, maximum: 90 * 86_400 })),
+    max_uses: t.Optional(t.Integer({ minimum: 1, maximum: 1000 })),
+    description: t.Optional(t.String({ maxLength: 200 })),
+  },
+  { $id: "PreauthKeyMintRequest" },
+);
+export const PreauthKeyMintResponse = t.Object(
+  { id: t.String({ format: "uuid" }), key: t.String(), expires_at: DateTime, max_uses: t.Integer() },
+  { $id: "PreauthKeyMintResponse" },
+);
+export const PreauthKeyView = t.Object({
+  id: t.String({ format: "uuid" }),
+  description: t.String(),
+  created_at: DateTime,
+  expires_at: DateTime,
+  max_uses: t.Integer(),
+  uses: t.Integer(),
+  revoked: t.Boolean(),
+  expired: t.Boolean(),
+});
+export const PreauthKeysView = t.Object({ keys: t.Array(PreauthKeyView) }, { $id: "PreauthKeysView" });
+export const PreauthKeyIdParams = t.Object({ key_id: t.String({ format: "uuid" }) });
+
+// ---- device approvals
+
+export const DeviceApprovalRequest = t.Object({ user_code: t.String({ minLength: 1, maxLength: 32 }) }, { $id: "DeviceApprovalRequest" });
+/** DeviceApprovalView shows a pending request: what the machine reported (unverified) and where it asked from. */
+export const DeviceApprovalView = t.Object(
+  {
+    user_code: t.String(),
+    state: t.String(),
+    reported: t.Object({ hostname: t.String(), os: t.String(), version: t.String(), verified: t.Literal(false) }),
+    source_address: t.String(),
+    requested_at: DateTime,
+    expires_at: DateTime,
+    attempts_left: t.Integer(),
+  },
+  { $id: "DeviceApprovalView" },
+);
+export const DeviceApprovalGrant = t.Object(
+  { approved: t.Literal(true), node_id: t.String(), slug: t.String(), adopted: t.Boolean() },
+  { $id: "DeviceApprovalGrant" },
+);
+export const DeviceDenial = t.Object({ denied: t.Literal(true) }, { $id: "DeviceDenial" });
