@@ -59,8 +59,9 @@ export function cleanReported(raw: Reported): Reported {
 /** slugOf derives a node's slug from its reported hostname: the first label, lower-case, DNS-safe. */
 export function slugOf(hostname: string): string {
   const label = (hostname.split(".")[0] ?? "")
-    .toLowerCase()
     .normalize("NFKD")
+    .replace(/\p{M}/gu, "")
+    .toLowerCase()
     .replace(/[^a-z0-9-]+/g, "-")
     .replace(/-{2,}/g, "-")
     .replace(/^-+|-+$/g, "")
