@@ -86,6 +86,7 @@ export const CloudErrorCodes = {
   user_code_attempts_exhausted: "user_code_attempts_exhausted",
   preauth_key_invalid: "preauth_key_invalid",
   preauth_key_exhausted: "preauth_key_exhausted",
+  preauth_key_limit_reached: "preauth_key_limit_reached",
   invalid_request: "invalid_request",
   invalid_return_to: "invalid_return_to",
   login_failed: "login_failed",

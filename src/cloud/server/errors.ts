@@ -21,6 +21,7 @@ export const STATUS_BY_CODE: Record<CloudErrorCode, number> = {
   link_code_used: 409,
   already_consumed: 409,
   preauth_key_exhausted: 409,
+  preauth_key_limit_reached: 409,
   conflict: 409,
   trial_boxes_busy: 409,
   link_code_expired: 410,
