@@ -1,7 +1,8 @@
+import { preauthKeyRoutes } from "../keys/routes";
 import type { CloudRoutes } from "./app";
 
 /**
  * API_MODULES lists the route plugins the `api` role serves, one per resource. The
  * composition root mounts them in this order after the routes every role has.
  */
-export const API_MODULES: CloudRoutes[] = [];
+export const API_MODULES: CloudRoutes[] = [preauthKeyRoutes];
