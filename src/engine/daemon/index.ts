@@ -11,7 +11,7 @@ import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
 import { bootstrapAdminToken, TokenStore } from "../auth";
 import { GpuInventory } from "../gpu";
-import { loadSecretKey, VcsTokenStore } from "../link";
+import { IdentityStore, loadSecretKey, MetadataRefresher, VcsTokenStore } from "../link";
 import { MdnsPublisher } from "../mdns";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
@@ -254,6 +254,11 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       unix.stop(true);
       rmSync(config.socketPath, { force: true });
     });
+
+    // A linked engine keeps its hosted base domain current; unlinked, the refresher does nothing.
+    const linkMetadata = new MetadataRefresher({ identity: new IdentityStore(config.dataDir, clock), log });
+    linkMetadata.start();
+    cleanups.push(() => linkMetadata.stop());
 
     const port = tcp.port ?? config.port;
     const acmeConfig = config.proxy.acme;
