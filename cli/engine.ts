@@ -5,6 +5,7 @@ import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
 import { registerDaemon } from "./commands/daemon";
+import { registerLink } from "./commands/link";
 import { registerServe } from "./commands/serve";
 import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
@@ -34,6 +35,7 @@ export function buildProgram(): Command {
   registerServices(program, client, output);
   registerDaemon(program, client, output);
   registerTls(program, output);
+  registerLink(program, output);
 
   program
     .command("version")
