@@ -1,10 +1,15 @@
 /**
- * build.ts compiles the engine into one self-contained executable, dist/engine, with
- * `bun build --compile`: the runtime, SQLite, the CLI, the API, the app templates and the
- * process shim inside,
- * so it runs with no node_modules beside it.
+ * build.ts compiles the two programs into self-contained executables with
+ * `bun build --compile`, so each runs with no node_modules beside it:
  *
- * Usage: bun build.ts [--outfile dist/engine]
+ * - dist/engine: the runtime, SQLite, the CLI, the API, the app templates and the process
+ *   shim inside;
+ * - dist/engine-cloud: the cloud console (cli/cloud.ts), compiled the same way but without
+ *   the engine's templates and shim, which it never uses.
+ *
+ * Usage: bun build.ts [--outfile dist/engine] [--cloud-outfile dist/engine-cloud] [--only engine|engine-cloud]
+ *
+ * Without --cloud-outfile the console is written beside the engine, as `engine-cloud`.
  */
 import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -13,37 +18,59 @@ import { readTemplateDir } from "./src/engine/templates";
 
 const root = import.meta.dir;
 const args = process.argv.slice(2);
-const outIndex = args.indexOf("--outfile");
-const outArg = outIndex >= 0 ? args[outIndex + 1] : undefined;
-const outfile = resolve(outArg ?? join(root, "dist", "engine"));
-mkdirSync(dirname(outfile), { recursive: true });
+const flag = (name: string): string | undefined => {
+  const index = args.indexOf(name);
+  return index >= 0 ? args[index + 1] : undefined;
+};
+const outfile = resolve(flag("--outfile") ?? join(root, "dist", "engine"));
+const cloudOutfile = resolve(flag("--cloud-outfile") ?? join(dirname(outfile), "engine-cloud"));
+const only = flag("--only");
+if (only !== undefined && only !== "engine" && only !== "engine-cloud") {
+  console.error(`--only takes engine or engine-cloud (got ${JSON.stringify(only)})`);
+  process.exit(2);
+}
 
-// Templates travel inside the binary; file names keep only their base name.
-const templates = readTemplateDir(join(root, "templates")).map((source) => ({
-  file: `templates/${source.file.split("/").at(-1)}`,
-  text: source.text,
-}));
+/** compile bundles one entry point into one executable, failing the build with Bun's messages. */
+async function compile(entry: string, target: string, define: Record<string, string>): Promise<void> {
+  mkdirSync(dirname(target), { recursive: true });
+  const result = await Bun.build({
+    entrypoints: [join(root, "cli", entry)],
+    compile: { outfile: target },
+    minify: true,
+    sourcemap: "linked",
+    define,
+  });
+  if (!result.success) {
+    for (const log of result.logs) console.error(log);
+    process.exit(1);
+  }
+}
 
-// The process shim travels inside the binary too, compiled statically where the libc allows.
-const shimFile = join(dirname(outfile), `.engine-shim-${process.pid}`);
-compileShim(shimSource() ?? "", shimFile);
-const shim = readFileSync(shimFile).toString("base64");
-rmSync(shimFile, { force: true });
+if (only !== "engine-cloud") {
+  mkdirSync(dirname(outfile), { recursive: true });
+  // Templates travel inside the binary; file names keep only their base name.
+  const templates = readTemplateDir(join(root, "templates")).map((source) => ({
+    file: `templates/${source.file.split("/").at(-1)}`,
+    text: source.text,
+  }));
 
-const started = performance.now();
-const result = await Bun.build({
-  entrypoints: [join(root, "cli", "engine.ts")],
-  compile: { outfile },
-  minify: true,
-  sourcemap: "linked",
-  define: {
+  // The process shim travels inside the binary too, compiled statically where the libc allows.
+  const shimFile = join(dirname(outfile), `.engine-shim-${process.pid}`);
+  compileShim(shimSource() ?? "", shimFile);
+  const shim = readFileSync(shimFile).toString("base64");
+  rmSync(shimFile, { force: true });
+
+  const started = performance.now();
+  await compile("engine.ts", outfile, {
     __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)),
     __ENGINE_EMBEDDED_SHIM__: JSON.stringify(shim),
     __ENGINE_COMPILED__: "true",
-  },
-});
-if (!result.success) {
-  for (const log of result.logs) console.error(log);
-  process.exit(1);
+  });
+  console.log(`built ${outfile} with ${templates.length} templates in ${Math.round(performance.now() - started)} ms`);
 }
-console.log(`built ${outfile} with ${templates.length} templates in ${Math.round(performance.now() - started)} ms`);
+
+if (only !== "engine") {
+  const started = performance.now();
+  await compile("cloud.ts", cloudOutfile, { __ENGINE_COMPILED__: "true" });
+  console.log(`built ${cloudOutfile} in ${Math.round(performance.now() - started)} ms`);
+}

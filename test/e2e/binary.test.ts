@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { buildBinaries } from "./binaries";
 
 /** SPEC_ROUTES is the endpoint table of ../shared/spec/local-engine-api.md. */
 const SPEC_ROUTES = [
@@ -30,9 +31,7 @@ let engine: SpawnedEngine;
 
 beforeAll(async () => {
   workDir = tempDir("engine-e2e-");
-  const built = join(workDir, "build", "engine");
-  const build = Bun.spawnSync([process.execPath, join(REPO_ROOT, "build.ts"), "--outfile", built], { cwd: REPO_ROOT, stderr: "pipe" });
-  if (build.exitCode !== 0) throw new Error(`build failed: ${build.stderr.toString()}`);
+  const built = (await buildBinaries()).engine;
   // Run it from a directory with nothing beside it: no node_modules, no sources, no templates.
   binary = join(workDir, "bin", "engine");
   Bun.spawnSync(["mkdir", "-p", join(workDir, "bin")]);

@@ -1,0 +1,35 @@
+import { rmSync } from "node:fs";
+import { join } from "node:path";
+import { REPO_ROOT, tempDir } from "../helpers";
+
+/** Binaries are the two compiled programs of one build: `engine` and `engine-cloud`, side by side. */
+export interface Binaries {
+  dir: string;
+  engine: string;
+  cloud: string;
+}
+
+let building: Promise<Binaries> | undefined;
+
+/**
+ * buildBinaries compiles dist/engine and dist/engine-cloud with build.ts into a temp dir, once
+ * per test process: every e2e file that asks shares the one build (each takes 10-20 s on a
+ * small machine). The directory is removed when the process exits.
+ */
+export function buildBinaries(): Promise<Binaries> {
+  building ??= (async () => {
+    const dir = tempDir("engine-e2e-build-");
+    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+    const engine = join(dir, "engine");
+    const cloud = join(dir, "engine-cloud");
+    const build = Bun.spawn([process.execPath, join(REPO_ROOT, "build.ts"), "--outfile", engine, "--cloud-outfile", cloud], {
+      cwd: REPO_ROOT,
+      stdout: "ignore",
+      stderr: "pipe",
+    });
+    const [code, stderr] = await Promise.all([build.exited, new Response(build.stderr).text()]);
+    if (code !== 0) throw new Error(`build failed (${code}): ${stderr}`);
+    return { dir, engine, cloud };
+  })();
+  return building;
+}
