@@ -2,6 +2,7 @@ import type { Socket, SocketHandler } from "bun";
 import {
   type BodyFraming,
   ChunkedDecoder,
+  fieldValue,
   isIdempotent,
   type LocalAnswer,
   MAX_HEAD_BYTES,
@@ -15,7 +16,7 @@ import {
   serializeResponseHead,
 } from "./http1";
 import { hostOf } from "./names";
-import { Outbox } from "./outbox";
+import { type Bytes, join, Outbox, wire } from "./outbox";
 import { errorPage } from "./pages";
 import { Router } from "./router";
 import type { RouteEntry } from "./snapshot";
@@ -208,9 +209,7 @@ export class Forwarder {
 
 /** acceptOf is the request's Accept value, which chooses between an HTML and a text error page. */
 function acceptOf(head: RequestHead): string | null {
-  const { names, values } = head.fields;
-  for (let i = 0; i < names.length; i++) if ((names[i] as string).toLowerCase() === "accept") return values[i] as string;
-  return null;
+  return fieldValue(head.text, "accept");
 }
 
 /**
@@ -230,6 +229,8 @@ export class ClientConnection {
   private paused = false;
   private closingSince = 0;
   lastActive: number;
+  /** address is the client's IP address, read once: the socket's getter makes a new string each time. */
+  readonly address: string;
 
   constructor(
     readonly socket: Socket<ClientConnection>,
@@ -237,6 +238,7 @@ export class ClientConnection {
     readonly scheme: Scheme,
   ) {
     this.lastActive = forwarder.now;
+    this.address = socket.remoteAddress;
   }
 
   /** idle is true between requests: nothing in flight, nothing half-received. */
@@ -346,7 +348,7 @@ export class ClientConnection {
   }
 
   /** write sends bytes to the client; false means they wait in the outbox. */
-  write(bytes: Uint8Array): boolean {
+  write(bytes: Bytes): boolean {
     if (this.closed) return false;
     return this.out.send(this.socket, bytes);
   }
@@ -432,7 +434,7 @@ function bodyTooLarge(head: RequestHead, max: number): LocalAnswer {
  */
 class Exchange implements UpstreamOwner {
   private upstream: UpstreamConnection | null = null;
-  private readonly requestHead: Buffer;
+  private readonly requestHead: Bytes;
   /** requestDone is true once every byte of the request body has been taken from the client. */
   requestDone: boolean;
   private requestRemaining = 0;
@@ -446,6 +448,10 @@ class Exchange implements UpstreamOwner {
   private responseFraming: BodyFraming = { kind: "none" };
   private responseRemaining = 0;
   private responseChunks: ChunkedDecoder | null = null;
+  /** dechunk is true when the client (HTTP/1.0) gets a chunked body's data without the coding. */
+  private dechunk = false;
+  /** bodyDone is true once the whole response body has been read from the upstream. */
+  private bodyDone = false;
   /** leftover is true when the upstream sent bytes past the response: its connection cannot be reused. */
   private leftover = false;
   private closeClient = false;
@@ -459,7 +465,7 @@ class Exchange implements UpstreamOwner {
     private readonly head: RequestHead,
     private readonly route: RouteEntry,
   ) {
-    this.requestHead = serializeRequestHead(head, { clientAddress: client.socket.remoteAddress, scheme: client.scheme });
+    this.requestHead = wire(serializeRequestHead(head, { clientAddress: client.address, scheme: client.scheme }), head.ascii);
     const framing = head.framing;
     this.requestDone = framing.kind === "none";
     if (framing.kind === "length") this.requestRemaining = framing.length;
@@ -495,11 +501,11 @@ class Exchange implements UpstreamOwner {
     }
     // The head and the body bytes already received go out in one write. takeBody takes all
     // the input holds, so nothing of this request is left waiting after it.
-    let bytes: Uint8Array = this.requestHead;
+    let bytes = this.requestHead;
     if (!this.requestDone) {
       const body = this.takeBody();
       if (body === undefined) return;
-      if (body !== null) bytes = Buffer.concat([bytes, body]);
+      if (body !== null) bytes = join(bytes, body);
     }
     if (connection.send(bytes)) this.client.resumeReading();
     else this.client.pauseReading();
@@ -565,7 +571,10 @@ class Exchange implements UpstreamOwner {
     if (connection !== this.upstream) return;
     this.responseStarted = true;
     if (this.response !== null) {
-      this.relayBody(data);
+      const used = this.bodyBytes(data);
+      if (used < 0) return;
+      if (used > 0 && !this.dechunk) this.client.write(used === data.length ? data : data.subarray(0, used));
+      this.afterBody();
       return;
     }
     let input = this.responseInput === null ? data : Buffer.concat([this.responseInput, data]);
@@ -580,25 +589,25 @@ class Exchange implements UpstreamOwner {
         return;
       }
       const head = parsed.head;
-      input = input.subarray(parsed.length);
       if (head.status === 101) {
         if (this.head.upgrade === null) {
           this.failUpstream(502, "Bad gateway", `${this.route.service} switched protocols without being asked to.`);
           return;
         }
-        this.beginTunnel(connection, head, input);
+        this.beginTunnel(connection, head, input.subarray(parsed.length));
         return;
       }
       if (head.status >= 200) {
         this.responseInput = null;
-        this.beginResponse(head, input);
+        this.beginResponse(head, input, parsed.length);
         return;
       }
       // 1xx informational responses (103 Early Hints) go on to an HTTP/1.1 client; 100 does
       // not, because the proxy answered the client's Expect itself.
       if (head.status !== 100 && this.head.minor === 1) {
-        this.client.write(serializeResponseHead(head, { chunked: false, close: false, upgrade: null }));
+        this.client.write(wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: null }), head.ascii));
       }
+      input = input.subarray(parsed.length);
       if (input.length === 0) {
         this.responseInput = null;
         return;
@@ -606,68 +615,84 @@ class Exchange implements UpstreamOwner {
     }
   }
 
-  private beginResponse(head: ResponseHead, rest: Buffer): void {
+  /**
+   * beginResponse relays a final response head and the body bytes that came with it (`input`
+   * holds both; the head is its first `headLength` bytes). A `plain` head that the proxy
+   * neither closes nor de-chunks goes on byte for byte, in the same write as its body, which is
+   * the common case and costs no copy; any other is written again without its hop-by-hop fields.
+   */
+  private beginResponse(head: ResponseHead, input: Buffer, headLength: number): void {
     this.response = head;
     this.deadline = 0;
     const framing = responseFraming(this.head.method, head);
     this.responseFraming = framing;
     // An HTTP/1.0 client cannot read chunked coding: it gets the data, and the close ends it.
-    const dechunk = framing.kind === "chunked" && this.head.minor === 0;
-    this.closeClient = !this.head.keepAlive || framing.kind === "close" || !this.requestDone || this.client.forwarder.stopping || dechunk;
-    const headBytes = serializeResponseHead(head, {
-      chunked: framing.kind === "chunked" && !dechunk,
-      close: this.closeClient,
-      upgrade: null,
-    });
+    this.dechunk = framing.kind === "chunked" && this.head.minor === 0;
+    this.closeClient =
+      !this.head.keepAlive || framing.kind === "close" || !this.requestDone || this.client.forwarder.stopping || this.dechunk;
     if (framing.kind === "length") this.responseRemaining = framing.length;
     else if (framing.kind === "chunked") {
-      this.responseChunks = new ChunkedDecoder(dechunk ? (data) => this.client.write(data) : undefined);
-      if (dechunk) {
-        this.client.write(headBytes);
-        this.relayBody(rest);
-        return;
-      }
+      this.responseChunks = new ChunkedDecoder(this.dechunk ? (data) => this.client.write(data) : undefined);
     }
-    if (rest.length === 0) {
-      this.client.write(headBytes);
-      if (framing.kind === "none") this.finish();
+    if (head.plain && !this.closeClient) {
+      const used = this.bodyBytes(input, headLength);
+      if (used < 0) return;
+      const end = headLength + used;
+      this.client.write(end === input.length ? input : input.subarray(0, end));
+      this.afterBody();
       return;
     }
-    this.relayBody(rest, headBytes);
+    const chunked = framing.kind === "chunked" && !this.dechunk;
+    const text = wire(serializeResponseHead(head, { chunked, close: this.closeClient, upgrade: null }), head.ascii);
+    if (this.dechunk) {
+      // The decoder writes the data itself, after this head.
+      this.client.write(text);
+      if (this.bodyBytes(input, headLength) >= 0) this.afterBody();
+      return;
+    }
+    const used = this.bodyBytes(input, headLength);
+    if (used < 0) return;
+    this.client.write(used === 0 ? text : join(text, input.subarray(headLength, headLength + used)));
+    this.afterBody();
   }
 
-  /** relayBody passes response body bytes to the client, after `prefix` (the head) when given, in one write. */
-  private relayBody(data: Buffer, prefix?: Buffer): void {
-    let forward: Uint8Array | null = null;
-    let done = false;
+  /**
+   * bodyBytes follows the response's framing over `data` and returns how many of its bytes
+   * belong to the body (the rest would be bytes past the response, which make the connection
+   * unfit for reuse). It sets `bodyDone` at the end of the body, and returns -1 after it ended
+   * the exchange because the chunked coding was broken (the head is out by then: the client
+   * learns of it by the connection closing early). Bytes before `from` (a head) are not looked at.
+   */
+  private bodyBytes(data: Buffer, from = 0): number {
+    const available = data.length - from;
     const framing = this.responseFraming;
     if (framing.kind === "length") {
-      const take = Math.min(this.responseRemaining, data.length);
+      const take = Math.min(this.responseRemaining, available);
       this.responseRemaining -= take;
-      forward = take === data.length ? data : data.subarray(0, take);
-      done = this.responseRemaining === 0;
-      if (take < data.length) this.leftover = true;
-    } else if (framing.kind === "chunked") {
-      const decoder = this.responseChunks as ChunkedDecoder;
-      const used = decoder.feed(data);
-      if (used < 0) {
-        // The head is out; the client learns of the broken body by the connection closing early.
-        if (prefix) this.client.write(prefix);
-        this.abortResponse();
-        return;
-      }
-      forward = this.head.minor === 0 ? null : used === data.length ? data : data.subarray(0, used);
-      done = decoder.done;
-      if (used < data.length) this.leftover = true;
-    } else if (framing.kind === "close") forward = data;
-    else {
-      done = true;
-      if (data.length > 0) this.leftover = true;
+      if (this.responseRemaining === 0) this.bodyDone = true;
+      if (take < available) this.leftover = true;
+      return take;
     }
-    const bytes = prefix ? (forward && forward.length > 0 ? Buffer.concat([prefix, forward]) : prefix) : forward;
-    if (bytes !== null && bytes.length > 0) this.client.write(bytes);
-    if (done) this.finish();
-    // The client is slower than the upstream: read no more until it drains.
+    if (framing.kind === "chunked") {
+      const decoder = this.responseChunks as ChunkedDecoder;
+      const used = decoder.feed(data, from);
+      if (used < 0) {
+        this.abortResponse();
+        return -1;
+      }
+      if (decoder.done) this.bodyDone = true;
+      if (used < available) this.leftover = true;
+      return used;
+    }
+    if (framing.kind === "close") return available;
+    this.bodyDone = true;
+    if (available > 0) this.leftover = true;
+    return 0;
+  }
+
+  /** afterBody finishes a complete response, or pauses the upstream while the client is slower than it. */
+  private afterBody(): void {
+    if (this.bodyDone) this.finish();
     else if (!this.client.out.empty) this.upstream?.pause();
   }
 
@@ -675,8 +700,8 @@ class Exchange implements UpstreamOwner {
     this.finished = true;
     this.deadline = 0;
     this.upstream = null;
-    const headBytes = serializeResponseHead(head, { chunked: false, close: false, upgrade: this.head.upgrade });
-    this.client.write(rest.length > 0 ? Buffer.concat([headBytes, rest]) : headBytes);
+    const text = wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: this.head.upgrade }), head.ascii);
+    this.client.write(rest.length > 0 ? join(text, rest) : text);
     const tunnel = new Tunnel(this.client, connection);
     connection.owner = tunnel;
     this.client.becomeTunnel(tunnel);

@@ -1,6 +1,36 @@
 import type { Socket } from "bun";
 
 /**
+ * Bytes is what the proxy writes: a Uint8Array, or a string of ASCII characters only (a head
+ * with nothing above 0x7f), which Bun writes without a buffer allocated for it. Heads with
+ * obs-text go through `wire` and become latin1 bytes.
+ */
+export type Bytes = string | Uint8Array;
+
+/** wire turns a head's latin1 text into something to write: the string itself when it is ASCII. */
+export function wire(text: string, ascii: boolean): Bytes {
+  return ascii ? text : Buffer.from(text, "latin1");
+}
+
+/** join puts a head and the first body bytes into one buffer, so they go out in one write (one segment). */
+export function join(head: Bytes, body: Uint8Array): Uint8Array {
+  if (typeof head !== "string") return Buffer.concat([head, body]);
+  const joined = Buffer.allocUnsafe(head.length + body.length);
+  joined.write(head, 0, "latin1");
+  joined.set(body, head.length);
+  return joined;
+}
+
+function byteLength(bytes: Bytes): number {
+  return typeof bytes === "string" ? bytes.length : bytes.byteLength;
+}
+
+/** after is what is left of `bytes` past `offset`: a slice of an ASCII string (one byte per character), a view of a buffer. */
+function after(bytes: Bytes, offset: number): Bytes {
+  return typeof bytes === "string" ? bytes.slice(offset) : bytes.subarray(offset);
+}
+
+/**
  * Outbox holds the bytes a socket did not take. Bun's `socket.write` is unbuffered: it returns
  * how many bytes the kernel (or the TLS layer) accepted, and the rest is the caller's to send
  * again on `drain`. A non-empty outbox is the proxy's backpressure signal: the side that feeds
@@ -8,7 +38,7 @@ import type { Socket } from "bun";
  * buffer a whole body.
  */
 export class Outbox {
-  private readonly queue: Uint8Array[] = [];
+  private readonly queue: Bytes[] = [];
 
   /** empty is true when every byte given to `send` has been written. */
   get empty(): boolean {
@@ -19,28 +49,28 @@ export class Outbox {
    * send writes `bytes` after anything already queued and returns true when all of it was
    * written; false means bytes wait for `flush` (or the socket is closed).
    */
-  send(socket: Socket<unknown>, bytes: Uint8Array): boolean {
+  send(socket: Socket<unknown>, bytes: Bytes): boolean {
     if (this.queue.length > 0) {
       this.queue.push(bytes);
       return false;
     }
     const written = socket.write(bytes);
-    if (written === bytes.byteLength) return true;
+    if (written === byteLength(bytes)) return true;
     if (written < 0) return false;
-    this.queue.push(written === 0 ? bytes : bytes.subarray(written));
+    this.queue.push(written === 0 ? bytes : after(bytes, written));
     return false;
   }
 
   /** flush writes queued bytes, on `drain`; it returns true once the queue is empty. */
   flush(socket: Socket<unknown>): boolean {
     while (this.queue.length > 0) {
-      const bytes = this.queue[0] as Uint8Array;
+      const bytes = this.queue[0] as Bytes;
       const written = socket.write(bytes);
-      if (written === bytes.byteLength) {
+      if (written === byteLength(bytes)) {
         this.queue.shift();
         continue;
       }
-      if (written > 0) this.queue[0] = bytes.subarray(written);
+      if (written > 0) this.queue[0] = after(bytes, written);
       return false;
     }
     return true;

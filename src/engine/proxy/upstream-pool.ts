@@ -1,5 +1,5 @@
 import type { Socket, SocketHandler } from "bun";
-import { Outbox } from "./outbox";
+import { type Bytes, Outbox } from "./outbox";
 
 /** UpstreamTarget is where a route's requests go: `http://127.0.0.1:<port>` taken apart once. */
 export interface UpstreamTarget {
@@ -67,7 +67,7 @@ export class UpstreamConnection {
   ) {}
 
   /** send writes bytes to the upstream; false means some wait in the outbox (backpressure). */
-  send(bytes: Uint8Array): boolean {
+  send(bytes: Bytes): boolean {
     if (!this.socket || this.closed) return false;
     return this.out.send(this.socket, bytes);
   }
