@@ -13,16 +13,14 @@ export const PREAUTH_KEY_LENGTH = PREAUTH_KEY_PREFIX.length + 43;
 const KEY_SHAPE = /^epk_[A-Za-z0-9_-]{43}$/;
 
 /**
- * PREAUTH_KEY_BOUNDS are a key's lifetime and fan-out (decision 52). The schema enforces the
- * ranges (422); the defaults follow Tailscale and Headscale: a key lives a day and enrolls one
+ * PREAUTH_KEY_BOUNDS are a key's defaults and the per-account cap (docs/decisions.md 59, 60).
+ * The ranges (60 s to 90 days, 1 to 1000 uses) are in the contract's schema, which answers 422
+ * beyond them; the defaults follow Tailscale and Headscale: a key lives a day and enrolls one
  * machine unless asked otherwise.
  */
 export const PREAUTH_KEY_BOUNDS = {
   defaultLifetimeS: 86_400,
-  minLifetimeS: 60,
-  maxLifetimeS: 90 * 86_400,
   defaultMaxUses: 1,
-  maxMaxUses: 1000,
   descriptionMax: 200,
   /** maxActivePerAccount bounds the keys that can still enroll (not revoked, not expired, uses left); a 101st mint is 409. */
   maxActivePerAccount: 100,
@@ -161,9 +159,10 @@ export class PreauthKeyStore {
    * revoke marks the account's key revoked and says whether it changed anything. It is one
    * compare-and-set on (id, account, not yet revoked), so an unknown id, another account's key
    * and a key already revoked all change nothing and write no audit row. Nodes the key
-   * enrolled are not touched.
+   * enrolled are not touched. Ids are compared in lower case, as `randomUUID` writes them.
    */
-  async revoke(accountId: string, keyId: string, source?: string): Promise<boolean> {
+  async revoke(accountId: string, rawKeyId: string, source?: string): Promise<boolean> {
+    const keyId = rawKeyId.toLowerCase();
     return this.db.transaction(async (tx) => {
       const [row] = await tx`UPDATE preauth_keys SET revoked_at = ${Date.now()}
         WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL RETURNING id, uses, max_uses`;
