@@ -120,6 +120,20 @@ export class NodeStore {
     return { node, credential, adopted: false };
   }
 
+  /**
+   * rotateCredential mints a new credential for an existing node inside the caller's
+   * transaction and returns it: the old one stops working at commit. The device link uses
+   * it when the machine collects its approval, so the plaintext exists only in that answer.
+   * `adopted` is true (rotation never creates a node); a node removed since is `not_found`.
+   */
+  async rotateCredential(tx: Sql, nodeId: string): Promise<Enrollment> {
+    const credential = NODE_CREDENTIAL_PREFIX + randomBytes(32).toString("base64url");
+    const [row] = await tx`UPDATE nodes SET credential_digest = ${digestSecret(credential)}, updated_at = ${Date.now()}
+      WHERE id = ${nodeId} RETURNING *`;
+    if (!row) throw new AppError("not_found", "the approved machine has been removed from the account; link it again");
+    return { node: rowToNode(row), credential, adopted: true };
+  }
+
   async list(accountId: string): Promise<Node[]> {
     return (await this.db.sql`SELECT * FROM nodes WHERE account_id = ${accountId} ORDER BY created_at`).map(rowToNode);
   }

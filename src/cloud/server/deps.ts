@@ -26,6 +26,12 @@ export interface CloudDeps {
   /** secrets seals what must be read again (a PKCE verifier), under the data dir's key. */
   secrets: SecretBox;
   /**
+   * deriveKey returns a 256-bit key for one purpose (HKDF-SHA256 over the console's secret
+   * key, the purpose as info), so keyed digests never use the sealing key itself. Replicas
+   * share the secret key (ENGINE_CLOUD_SECRET_KEY), hence the same derived keys.
+   */
+  deriveKey(purpose: string): Buffer;
+  /**
    * readyChecks are the role's dependencies GET /api/ready reports, by name; a module adds its
    * own (the identity provider's discovery document) when it is mounted.
    */

@@ -1,3 +1,4 @@
+import { hkdfSync } from "node:crypto";
 import { accessSync, constants, mkdirSync } from "node:fs";
 import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
@@ -79,7 +80,8 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const applied = await db.migrate();
     if (applied.length > 0) log.info({ migrations: applied }, "database migrated");
 
-    const secrets = new SecretBox(config.secretKey ? Buffer.from(config.secretKey, "base64") : loadSecretKey(config.dataDir));
+    const secretKey = config.secretKey ? Buffer.from(config.secretKey, "base64") : loadSecretKey(config.dataDir);
+    const secrets = new SecretBox(secretKey);
     const accounts = new AccountStore(db);
     let server: Bun.Server<undefined> | null = null;
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
@@ -95,6 +97,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       audit: new AuditLog(db),
       limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
       secrets,
+      deriveKey: (purpose) => Buffer.from(hkdfSync("sha256", secretKey, Buffer.alloc(0), `engine-cloud:${purpose}`, 32)),
       readyChecks: {},
       site,
       sourceOf: sourceResolver(config, () => server),
