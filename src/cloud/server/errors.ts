@@ -33,6 +33,7 @@ export const STATUS_BY_CODE: Record<CloudErrorCode, number> = {
   invalid_return_to: 400,
   not_supported: 501,
   database_unavailable: 503,
+  identity_provider_unavailable: 503,
   config_invalid: 500,
   data_dir_unwritable: 500,
   port_in_use: 500,

@@ -1,3 +1,4 @@
+import { signinRoutes } from "../auth";
 import { preauthKeyRoutes } from "../keys/routes";
 import type { CloudRoutes } from "./app";
 
@@ -5,4 +6,4 @@ import type { CloudRoutes } from "./app";
  * API_MODULES lists the route plugins the `api` role serves, one per resource. The
  * composition root mounts them in this order after the routes every role has.
  */
-export const API_MODULES: CloudRoutes[] = [preauthKeyRoutes];
+export const API_MODULES: CloudRoutes[] = [signinRoutes, preauthKeyRoutes];

@@ -1,0 +1,27 @@
+/**
+ * The auth module's public surface: the console's own sessions (store, guard, routes) and
+ * sign-in through its OpenID provider (relying party, return_to guard, routes).
+ */
+export { requireSession, type SignedInCaller } from "./guard";
+export {
+  BINDING_COOKIE_PREFIX,
+  type CallbackKind,
+  LOGIN_ATTEMPT_TTL_MS,
+  type LoginKind,
+  RelyingParty,
+  type VerifiedIdentity,
+} from "./oidc";
+export { normalizeReturnTo } from "./return-to";
+export { accountView, sessionRoutes } from "./session-routes";
+export {
+  clearedSessionCookie,
+  cookieValue,
+  SESSION_COOKIE,
+  SESSION_PREFIX,
+  type Session,
+  type SessionKind,
+  SessionStore,
+  sessionCookie,
+  sessionTokenOf,
+} from "./sessions";
+export { signinRoutes } from "./signin-routes";

@@ -1,0 +1,111 @@
+import { Elysia } from "elysia";
+import { CallbackQuery, ErrorEnvelope, LoginQuery, LoginStart, ProviderConfigView, SignedIn, SocialQuery } from "../../contract/cloud";
+import { AppError } from "../../lib/errors";
+import { LIMITS } from "../ratelimit";
+import type { CloudDeps } from "../server/deps";
+import { bindingCookieName, type CallbackKind, clearedBindingCookie, type LoginKind, RelyingParty } from "./oidc";
+import { normalizeReturnTo } from "./return-to";
+import { cookieValue, sessionCookie } from "./sessions";
+
+/** CALLBACK_PATHS are where the IdP sends the browser back: one per start, so a state cannot cross over. */
+const CALLBACK_PATHS = { login: "/api/auth/callback", social: "/api/auth/social/callback" } as const;
+
+const notConfigured = () => new AppError("provider_not_configured", "sign-in is not configured on this console (no OpenID provider)");
+
+/**
+ * signinRoutes is sign-in through the console's OpenID provider: the two starts (login and
+ * social) that answer where to send the browser, the two callbacks that redeem the code and
+ * mint the console's own session, and the browser-safe provider configuration.
+ *
+ * Without an OpenID provider configured the starts and provider-config answer 404
+ * `provider_not_configured` and the callbacks 401 `login_failed`. With one, the module adds
+ * `identity_provider` to /api/ready and starts discovery at once (a failure is retried on use).
+ */
+export function signinRoutes(deps: CloudDeps) {
+  const party = deps.config.oidc ? new RelyingParty(deps.config.oidc, deps.db, deps.secrets, deps.log) : null;
+  if (party) {
+    deps.readyChecks.identity_provider = () => party.reachable();
+    party.configuration().catch(() => {
+      // Logged by configuration(); the next sign-in discovers again.
+    });
+  }
+
+  const start = async (request: Request, set: { headers: Record<string, unknown> }, kind: LoginKind, returnTo: string, hint?: string) => {
+    await deps.limiter.charge([LIMITS.loginBySource, deps.sourceOf(request)]);
+    if (!party) throw notConfigured();
+    const callback = kind.provider ? CALLBACK_PATHS.social : CALLBACK_PATHS.login;
+    const started = await party.begin(kind, {
+      redirectUri: `${deps.site.publicUrl}${callback}`,
+      returnTo: normalizeReturnTo(returnTo),
+      loginHint: hint || undefined,
+    });
+    set.headers["set-cookie"] = started.bindingCookie;
+    set.headers["cache-control"] = "no-store";
+    return { url: started.url, expires_in: started.expiresInS };
+  };
+
+  const finish = async (request: Request, set: { headers: Record<string, unknown> }, callback: CallbackKind) => {
+    if (!party) throw new AppError("login_failed", "sign-in is not configured on this console");
+    const given = new URL(request.url);
+    // Redeem against the public callback URL the authorization request named, with the query the browser brought.
+    const callbackUrl = new URL(`${deps.site.publicUrl}${CALLBACK_PATHS[callback]}`);
+    callbackUrl.search = given.search;
+    const cookies = request.headers.get("cookie");
+    const readBinding = (state: string) => {
+      try {
+        return cookieValue(cookies, bindingCookieName(state));
+      } catch {
+        return null; // malformed percent-encoding: no usable cookie
+      }
+    };
+    const identity = await party.finish(callback, callbackUrl, readBinding);
+    const account = await deps.accounts.fromIdentity(identity);
+    const { token, session } = await deps.sessions.mint(account.id, "browser", {
+      userAgent: request.headers.get("user-agent") ?? "",
+      source: deps.sourceOf(request),
+    });
+    deps.log.info({ account_id: account.id, session_id: session.id, provider: identity.provider }, "signed in");
+    // The cookie lives to the absolute end; the idle end is enforced by the server on each use.
+    set.headers["set-cookie"] = [
+      sessionCookie(token, session.absoluteExpiresAt - Date.now()),
+      clearedBindingCookie(callbackUrl.searchParams.get("state") as string),
+    ];
+    set.headers["cache-control"] = "no-store";
+    return { return_to: identity.returnTo, account_id: account.id, expires_at: new Date(session.expiresAt).toISOString() };
+  };
+
+  const startResponses = { 200: LoginStart, 400: ErrorEnvelope, 404: ErrorEnvelope, 429: ErrorEnvelope, 503: ErrorEnvelope };
+  const callbackResponses = { 200: SignedIn, 401: ErrorEnvelope, 503: ErrorEnvelope };
+  return new Elysia({ tags: ["auth"] })
+    .get("/api/auth/login", ({ request, set, query }) => start(request, set, { provider: null }, query.return_to ?? "/", query.identity), {
+      query: LoginQuery,
+      response: startResponses,
+      detail: { summary: "Start a sign-in: where to send the browser (sets the browser-binding cookie)" },
+    })
+    .get("/api/auth/social", ({ request, set, query }) => start(request, set, { provider: query.provider }, query.return_to ?? "/"), {
+      query: SocialQuery,
+      response: startResponses,
+      detail: { summary: "Start a social sign-in with one of the two providers (sets the browser-binding cookie)" },
+    })
+    .get("/api/auth/callback", ({ request, set }) => finish(request, set, "login"), {
+      query: CallbackQuery,
+      response: callbackResponses,
+      detail: { summary: "The IdP's redirect back: redeem the code and sign in (sets the session cookie)" },
+    })
+    .get("/api/auth/social/callback", ({ request, set }) => finish(request, set, "social"), {
+      query: CallbackQuery,
+      response: callbackResponses,
+      detail: { summary: "The IdP's redirect back from a social sign-in" },
+    })
+    .get(
+      "/api/auth/provider-config",
+      () => {
+        if (!party) throw notConfigured();
+        return { publishable_key: party.oidc.publishableKey, project_url: party.oidc.issuer, client_id: party.oidc.clientId };
+      },
+      {
+        response: { 200: ProviderConfigView, 404: ErrorEnvelope },
+        detail: { summary: "The three browser-safe values of the identity provider; never the client secret" },
+      },
+    );
+}
