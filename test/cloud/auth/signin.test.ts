@@ -299,6 +299,19 @@ describeEachDialect("sign-in through an OpenID provider", (dialect) => {
     expect(bad.headers.get("retry-after")).toMatch(/^\d+$/);
   });
 
+  test("logout-all from a browser ends every session of the account, browser and minted alike", async () => {
+    const laptop = await browserSignIn(cloud, idp, { email: "hopper@example.com", headers: fresh() });
+    const phone = await browserSignIn(cloud, idp, { email: "hopper@example.com", headers: fresh() });
+    const minted = await cloud.deps.sessions.mint(laptop.accountId, "minted");
+    const other = await browserSignIn(cloud, idp, { email: "ada@example.com", headers: fresh() });
+    const all = await cloud.api("POST", "/api/auth/logout-all", { headers: { cookie: laptop.cookie } });
+    expect(all.status).toBe(200);
+    expect(all.body).toEqual({ ended: 3 });
+    for (const token of [laptop.token, phone.token, minted.token])
+      expect((await cloud.api("GET", "/api/auth/session", { token })).status).toBe(401);
+    expect((await cloud.api("GET", "/api/auth/session", { token: other.token })).status).toBe(200);
+  });
+
   test("an operator's account is adopted by a verified email; an unverified or taken email is refused", async () => {
     const made = await cloud.deps.accounts.add("grace@example.com", { name: "Grace" });
     const grace = await browserSignIn(cloud, idp, { email: "grace@example.com", headers: fresh() });
