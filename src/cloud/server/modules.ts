@@ -1,9 +1,11 @@
+import { approvalRoutes } from "../approvals";
 import { signinRoutes } from "../auth";
 import { preauthKeyRoutes } from "../keys/routes";
+import { linkRoutes } from "../link";
 import type { CloudRoutes } from "./app";
 
 /**
  * API_MODULES lists the route plugins the `api` role serves, one per resource. The
  * composition root mounts them in this order after the routes every role has.
  */
-export const API_MODULES: CloudRoutes[] = [signinRoutes, preauthKeyRoutes];
+export const API_MODULES: CloudRoutes[] = [signinRoutes, preauthKeyRoutes, linkRoutes, approvalRoutes];
