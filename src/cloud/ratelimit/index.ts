@@ -41,8 +41,13 @@ export interface BucketStore {
   take(key: string, limit: Limit, now: number): Promise<Decision>;
 }
 
+/**
+ * refill adds the tokens earned since the bucket was last charged. Concurrent requests can
+ * read the clock out of order (a charge stamped later commits first), so elapsed time is
+ * never negative: a bucket never loses tokens to a clock that seems to run backwards.
+ */
 function refill(tokens: number, updatedAt: number, limit: Limit, now: number): number {
-  return Math.min(limit.burst, tokens + ((now - updatedAt) / 60_000) * limit.perMinute);
+  return Math.min(limit.burst, tokens + (Math.max(0, now - updatedAt) / 60_000) * limit.perMinute);
 }
 
 function decide(tokens: number, limit: Limit): Decision {
@@ -66,7 +71,7 @@ export class MemoryBuckets implements BucketStore {
       const oldest = this.#buckets.keys().next().value;
       if (oldest !== undefined) this.#buckets.delete(oldest);
     }
-    this.#buckets.set(key, { tokens: decision.allowed ? tokens - 1 : tokens, updatedAt: now });
+    this.#buckets.set(key, { tokens: decision.allowed ? tokens - 1 : tokens, updatedAt: Math.max(now, bucket?.updatedAt ?? now) });
     return decision;
   }
 }
@@ -82,7 +87,9 @@ export class DatabaseBuckets implements BucketStore {
       const [row] = await tx`UPDATE rate_buckets SET key = key WHERE key = ${key} RETURNING tokens, updated_at`;
       const tokens = refill(Number(row.tokens), num(row.updated_at), limit, now);
       const decision = decide(tokens, limit);
-      await tx`UPDATE rate_buckets SET tokens = ${decision.allowed ? tokens - 1 : tokens}, updated_at = ${now} WHERE key = ${key}`;
+      // Keep the later stamp, so a charge with an older clock reading cannot earn the same tokens twice.
+      const stamp = Math.max(now, num(row.updated_at));
+      await tx`UPDATE rate_buckets SET tokens = ${decision.allowed ? tokens - 1 : tokens}, updated_at = ${stamp} WHERE key = ${key}`;
       return decision;
     });
   }

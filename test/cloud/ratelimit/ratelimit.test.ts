@@ -69,3 +69,13 @@ describeEachDialect("database buckets", (dialect) => {
     expect(outcomes.filter((o) => o?.code === "rate_limited").length).toBe(20);
   });
 });
+
+test("a charge whose clock reading is older than the bucket's never loses tokens", async () => {
+  let now = 2_000_000;
+  const limiter = new RateLimiter(new MemoryBuckets(), () => now);
+  await limiter.charge([LIMIT, "skew"]);
+  now -= 5_000; // a request that read the clock earlier commits later
+  await limiter.charge([LIMIT, "skew"]);
+  await limiter.charge([LIMIT, "skew"]);
+  expect((await refusal(() => limiter.charge([LIMIT, "skew"])))?.code).toBe("rate_limited");
+});
