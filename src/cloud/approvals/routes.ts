@@ -1,17 +1,16 @@
 import { Elysia } from "elysia";
-import { DeviceApprovalGrant, DeviceApprovalRequest, DeviceApprovalView, DeviceDenial, ErrorEnvelope } from "../../contract/cloud";
+import { DeviceApprovalGrant, DeviceApprovalRequest, DeviceApprovalView, DeviceDenial } from "../../contract/cloud";
 import { requireSession } from "../auth/guard";
 import { userCodeDigester } from "../link";
 import { LIMITS } from "../ratelimit";
 import type { CloudDeps } from "../server/deps";
+import { errorResponses } from "../server/responses";
 import { DeviceApprovals } from "./approvals";
 
 /** ApprovalOptions let tests move the clock the expiries are judged by (the link module's, in tests). */
 export interface ApprovalOptions {
   clock?: () => number;
 }
-
-const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((status) => [status, ErrorEnvelope]));
 
 /**
  * approvalRoutes serve the console's side of the device link to a signed-in person: look a
@@ -30,7 +29,7 @@ export function approvalRoutes(deps: CloudDeps, options: ApprovalOptions = {}) {
       },
       {
         body: DeviceApprovalRequest,
-        response: { 200: DeviceApprovalView, ...errors(401, 403, 404, 429) },
+        response: { 200: DeviceApprovalView, ...errorResponses(401, 403, 404, 422, 429) },
         detail: { summary: "Show a pending device request by its user code; spends no attempt" },
       },
     )
@@ -42,7 +41,7 @@ export function approvalRoutes(deps: CloudDeps, options: ApprovalOptions = {}) {
       },
       {
         body: DeviceApprovalRequest,
-        response: { 200: DeviceApprovalGrant, ...errors(401, 403, 404, 409, 429) },
+        response: { 200: DeviceApprovalGrant, ...errorResponses(401, 403, 404, 409, 422, 429) },
         detail: { summary: "Approve a device request: enroll the machine under the account; spends one attempt" },
       },
     )
@@ -54,7 +53,7 @@ export function approvalRoutes(deps: CloudDeps, options: ApprovalOptions = {}) {
       },
       {
         body: DeviceApprovalRequest,
-        response: { 200: DeviceDenial, ...errors(401, 404, 409, 429) },
+        response: { 200: DeviceDenial, ...errorResponses(401, 404, 409, 422, 429) },
         detail: { summary: "Deny a device request; its next poll answers access_denied; spends one attempt" },
       },
     );

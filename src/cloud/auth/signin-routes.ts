@@ -1,8 +1,9 @@
 import { Elysia } from "elysia";
-import { CallbackQuery, ErrorEnvelope, LoginQuery, LoginStart, ProviderConfigView, SignedIn, SocialQuery } from "../../contract/cloud";
+import { CallbackQuery, LoginQuery, LoginStart, ProviderConfigView, SignedIn, SocialQuery } from "../../contract/cloud";
 import { AppError } from "../../lib/errors";
 import { LIMITS } from "../ratelimit";
 import type { CloudDeps } from "../server/deps";
+import { errorResponses } from "../server/responses";
 import { bindingCookieName, type CallbackKind, clearedBindingCookie, type LoginKind, RelyingParty } from "./oidc";
 import { normalizeReturnTo } from "./return-to";
 import { cookieValue, sessionCookie } from "./sessions";
@@ -74,8 +75,8 @@ export function signinRoutes(deps: CloudDeps) {
     return { return_to: identity.returnTo, account_id: account.id, expires_at: new Date(session.expiresAt).toISOString() };
   };
 
-  const startResponses = { 200: LoginStart, 400: ErrorEnvelope, 404: ErrorEnvelope, 429: ErrorEnvelope, 503: ErrorEnvelope };
-  const callbackResponses = { 200: SignedIn, 401: ErrorEnvelope, 503: ErrorEnvelope };
+  const startResponses = { 200: LoginStart, ...errorResponses(400, 404, 422, 429, 503) };
+  const callbackResponses = { 200: SignedIn, ...errorResponses(401, 422, 503) };
   return new Elysia({ tags: ["auth"] })
     .get("/api/auth/login", ({ request, set, query }) => start(request, set, { provider: null }, query.return_to ?? "/", query.identity), {
       query: LoginQuery,
@@ -104,7 +105,7 @@ export function signinRoutes(deps: CloudDeps) {
         return { publishable_key: party.oidc.publishableKey, project_url: party.oidc.issuer, client_id: party.oidc.clientId };
       },
       {
-        response: { 200: ProviderConfigView, 404: ErrorEnvelope },
+        response: { 200: ProviderConfigView, ...errorResponses(404) },
         detail: { summary: "The three browser-safe values of the identity provider; never the client secret" },
       },
     );

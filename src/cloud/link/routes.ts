@@ -5,7 +5,6 @@ import {
   DeviceLinkResponse,
   DevicePollPending,
   DevicePollRequest,
-  ErrorEnvelope,
   LinkClaimRequest,
   LinkClaimResponse,
   LinkCodeMintRequest,
@@ -14,6 +13,7 @@ import {
 import { requireSession } from "../auth/guard";
 import { LIMITS, MemoryBuckets, RateLimiter } from "../ratelimit";
 import type { CloudDeps } from "../server/deps";
+import { errorResponses } from "../server/responses";
 import { DEFAULT_CADENCE, type PollCadenceOptions } from "./cadence";
 import { DEFAULT_LINK_CODE_LIFETIME_S, LinkCodes, linkCodeDigest } from "./codes";
 import { DEFAULT_DEVICE_OPTIONS, DeviceLinks } from "./device";
@@ -38,8 +38,6 @@ export interface LinkOptions {
 export function userCodeDigester(deps: Pick<CloudDeps, "deriveKey">): UserCodeDigester {
   return new UserCodeDigester(deps.deriveKey(USER_CODE_KEY_PURPOSE));
 }
-
-const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((status) => [status, ErrorEnvelope]));
 
 /**
  * linkRoutes serves the machine's side of linking: claim a link code, ask for a device link
@@ -69,7 +67,7 @@ export function linkRoutes(deps: CloudDeps, options: LinkOptions = {}) {
       },
       {
         body: LinkClaimRequest,
-        response: { 200: LinkClaimResponse, ...errors(400, 403, 404, 409, 410, 429) },
+        response: { 200: LinkClaimResponse, ...errorResponses(400, 403, 404, 409, 410, 422, 429) },
         detail: { summary: "Exchange a link code (NL-…) for the node's identity, once" },
       },
     )
@@ -84,7 +82,7 @@ export function linkRoutes(deps: CloudDeps, options: LinkOptions = {}) {
       },
       {
         body: DeviceLinkRequest,
-        response: { 201: DeviceLinkResponse, ...errors(400, 429) },
+        response: { 201: DeviceLinkResponse, ...errorResponses(400, 422, 429) },
         detail: { summary: "Start a device link (RFC 8628): one pending request, both codes returned once" },
       },
     )
@@ -97,7 +95,7 @@ export function linkRoutes(deps: CloudDeps, options: LinkOptions = {}) {
       },
       {
         body: DevicePollRequest,
-        response: { 200: LinkClaimResponse, 202: DevicePollPending, ...errors(400, 403, 404, 409, 410, 429) },
+        response: { 200: LinkClaimResponse, 202: DevicePollPending, ...errorResponses(400, 403, 404, 409, 410, 422, 429) },
         detail: {
           summary: "Poll a device link: 202 while pending, 200 with the node identity once approved",
           description:
@@ -117,7 +115,7 @@ export function linkRoutes(deps: CloudDeps, options: LinkOptions = {}) {
       {
         // The body may be left out altogether: every field has a default.
         body: t.Optional(LinkCodeMintRequest),
-        response: { 201: LinkCodeMintResponse, ...errors(401, 403) },
+        response: { 201: LinkCodeMintResponse, ...errorResponses(401, 403, 422) },
         detail: { summary: "Mint a single-use link code (NL-…) for the signed-in account; shown once" },
       },
     );
