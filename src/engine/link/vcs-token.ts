@@ -2,7 +2,6 @@ import type { Database } from "bun:sqlite";
 import type { VcsTokenPush } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { SecretBox } from "../../lib/crypto";
-import { AppError } from "../../lib/errors";
 import { InputError } from "../../lib/validation";
 
 /** VcsCredential is a usable code-host token, for builds. */
