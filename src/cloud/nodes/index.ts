@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import type { LinkClaimResponse } from "../../contract/cloud";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { type Database, num, type Sql } from "../db";
@@ -153,15 +154,8 @@ export class NodeStore {
   }
 }
 
-/** ClaimAnswer is the one node-identity answer every enrollment route returns (`LinkClaimResponse`). */
-export interface ClaimAnswer {
-  node_id: string;
-  slug: string;
-  account_id: string;
-  node_credential: string;
-  cloud_url: string;
-  hosted_base_domain: string;
-}
+/** ClaimAnswer is the one node-identity answer every enrollment route returns (the contract's `LinkClaimResponse`). */
+export type ClaimAnswer = LinkClaimResponse;
 
 /** claimAnswer builds `LinkClaimResponse` from an enrollment: one function, so every route answers the same shape. */
 export function claimAnswer(enrollment: Enrollment, site: { publicUrl: string; hostedBaseDomain: string }): ClaimAnswer {

@@ -1,5 +1,6 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
+import type { LinkClaimResponse } from "../../contract/cloud";
 import { type Clock, iso, systemClock } from "../../lib/clock";
 import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
@@ -37,15 +38,8 @@ interface IdentityFile extends NodeIdentity {
   sealed_node_credential: string;
 }
 
-/** LinkClaim is the node identity a claim, an approved poll or a preauth enrollment answers. */
-export interface LinkClaim {
-  node_id: string;
-  slug: string;
-  account_id: string;
-  node_credential: string;
-  cloud_url: string;
-  hosted_base_domain: string;
-}
+/** LinkClaim is the node identity a claim, an approved poll or a preauth enrollment answers (`LinkClaimResponse`). */
+export type LinkClaim = LinkClaimResponse;
 
 const STRING_FIELDS = ["cloud_url", "node_id", "slug", "account_id", "hosted_base_domain", "linked_at", "sealed_node_credential"] as const;
 
