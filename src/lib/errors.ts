@@ -47,6 +47,14 @@ export const EngineErrorCodes = {
   // host facilities
   gpu_inventory_failed: "gpu_inventory_failed",
   shim_unavailable: "shim_unavailable",
+  // databases and restore
+  not_a_database: "not_a_database",
+  database_engine_unavailable: "database_engine_unavailable",
+  database_tools_missing: "database_tools_missing",
+  database_not_running: "database_not_running",
+  restore_in_progress: "restore_in_progress",
+  dump_engine_mismatch: "dump_engine_mismatch",
+  restore_timed_out: "restore_timed_out",
   // daemon state
   draining: "draining",
   // configuration and start-up

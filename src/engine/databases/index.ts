@@ -1,0 +1,23 @@
+/**
+ * The databases module: one adapter per engine (PostgreSQL, MariaDB/MySQL, Redis, SQLite)
+ * behind the DatabaseEngine interface, the format sniffing shared by all, and the restore
+ * coordinator behind POST /api/databases/{name}/restore.
+ */
+export { describeUnrecognised, isMostlyText, looksLikeSql, readDumpSample, SAMPLE_BYTES, sniffFormat } from "./formats";
+export { DatabaseEngines, isDatabaseEngineName } from "./registry";
+export {
+  DATABASE_ENGINE_NAMES,
+  type DatabaseEngine,
+  type DatabaseEngineName,
+  type DatabaseInstance,
+  type DumpFormat,
+  type DumpSample,
+  type MissingTool,
+  type ReadyResult,
+  type RestoreJob,
+  type RestoreOutcome,
+  type RestoreProgress,
+  type ServerControl,
+  type ToolContext,
+  type ToolReport,
+} from "./types";
