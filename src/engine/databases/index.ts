@@ -4,7 +4,19 @@
  * coordinator behind POST /api/databases/{name}/restore.
  */
 export { describeUnrecognised, isMostlyText, looksLikeSql, readDumpSample, SAMPLE_BYTES, sniffFormat } from "./formats";
+export { PostgresEngine } from "./postgres";
 export { DatabaseEngines, isDatabaseEngineName } from "./registry";
+export {
+  type LastDump,
+  PROGRESS_PATTERN,
+  progressLine,
+  RestoreCoordinator,
+  type RestoreHost,
+  type RestoreOptions,
+  type RestoreResult,
+  type RestoreTarget,
+} from "./restore";
+export { SQLITE_DATABASE_FILE, SqliteEngine, sqliteFile } from "./sqlite";
 export {
   DATABASE_ENGINE_NAMES,
   type DatabaseEngine,

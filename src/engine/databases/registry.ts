@@ -1,5 +1,7 @@
 import { AppError } from "../../lib/errors";
 import { sniffFormat } from "./formats";
+import { PostgresEngine } from "./postgres";
+import { SqliteEngine } from "./sqlite";
 import { DATABASE_ENGINE_NAMES, type DatabaseEngine, type DatabaseEngineName, type DumpFormat, type DumpSample } from "./types";
 
 /**
@@ -8,10 +10,10 @@ import { DATABASE_ENGINE_NAMES, type DatabaseEngine, type DatabaseEngineName, ty
  * plain services, and restores into them answer database_engine_unavailable.
  */
 const ADAPTERS: Record<DatabaseEngineName, (() => DatabaseEngine) | null> = {
-  postgres: null, // src/engine/databases/postgres.ts
+  postgres: () => new PostgresEngine(),
   mariadb: null, // not yet available: src/engine/databases/mariadb.ts
   redis: null, // not yet available: src/engine/databases/redis.ts
-  sqlite: null, // src/engine/databases/sqlite.ts
+  sqlite: () => new SqliteEngine(),
 };
 
 /** isDatabaseEngineName says whether a string names an engine. */

@@ -1,0 +1,238 @@
+import { Database } from "bun:sqlite";
+import { closeSync, existsSync, openSync, readSync, renameSync, rmSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import { randomId } from "../../lib/crypto";
+import { feedFile } from "./feed";
+import { sniffFormat } from "./formats";
+import { assertTools, FileProgress, findTools, lastLines, runTool, type ToolSpec } from "./tools";
+import type {
+  DatabaseEngine,
+  DatabaseInstance,
+  DumpFormat,
+  DumpSample,
+  ReadyResult,
+  RestoreJob,
+  RestoreOutcome,
+  ToolContext,
+  ToolReport,
+} from "./types";
+
+const TOOLS: ToolSpec[] = [
+  { tool: "sqlite3", debianPackage: "sqlite3" },
+  { tool: "sleep", debianPackage: "coreutils" },
+];
+
+/** DATABASE_FILE is the database's file name inside the service's data dir. */
+export const SQLITE_DATABASE_FILE = "database.sqlite3";
+const COPY_CHUNK = 1024 * 1024;
+const PROGRESS_INTERVAL_MS = 250;
+
+/** sqliteFile is the path of a SQLite database service's file. */
+export function sqliteFile(instance: DatabaseInstance): string {
+  return join(instance.dataDir, SQLITE_DATABASE_FILE);
+}
+
+/**
+ * SqliteEngine manages a SQLite database file as a database service. SQLite has no server:
+ * the service's process is a placeholder (`sleep infinity`) that gives the file the same
+ * lifecycle as the other engines (start, stop, bindings that wait for it), and readiness
+ * opens the file and reads its schema. Restores build a new file beside the old one and
+ * rename it over the old one only once it is complete and passes an integrity check.
+ */
+export class SqliteEngine implements DatabaseEngine {
+  readonly name = "sqlite" as const;
+  readonly label = "SQLite";
+  readonly hasServer = false;
+
+  detectTools(env: Record<string, string>): ToolReport {
+    return findTools(TOOLS, env);
+  }
+
+  credentials(): { secrets: Record<string, string>; env: Record<string, string> } {
+    // A file on the workstation has no credentials: file permissions guard it.
+    return { secrets: {}, env: {} };
+  }
+
+  bindings(instance: DatabaseInstance, prefix: string): Record<string, string> {
+    const path = sqliteFile(instance);
+    // sqlite:////abs/path is the SQLAlchemy / dj-database-url form of an absolute path.
+    const url = `sqlite:///${path}`;
+    return { DATABASE_URL: url, [`${prefix}_URL`]: url, [`${prefix}_PATH`]: path };
+  }
+
+  async initialize(instance: DatabaseInstance, context: ToolContext): Promise<void> {
+    assertTools(this.label, this.detectTools(instance.env));
+    const file = sqliteFile(instance);
+    if (existsSync(file)) return;
+    const db = new Database(file, { create: true });
+    db.close();
+    context.log(`created an empty SQLite database, ${file}`);
+  }
+
+  startCommand(instance: DatabaseInstance): string[] {
+    const tools = assertTools(this.label, this.detectTools(instance.env));
+    return [tools.sleep as string, "infinity"];
+  }
+
+  async ready(instance: DatabaseInstance): Promise<ReadyResult> {
+    try {
+      const db = new Database(sqliteFile(instance), { readonly: true });
+      try {
+        db.query("SELECT count(*) FROM sqlite_master").get();
+      } finally {
+        db.close();
+      }
+      return { ready: true, detail: "the database file opens" };
+    } catch (error) {
+      return { ready: false, detail: `the database file does not open: ${(error as Error).message}` };
+    }
+  }
+
+  stopCommand(): string[] | null {
+    return null;
+  }
+
+  sniff(sample: DumpSample): DumpFormat | null {
+    return sniffFormat("sqlite", sample);
+  }
+
+  async restore(job: RestoreJob): Promise<RestoreOutcome> {
+    const { instance, sample, format } = job;
+    const tools = assertTools(this.label, this.detectTools(instance.env));
+    const target = sqliteFile(instance);
+    const staging = join(instance.dataDir, `.restore-${randomId("r").slice(2)}.sqlite3`);
+    try {
+      if (format.format === "sqlite-db" && !sample.gzip) {
+        await copyWithProgress(sample.path, staging, job);
+      } else if (format.format === "sqlite-db") {
+        const out = openSync(staging, "w", 0o640);
+        try {
+          await feedFile(sample.path, fdSink(out), {
+            gzip: true,
+            signal: job.signal,
+            onRead: (bytes) => job.progress({ bytesRead: bytes, totalBytes: sample.totalBytes }),
+          });
+        } finally {
+          closeSync(out);
+        }
+      } else {
+        await loadSql(tools.sqlite3 as string, staging, job);
+      }
+      if (job.signal.aborted) throw job.signal.reason;
+      const problem = integrityProblem(staging);
+      if (problem) throw new Error(`the restored database fails its integrity check: ${problem}`);
+      if (job.signal.aborted) throw job.signal.reason;
+      swapFile(target, staging);
+      job.log(`replaced ${target} with the restored database`);
+      job.progress({ bytesRead: sample.totalBytes, totalBytes: sample.totalBytes });
+      return { bytes: sample.totalBytes, detail: "restored into a new file, renamed over the database once complete and checked" };
+    } finally {
+      for (const suffix of ["", "-journal", "-wal", "-shm"]) rmSync(`${staging}${suffix}`, { force: true });
+    }
+  }
+}
+
+function fdSink(fd: number) {
+  return {
+    write: (chunk: Uint8Array) => writeSync(fd, chunk),
+    flush: () => 0,
+    end: () => 0,
+  };
+}
+
+/** copyWithProgress copies a database file chunk by chunk, so that a timeout stops it at once. */
+async function copyWithProgress(from: string, to: string, job: RestoreJob): Promise<void> {
+  const input = openSync(from, "r");
+  const output = openSync(to, "w", 0o640);
+  const buffer = Buffer.alloc(COPY_CHUNK);
+  let copied = 0;
+  let lastReport = 0;
+  try {
+    for (;;) {
+      if (job.signal.aborted) throw job.signal.reason;
+      const read = readSync(input, buffer, 0, COPY_CHUNK, copied);
+      if (read === 0) break;
+      writeSync(output, buffer, 0, read);
+      copied += read;
+      if (Date.now() - lastReport >= PROGRESS_INTERVAL_MS) {
+        lastReport = Date.now();
+        job.progress({ bytesRead: copied, totalBytes: job.sample.totalBytes });
+        await Bun.sleep(0); // let the timeout and the API breathe
+      }
+    }
+  } finally {
+    closeSync(input);
+    closeSync(output);
+  }
+}
+
+/** loadSql runs the dump through the sqlite3 shell into a new file, stopping at the first error. */
+async function loadSql(sqlite3: string, staging: string, job: RestoreJob): Promise<void> {
+  const { sample } = job;
+  const input = sample.gzip ? null : openSync(sample.path, "r");
+  let timer: ReturnType<typeof setInterval> | null = null;
+  try {
+    const progress = new FileProgress(sample.path, sample.totalBytes);
+    let logged = 0;
+    const run = await runTool([sqlite3, "-bail", staging], {
+      env: job.instance.env,
+      signal: job.signal,
+      stdin: input ?? "pipe",
+      onLine: (line) => {
+        if (logged++ < 50) job.log(`sqlite3: ${line}`);
+      },
+      onSpawn: async (proc) => {
+        if (input !== null) {
+          timer = setInterval(() => job.progress(progress.sample([proc.pid])), PROGRESS_INTERVAL_MS);
+          return;
+        }
+        await feedFile(sample.path, proc.stdin as never, {
+          gzip: true,
+          signal: job.signal,
+          onRead: (bytes) => job.progress({ bytesRead: bytes, totalBytes: sample.totalBytes }),
+        });
+      },
+    });
+    if (run.exitCode !== 0 || /^(Parse error|Runtime error|Error)/m.test(run.output)) {
+      throw new Error(`sqlite3 failed (exit ${run.exitCode ?? run.signal}): ${lastLines(run.output)}`);
+    }
+  } finally {
+    if (timer) clearInterval(timer);
+    if (input !== null) closeSync(input);
+  }
+}
+
+/** integrityProblem opens a database and runs PRAGMA integrity_check; null when it is sound. */
+function integrityProblem(path: string): string | null {
+  try {
+    const db = new Database(path, { readonly: true });
+    try {
+      const rows = db.query<{ integrity_check: string }, []>("PRAGMA integrity_check").all();
+      const problems = rows.map((row) => row.integrity_check).filter((line) => line !== "ok");
+      return problems.length > 0 ? problems.slice(0, 3).join("; ") : null;
+    } finally {
+      db.close();
+    }
+  } catch (error) {
+    return (error as Error).message;
+  }
+}
+
+/**
+ * swapFile puts the restored file in place. The old file's WAL is checkpointed first (so no
+ * committed write of it is lost in a file left behind), and its -wal, -shm and -journal files
+ * are removed after the rename: left there, SQLite would apply them to the new file.
+ */
+function swapFile(target: string, staging: string): void {
+  if (existsSync(`${target}-wal`)) {
+    try {
+      const db = new Database(target);
+      db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+      db.close();
+    } catch {
+      // a database that will not open has nothing to keep
+    }
+  }
+  renameSync(staging, target);
+  for (const suffix of ["-wal", "-shm", "-journal"]) rmSync(`${target}${suffix}`, { force: true });
+}
