@@ -106,8 +106,11 @@ export class Forwarder {
         if (this.drained && this.clients.size === 0) this.drained();
       },
       error: (socket, error) => {
-        // A handler threw: a bug. The connection's state is unknown, so it goes.
-        console.error(`engine proxy: connection handler failed: ${error.stack ?? error.message}`);
+        // A broken TLS session ends here too, and is the client's business; anything else is a
+        // handler that threw, a bug worth a line on stderr. Either way the connection goes.
+        if (!/SSL|TLS|ECONNRESET|EPIPE/i.test(`${(error as { code?: string }).code ?? ""} ${error.message}`)) {
+          console.error(`engine proxy: connection handler failed: ${error.stack ?? error.message}`);
+        }
         socket.data?.destroy();
       },
     };
@@ -465,7 +468,7 @@ class Exchange implements UpstreamOwner {
     private readonly head: RequestHead,
     private readonly route: RouteEntry,
   ) {
-    this.requestHead = wire(serializeRequestHead(head, { clientAddress: client.address, scheme: client.scheme }), head.ascii);
+    this.requestHead = wire(serializeRequestHead(head, { clientAddress: client.address, scheme: client.scheme }));
     const framing = head.framing;
     this.requestDone = framing.kind === "none";
     if (framing.kind === "length") this.requestRemaining = framing.length;
@@ -605,7 +608,7 @@ class Exchange implements UpstreamOwner {
       // 1xx informational responses (103 Early Hints) go on to an HTTP/1.1 client; 100 does
       // not, because the proxy answered the client's Expect itself.
       if (head.status !== 100 && this.head.minor === 1) {
-        this.client.write(wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: null }), head.ascii));
+        this.client.write(wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: null })));
       }
       input = input.subarray(parsed.length);
       if (input.length === 0) {
@@ -643,7 +646,7 @@ class Exchange implements UpstreamOwner {
       return;
     }
     const chunked = framing.kind === "chunked" && !this.dechunk;
-    const text = wire(serializeResponseHead(head, { chunked, close: this.closeClient, upgrade: null }), head.ascii);
+    const text = wire(serializeResponseHead(head, { chunked, close: this.closeClient, upgrade: null }));
     if (this.dechunk) {
       // The decoder writes the data itself, after this head.
       this.client.write(text);
@@ -700,7 +703,7 @@ class Exchange implements UpstreamOwner {
     this.finished = true;
     this.deadline = 0;
     this.upstream = null;
-    const text = wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: this.head.upgrade }), head.ascii);
+    const text = wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: this.head.upgrade }));
     this.client.write(rest.length > 0 ? join(text, rest) : text);
     const tunnel = new Tunnel(this.client, connection);
     connection.owner = tunnel;

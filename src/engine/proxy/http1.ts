@@ -11,8 +11,10 @@
  *
  * A head is checked whole by one regular expression (its grammar), and then only the fields
  * the proxy reads or rewrites are picked out of it; every other line is passed on as received,
- * by cutting the head's text rather than writing it again. Measured in the proxy's loop, this
- * costs about a third of splitting a head into lines and matching each.
+ * by cutting the head's text rather than writing it again. The proxy's CPU per request is
+ * mostly the kernel's; of the rest, what this module allocates per head was the largest part,
+ * so the hot path allocates little: no line arrays, no match arrays, one small object per
+ * field it reads.
  */
 
 /** MAX_HEAD_BYTES bounds a request's or response's head (request line and fields); a larger request head answers 431. */
@@ -38,26 +40,57 @@ const FIELD_LINES = `(?:\\r\\n${TCHAR}+:${VALUE_CHAR}*)*`;
  * HTTP-version, then field lines. A head that does not match is refused; nothing in it can be a
  * bare CR or LF, obs-fold (a line starting with whitespace), or a space before a colon.
  */
-const REQUEST_HEAD = new RegExp(`^(${TCHAR}+) ([\\x21-\\x7e]+) HTTP\\/(\\d)\\.(\\d)${FIELD_LINES}$`);
+const REQUEST_HEAD = new RegExp(`^${TCHAR}+ [\\x21-\\x7e]+ HTTP\\/\\d\\.\\d${FIELD_LINES}$`);
 
 /** RESPONSE_HEAD is a whole response head; a missing space before an empty reason is tolerated, as browsers do. */
-const RESPONSE_HEAD = new RegExp(`^HTTP\\/1\\.(\\d) ([1-9]\\d\\d)(?: (${VALUE_CHAR}*))?${FIELD_LINES}$`);
+const RESPONSE_HEAD = new RegExp(`^HTTP\\/1\\.\\d [1-9]\\d\\d(?: ${VALUE_CHAR}*)?${FIELD_LINES}$`);
 
-/** REQUEST_FIELDS picks out the request fields the proxy reads or rewrites, with their values. */
-const REQUEST_FIELDS =
-  /\r\n(host|content-length|transfer-encoding|connection|upgrade|expect|keep-alive|proxy-connection|te|trailer|x-forwarded-for|x-forwarded-proto|x-forwarded-host|x-real-ip):[\t ]*([^\r]*)/gi;
+/** byLength groups field names by their length, so a line's name is compared only with names as long as it. */
+function byLength(names: string[]): (string[] | undefined)[] {
+  const table: (string[] | undefined)[] = [];
+  for (const name of names) {
+    const list = table[name.length] ?? [];
+    list.push(name);
+    table[name.length] = list;
+  }
+  return table;
+}
 
-/** RESPONSE_FIELDS picks out the response fields that frame the body or describe the connection. */
-const RESPONSE_FIELDS = /\r\n(content-length|transfer-encoding|connection|keep-alive|proxy-connection|te|trailer|upgrade):[\t ]*([^\r]*)/gi;
+/** REQUEST_FIELDS are the request fields the proxy reads or rewrites; every other line goes on unread. */
+const REQUEST_FIELDS = byLength([
+  "host",
+  "content-length",
+  "transfer-encoding",
+  "connection",
+  "upgrade",
+  "expect",
+  "keep-alive",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "x-forwarded-for",
+  "x-forwarded-proto",
+  "x-forwarded-host",
+  "x-real-ip",
+]);
+
+/** RESPONSE_FIELDS are the response fields that frame the body or describe the connection. */
+const RESPONSE_FIELDS = byLength([
+  "content-length",
+  "transfer-encoding",
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "upgrade",
+]);
 
 /** HOST_VALUE is a uri-host with an optional port: reg-name, IPv4 or a bracketed IP literal. */
 const HOST_VALUE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::\d*)?$/;
 
 /** DIGITS is a Content-Length value. 15 digits keeps it an exact integer. */
 const DIGITS = /^\d{1,15}$/;
-
-/** NON_ASCII finds a byte above 0x7f in a head's latin1 text. */
-const NON_ASCII = /[\x80-\xff]/;
 
 /**
  * HOP_BY_HOP are the fields that describe one connection (RFC 9110 §7.6.1), never forwarded as
@@ -91,8 +124,6 @@ export type BodyFraming =
 export interface RequestHead {
   /** text is the head as received (latin1, one character per byte), without the empty line that ends it. */
   text: string;
-  /** ascii is true when the head has no byte above 0x7f, so it may be written as a string. */
-  ascii: boolean;
   method: string;
   /** target is the request-target in origin form ("/path?query"), or "*" for OPTIONS. */
   target: string;
@@ -114,14 +145,13 @@ export interface RequestHead {
   /** expectContinue is true for `Expect: 100-continue`. */
   expectContinue: boolean;
   /** connectionTokens are the lower-cased Connection tokens: fields they name are hop-by-hop too. */
-  connectionTokens: string[];
+  connectionTokens: readonly string[];
 }
 
 /** ResponseHead is a parsed, validated response head from an upstream. */
 export interface ResponseHead {
   /** text is the head as received (latin1), without the empty line that ends it. */
   text: string;
-  ascii: boolean;
   /**
    * plain is true when the head may go to the client byte for byte: HTTP/1.1, no field that is
    * hop-by-hop except one Transfer-Encoding line ending in chunked, and at most one
@@ -129,7 +159,6 @@ export interface ResponseHead {
    */
   plain: boolean;
   status: number;
-  reason: string;
   minor: number;
   /** lines are the fields that frame the body or describe the connection (RESPONSE_FIELDS). */
   lines: FieldLine[];
@@ -141,7 +170,7 @@ export interface ResponseHead {
   chunked: boolean;
   /** keepAlive is false when the upstream will close the connection after this response. */
   keepAlive: boolean;
-  connectionTokens: string[];
+  connectionTokens: readonly string[];
 }
 
 export type HeadResult<T> = { ok: true; head: T; length: number } | HeadError;
@@ -185,25 +214,39 @@ function whatIsWrong(text: string, startLine: RegExp): string {
   return "a malformed head";
 }
 
-/** pickFields returns the lines of `text` that `pattern` (a global RegExp) matches, names lower-cased, values trimmed. */
-function pickFields(text: string, pattern: RegExp): FieldLine[] {
+/**
+ * pickFields returns the field lines of a validated head whose names are in `names` (grouped by
+ * length), names lower-cased, values trimmed, in order. Names are compared letter by letter
+ * without case: in a validated token `c | 0x20` equals a lower-case letter or `-` only for that
+ * letter in either case, or for `-` itself.
+ */
+function pickFields(text: string, names: (string[] | undefined)[]): FieldLine[] {
   const lines: FieldLine[] = [];
-  pattern.lastIndex = 0;
-  for (let match = pattern.exec(text); match !== null; match = pattern.exec(text)) {
-    lines.push({ name: (match[1] as string).toLowerCase(), value: trimEnd(match[2] as string), start: match.index + 2 });
+  let lineBreak = text.indexOf("\r\n");
+  while (lineBreak >= 0) {
+    const start = lineBreak + 2;
+    lineBreak = text.indexOf("\r\n", start);
+    const colon = text.indexOf(":", start);
+    const candidates = names[colon - start];
+    if (candidates === undefined) continue;
+    for (const name of candidates) {
+      let i = 0;
+      while (i < name.length && (text.charCodeAt(start + i) | 0x20) === name.charCodeAt(i)) i += 1;
+      if (i < name.length) continue;
+      lines.push({ name, value: trimValue(text, colon + 1, lineBreak < 0 ? text.length : lineBreak), start });
+      break;
+    }
   }
   return lines;
 }
 
-/** trimEnd drops the optional whitespace (spaces and tabs only, RFC 9110 §5.6.3) after a field value. */
-function trimEnd(value: string): string {
-  let end = value.length;
-  while (end > 0) {
-    const c = value.charCodeAt(end - 1);
-    if (c !== 32 && c !== 9) break;
-    end -= 1;
-  }
-  return end === value.length ? value : value.slice(0, end);
+/** trimValue is the field value between `from` and `to` without the optional whitespace around it (spaces and tabs only, RFC 9110 §5.6.3). */
+function trimValue(text: string, from: number, to: number): string {
+  let start = from;
+  let end = to;
+  while (start < end && (text.charCodeAt(start) === 32 || text.charCodeAt(start) === 9)) start += 1;
+  while (end > start && (text.charCodeAt(end - 1) === 32 || text.charCodeAt(end - 1) === 9)) end -= 1;
+  return text.slice(start, end);
 }
 
 /**
@@ -219,18 +262,28 @@ export function fieldValue(text: string, lowerName: string): string | null {
     const colon = text.indexOf(":", at);
     if (colon - at === lowerName.length && text.slice(at, colon).toLowerCase() === lowerName) {
       const end = text.indexOf("\r\n", colon);
-      return trimEnd(text.slice(colon + 1, end < 0 ? text.length : end).replace(/^[\t ]+/, ""));
+      return trimValue(text, colon + 1, end < 0 ? text.length : end);
     }
   }
 }
 
-/** listTokens splits a comma-separated field value into lower-cased, trimmed, non-empty members. */
-function listTokens(value: string, into: string[]): void {
+/** NONE is the empty token list most heads have, shared rather than allocated per head; it is never added to. */
+const NONE: readonly string[] = Object.freeze([]);
+
+/** listTokens appends the members of a comma-separated field value, lower-cased and trimmed, to `list` (a new array when `list` is NONE). */
+function listTokens(value: string, list: readonly string[]): string[] {
+  const into = list === NONE ? [] : (list as string[]);
   for (const part of value.split(",")) {
     const token = part.trim().toLowerCase();
     if (token) into.push(token);
   }
+  return into;
 }
+
+/** NO_BODY, CHUNKED and UNTIL_CLOSE are the framings without a length, shared by every head. */
+const NO_BODY: BodyFraming = { kind: "none" };
+const CHUNKED: BodyFraming = { kind: "chunked" };
+const UNTIL_CLOSE: BodyFraming = { kind: "close" };
 
 /**
  * readContentLength folds a Content-Length value into the one seen so far: RFC 9110 §8.6 lets a
@@ -278,21 +331,24 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
   if (end === -1) return null;
   if (typeof end !== "number") return end;
   const text = buffer.toString("latin1", 0, end - 4);
-  const requestLine = REQUEST_HEAD.exec(text);
-  if (!requestLine) return fail(400, whatIsWrong(text, REQUEST_LINE));
-  const method = requestLine[1] as string;
-  if (requestLine[3] !== "1") return fail(requestLine[3] === "0" ? 400 : 505, "only HTTP/1.0 and HTTP/1.1 are served");
-  const minor = Number(requestLine[4]) >= 1 ? 1 : 0;
+  if (!REQUEST_HEAD.test(text)) return fail(400, whatIsWrong(text, REQUEST_LINE));
+  // REQUEST_HEAD vouches for the shape: "METHOD SP target SP HTTP/d.d".
+  const methodEnd = text.indexOf(" ");
+  const targetEnd = text.indexOf(" ", methodEnd + 1);
+  const method = text.slice(0, methodEnd);
+  const major = text.charCodeAt(targetEnd + 6) - 48;
+  if (major !== 1) return fail(major === 0 ? 400 : 505, "only HTTP/1.0 and HTTP/1.1 are served");
+  const minor = text.charCodeAt(targetEnd + 8) - 48 >= 1 ? 1 : 0;
   if (method === "CONNECT") return fail(400, "CONNECT is not served by a reverse proxy");
-  const target = parseTarget(method, requestLine[2] as string);
+  const target = parseTarget(method, text.slice(methodEnd + 1, targetEnd));
   if (typeof target === "string") return fail(400, target);
   const lines = pickFields(text, REQUEST_FIELDS);
 
   let host: string | null = null;
   let contentLength = -1;
   let transferCodings = "";
-  const codings: string[] = [];
-  const connectionTokens: string[] = [];
+  let codings = NONE;
+  let connectionTokens = NONE;
   let upgradeValue: string | null = null;
   let expectContinue = false;
   for (const { name, value } of lines) {
@@ -310,10 +366,10 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
       }
       case "transfer-encoding":
         transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
-        listTokens(value, codings);
+        codings = listTokens(value, codings);
         break;
       case "connection":
-        listTokens(value, connectionTokens);
+        connectionTokens = listTokens(value, connectionTokens);
         break;
       case "upgrade":
         upgradeValue = value;
@@ -335,15 +391,14 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
     if (codings[codings.length - 1] !== "chunked" || codings.indexOf("chunked") !== codings.length - 1) {
       return fail(400, "a Transfer-Encoding whose only and last coding is not chunked");
     }
-    framing = { kind: "chunked" };
-  } else framing = contentLength > 0 ? { kind: "length", length: contentLength } : { kind: "none" };
+    framing = CHUNKED;
+  } else framing = contentLength > 0 ? { kind: "length", length: contentLength } : NO_BODY;
   const upgrade = upgradeValue !== null && connectionTokens.includes("upgrade") && /^websocket$/i.test(upgradeValue) ? "websocket" : null;
   return {
     ok: true,
     length: skipped + end,
     head: {
       text,
-      ascii: !NON_ASCII.test(text),
       method,
       target: target.path,
       minor,
@@ -373,14 +428,15 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
   if (end === -1) return null;
   if (typeof end !== "number") return end;
   const text = buffer.toString("latin1", 0, end - 4);
-  const statusLine = RESPONSE_HEAD.exec(text);
-  if (!statusLine) return fail(502, whatIsWrong(text, STATUS_LINE));
-  const minor = Number(statusLine[1]) >= 1 ? 1 : 0;
+  if (!RESPONSE_HEAD.test(text)) return fail(502, whatIsWrong(text, STATUS_LINE));
+  // RESPONSE_HEAD vouches for the shape: "HTTP/1.d ddd".
+  const minor = text.charCodeAt(7) - 48 >= 1 ? 1 : 0;
+  const status = (text.charCodeAt(9) - 48) * 100 + (text.charCodeAt(10) - 48) * 10 + (text.charCodeAt(11) - 48);
   const lines = pickFields(text, RESPONSE_FIELDS);
   let contentLength = -1;
   let transferCodings = "";
-  const codings: string[] = [];
-  const connectionTokens: string[] = [];
+  let codings = NONE;
+  let connectionTokens = NONE;
   // plain stays true while nothing in the head needs rewriting for the client.
   let plain = minor === 1;
   let lengthLines = 0;
@@ -393,11 +449,11 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
       if (++lengthLines > 1 || value.includes(",")) plain = false;
     } else if (name === "transfer-encoding") {
       transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
-      listTokens(value, codings);
+      codings = listTokens(value, codings);
       codingLines += 1;
     } else {
       plain = false;
-      if (name === "connection") listTokens(value, connectionTokens);
+      if (name === "connection") connectionTokens = listTokens(value, connectionTokens);
     }
   }
   if (codings.length > 0 && contentLength >= 0) return fail(502, "both Content-Length and Transfer-Encoding");
@@ -409,10 +465,8 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
     length: end,
     head: {
       text,
-      ascii: !NON_ASCII.test(text),
       plain,
-      status: Number(statusLine[2]),
-      reason: statusLine[3] ?? "",
+      status,
       minor,
       lines,
       contentLength,
@@ -433,11 +487,11 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
  * connection's close (which also covers a Transfer-Encoding without chunked).
  */
 export function responseFraming(method: string, head: ResponseHead): BodyFraming {
-  if (method === "HEAD" || head.status < 200 || head.status === 204 || head.status === 304) return { kind: "none" };
-  if (head.chunked) return { kind: "chunked" };
-  if (head.transferCodings) return { kind: "close" };
-  if (head.contentLength >= 0) return head.contentLength === 0 ? { kind: "none" } : { kind: "length", length: head.contentLength };
-  return { kind: "close" };
+  if (method === "HEAD" || head.status < 200 || head.status === 204 || head.status === 304) return NO_BODY;
+  if (head.chunked) return CHUNKED;
+  if (head.transferCodings) return UNTIL_CLOSE;
+  if (head.contentLength >= 0) return head.contentLength === 0 ? NO_BODY : { kind: "length", length: head.contentLength };
+  return UNTIL_CLOSE;
 }
 
 /** IDEMPOTENT are the methods a request may be sent again for (RFC 9110 §9.2.2). */
@@ -640,7 +694,7 @@ const SET_BY_PROXY = new Set([
  * namedLines finds the lines of the fields a Connection header names (other than the
  * connection options the proxy handles itself): they are hop-by-hop too (RFC 9110 §7.6.1).
  */
-function namedLines(text: string, tokens: string[]): number[] {
+function namedLines(text: string, tokens: readonly string[]): number[] {
   const starts: number[] = [];
   for (const token of tokens) {
     // Host is never dropped: the upstream needs it, whatever the client's Connection says.
@@ -679,8 +733,8 @@ function keptLines(text: string, dropped: number[]): string {
  * its Connection names, minus Expect (the proxy answers 100-continue itself) and the
  * forwarding fields it sets; `Host` as received; X-Forwarded-For (appended to), -Proto, -Host
  * and X-Real-IP; the body's framing (chunked coding passes through unchanged); and the upgrade
- * fields of a websocket handshake. The result is latin1 text, one character per byte: ASCII
- * when the client's head was (`head.ascii`), else to be encoded as latin1, byte for byte.
+ * fields of a websocket handshake. The result is latin1 text, one character per byte (see
+ * `wire` in outbox.ts).
  */
 export function serializeRequestHead(head: RequestHead, forwarding: Forwarding): string {
   const dropped = head.connectionTokens.length > 0 ? namedLines(head.text, head.connectionTokens) : [];
@@ -719,7 +773,10 @@ export function serializeRequestHead(head: RequestHead, forwarding: Forwarding):
 export function serializeResponseHead(head: ResponseHead, options: { chunked: boolean; close: boolean; upgrade: string | null }): string {
   const dropped = head.connectionTokens.length > 0 ? namedLines(head.text, head.connectionTokens) : [];
   for (const line of head.lines) dropped.push(line.start);
-  let text = `HTTP/1.1 ${head.status} ${head.reason}${keptLines(head.text, dropped)}\r\n`;
+  // The status and reason go on as received, after the version the proxy speaks.
+  const statusLineEnd = head.text.indexOf("\r\n");
+  const statusAndReason = head.text.slice(9, statusLineEnd < 0 ? head.text.length : statusLineEnd);
+  let text = `HTTP/1.1 ${statusAndReason}${keptLines(head.text, dropped)}\r\n`;
   if (head.contentLength >= 0) text += `Content-Length: ${head.contentLength}\r\n`;
   if (options.chunked) text += `Transfer-Encoding: ${head.transferCodings}\r\n`;
   if (options.upgrade) text += `Connection: upgrade\r\nUpgrade: ${options.upgrade}\r\n`;

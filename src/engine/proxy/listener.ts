@@ -92,6 +92,9 @@ export class ProxyListener {
     const handlers: SniHandlers = {
       ...this.forwarder.clientHandlers("https"),
       serverName: (_listenerData, serverName) => this.contexts.get(serverName.toLowerCase())?.context,
+      // With a handshake handler Bun opens the connection at accept rather than after the
+      // handshake, so a client that never finishes one meets the idle timeout like any other.
+      handshake: () => {},
     };
     const certificate = this.defaultCertificate;
     return listenShared({

@@ -7,9 +7,15 @@ import type { Socket } from "bun";
  */
 export type Bytes = string | Uint8Array;
 
-/** wire turns a head's latin1 text into something to write: the string itself when it is ASCII. */
-export function wire(text: string, ascii: boolean): Bytes {
-  return ascii ? text : Buffer.from(text, "latin1");
+const NON_ASCII = /[\x80-\xff]/;
+
+/**
+ * wire turns a head's latin1 text (one character per byte) into something to write: the
+ * string itself when it is ASCII, as almost every head is, else its latin1 bytes (Bun would
+ * write a string as UTF-8, which would change obs-text).
+ */
+export function wire(text: string): Bytes {
+  return NON_ASCII.test(text) ? Buffer.from(text, "latin1") : text;
 }
 
 /** join puts a head and the first body bytes into one buffer, so they go out in one write (one segment). */

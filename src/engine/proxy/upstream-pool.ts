@@ -111,7 +111,6 @@ const HANDLERS: SocketHandler<UpstreamConnection> = {
     const connection = socket.data;
     connection.socket = socket;
     connection.connected = true;
-    socket.setNoDelay(true);
     if (connection.owner) connection.owner.onUpstreamOpen(connection);
     else connection.pool.release(connection);
   },

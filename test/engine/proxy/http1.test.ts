@@ -183,7 +183,6 @@ describe("request heads that are accepted", () => {
 
   test("obs-text in a value is kept byte for byte", () => {
     const head = request("GET / HTTP/1.1\r\nHost: a\r\nX-Name: caf\xe9\r\n\r\n");
-    expect(head.ascii).toBe(false);
     const sent = Buffer.from(serializeRequestHead(head, { clientAddress: "1.2.3.4", scheme: "https" }), "latin1");
     expect(sent.includes(Buffer.from([0x63, 0x61, 0x66, 0xe9]))).toBe(true);
   });
