@@ -57,11 +57,17 @@ export type CreatedToken = Static<typeof CreatedToken>;
 
 export const TokenIdParams = t.Object({ id: t.String({ minLength: 1, maxLength: 64 }) });
 
+/** DatabaseEngineName names the database engines the engine manages (src/engine/databases). */
+export const DatabaseEngineName = t.Union([t.Literal("postgres"), t.Literal("mariadb"), t.Literal("redis"), t.Literal("sqlite")], {
+  description: "A database engine the engine manages: it initializes, starts, checks, stops and restores it",
+});
+
 export const DeployDefaults = t.Object({
   port: t.Integer({ minimum: 0, maximum: 65535 }),
   gpus: t.Integer({ minimum: 0, maximum: 64 }),
   start: t.String({ minLength: 1 }),
   health: t.String(),
+  engine: t.Optional(DatabaseEngineName),
 });
 
 export const EnvSchemaEntry = t.Object({
@@ -353,6 +359,7 @@ export const ServiceDeploy = t.Object(
     health: t.Optional(t.Union([HealthSpec, t.Null()])),
     build: t.Optional(t.Union([BuildSpec, t.Null()])),
     bindings: t.Optional(t.Array(ServiceName, { maxItems: 64, uniqueItems: true })),
+    engine: t.Optional(DatabaseEngineName),
   },
   { additionalProperties: false, $id: "ServiceDeploy" },
 );
@@ -436,7 +443,11 @@ export const DomainParams = t.Object({
 });
 
 export const RestoreRequest = t.Object({
-  dump: t.String({ minLength: 1, maxLength: 4096, description: "Path of the dump file on the engine's host" }),
+  dump: t.String({
+    minLength: 1,
+    maxLength: 4096,
+    description: "The dump: an absolute path on the engine's host (a file, or a pg_dump directory), a file:// URL or an https:// URL",
+  }),
   timeout_s: t.Integer({ minimum: 1, maximum: 86400 }),
 });
 export const RestoreResult = t.Object(

@@ -76,8 +76,12 @@ export function serviceRoutes(deps: ApiDeps, ctx: RequestContext) {
       {
         params: DatabaseNameParams,
         body: RestoreRequest,
-        response: { 200: RestoreResult, ...errorResponses(...AUTHED, 404, 422) },
-        detail: { tags: ["databases"], summary: "Restore a dump into a database service" },
+        response: { 200: RestoreResult, ...errorResponses(...AUTHED, 404, 409, 422, 500, 501, 504) },
+        detail: {
+          tags: ["databases"],
+          summary:
+            "Restore a dump into a database service: 409 not a database, wrong engine for the dump, not running, or a restore already under way; 422 an unreadable, unrecognised or failing dump (the database is left as it was); 500 database_tools_missing; 504 past timeout_s (the database is left as it was)",
+        },
       },
     );
 }

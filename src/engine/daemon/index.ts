@@ -148,6 +148,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     supervisor.start();
     cleanups.push(() => supervisor.stop());
     const gpus = new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock });
+    // https:// dumps may come from services the engine serves with its local CA (made below).
+    let localCaPem: string | null = null;
     const manager = new ServiceManager({
       store: new ServiceStore(db),
       supervisor,
@@ -160,6 +162,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       dataDir: config.dataDir,
       logMaxFiles: config.serviceLogMaxFiles,
       env: config.workloadEnv,
+      trustedCas: () => (localCaPem ? [localCaPem] : []),
     });
     // Workloads outlive the daemon: stopping it hands them over, it never kills them.
     cleanups.push(() => manager.handOver());
@@ -169,6 +172,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     // The local CA exists from the first start, so `engine ca` and the status always have a root.
     const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
     const rootPem = ca.rootPem();
+    localCaPem = rootPem;
     const rootSubject = new X509Certificate(rootPem).subject.replaceAll("\n", ", ");
     let trust = await trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
     let trustReadAt = Date.now();

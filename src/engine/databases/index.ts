@@ -17,6 +17,7 @@ export {
   type RestoreTarget,
 } from "./restore";
 export { SQLITE_DATABASE_FILE, SqliteEngine, sqliteFile } from "./sqlite";
+export { assertTools, asUser, firstUnreachable, freeTcpPort, lookupUser, type RunAs } from "./tools";
 export {
   DATABASE_ENGINE_NAMES,
   type DatabaseEngine,

@@ -255,3 +255,11 @@ export function openForReading(path: string): number {
 }
 
 export { closeSync };
+
+/** freeTcpPort returns a loopback TCP port that was free a moment ago, found by listening on port 0. */
+export async function freeTcpPort(): Promise<number> {
+  const listener = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = listener.port;
+  listener.stop(true);
+  return port;
+}

@@ -1,4 +1,5 @@
 import type { Diagnosis, LogLine } from "../../contract/engine";
+import type { LastDump } from "../databases";
 import type { HealthState } from "../health";
 import { restartsInWindow } from "../services/restart-policy";
 import type { Forensics, RunRow, ServiceRow, VersionRow } from "../services/store";
@@ -16,6 +17,8 @@ export interface DiagnosisInput {
   envSource: string;
   logs: LogLine[];
   nowMs: number;
+  /** lastDump is the last restore into a database service (null when none, and for other kinds). */
+  lastDump?: LastDump | null;
 }
 
 type Remediation = { code: string; detail: string };
@@ -169,9 +172,12 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
           exec_error: lastRun.exit?.execError ?? null,
           end_reason: lastRun.end_reason,
           gpu_devices: lastRun.gpus?.visible_ids ?? [],
+          // How a stop asked it to end ("pg_ctl stop -m fast", "SIGTERM") and whether SIGKILL had to follow.
+          stop_method: lastRun.exit?.stop_method ?? null,
+          forced_kill: lastRun.exit?.forced_kill ?? false,
         }
       : null,
-    last_dump: null,
+    last_dump: input.lastDump ? { ...input.lastDump } : null,
     injected_env_keys: lastRun?.env_keys ?? [],
     pending_env_keys: input.pendingEnvKeys,
     logs: input.logs.map((line) => ({ ...line })),

@@ -8,6 +8,8 @@ export interface BoundService {
   port: number | null;
   env: Record<string, string>;
   secrets: Record<string, string>;
+  /** database are the variables a managed database's adapter gives (DATABASE_URL, PG*, ...); they replace the template conventions below. */
+  database?: Record<string, string>;
 }
 
 /** envPrefix turns a service name into a variable prefix: `my-db` → `MY_DB`. */
@@ -29,7 +31,9 @@ export function bindingVariables(bound: BoundService): Record<string, string> {
   const value = (key: string) => bound.secrets[key] ?? bound.env[key];
   const enc = encodeURIComponent;
   if (bound.kind === "service" || bound.kind === "model") vars[`${prefix}_URL`] = `http://${host}:${port}`;
-  if (bound.template_id === "postgres") {
+  if (bound.database) {
+    Object.assign(vars, bound.database);
+  } else if (bound.template_id === "postgres") {
     const user = value("POSTGRES_USER") ?? "postgres";
     const password = value("POSTGRES_PASSWORD") ?? "";
     const database = value("POSTGRES_DB") ?? user;

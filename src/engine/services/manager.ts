@@ -1,5 +1,5 @@
-import { existsSync, mkdirSync, rmSync } from "node:fs";
-import { join } from "node:path";
+import { appendFileSync, existsSync, mkdirSync, rmSync } from "node:fs";
+import { basename, join } from "node:path";
 import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { randomId, type SecretBox } from "../../lib/crypto";
@@ -8,6 +8,17 @@ import type { Logger } from "../../lib/logger";
 import { InputError } from "../../lib/validation";
 import { assertServiceInScope, type Principal } from "../auth";
 import { runBuild } from "../builds";
+import {
+  type DatabaseEngine,
+  DatabaseEngines,
+  type DatabaseInstance,
+  freeTcpPort,
+  type LastDump,
+  RestoreCoordinator,
+  type RestoreHost,
+  type RestoreTarget,
+  type ServerControl,
+} from "../databases";
 import { buildDiagnosis } from "../diagnose";
 import {
   checkPossible,
@@ -60,7 +71,14 @@ export interface ManagerOptions {
   logMaxFiles: number;
   /** env is the daemon's environment, of which workloads inherit PATH, HOME, LANG and a few others. */
   env: Record<string, string | undefined>;
+  /** databases are the database adapters (default: every adapter this engine has). */
+  databases?: DatabaseEngines;
+  /** trustedCas are PEM certificates trusted, besides the system's, for https:// dumps (the engine's local CA). */
+  trustedCas?: () => string[];
 }
+
+/** READY_POLL_MS bounds how often a starting database is asked whether it accepts connections. */
+const READY_POLL_MS = { first: 50, max: 1000 };
 
 /** Runtime is the in-memory part of a service: timers, monitors and the live run's handle. */
 interface Runtime {
@@ -78,6 +96,12 @@ interface Runtime {
   pendingEnvKeys: string[];
   envSource: string;
   launching: boolean;
+  /** forcedKill is set when a stop had to end the run with SIGKILL after stop_timeout_s. */
+  forcedKill: boolean;
+  /** stopMethod says how the latest purposeful stop asked the process to end ("SIGTERM", "pg_ctl stop -m fast"). */
+  stopMethod: string | null;
+  /** setup aborts a database's initialization when the service is stopped or deleted meanwhile. */
+  setup: AbortController | null;
 }
 
 function newRuntime(): Runtime {
@@ -95,6 +119,9 @@ function newRuntime(): Runtime {
     pendingEnvKeys: [],
     envSource: "none",
     launching: false,
+    forcedKill: false,
+    stopMethod: null,
+    setup: null,
   };
 }
 
@@ -111,9 +138,20 @@ export class ServiceManager implements ServiceDirectory {
   private stopped = false;
   private gpuTimer: ReturnType<typeof setInterval> | null = null;
   private readonly o: ManagerOptions;
+  private readonly databases: DatabaseEngines;
+  private readonly restores: RestoreCoordinator;
 
   constructor(options: ManagerOptions) {
     this.o = options;
+    this.databases = options.databases ?? new DatabaseEngines();
+    this.restores = new RestoreCoordinator({
+      engines: this.databases,
+      host: this.restoreHost(),
+      clock: options.clock,
+      log: options.log,
+      scratchDir: join(options.dataDir, "tmp", "restores"),
+      trustedCas: options.trustedCas,
+    });
     options.supervisor.onExit((handle, exit) => this.onRunExit(handle, exit));
   }
 
@@ -156,6 +194,12 @@ export class ServiceManager implements ServiceDirectory {
           runtime.handle = handle;
           runtime.gpuHold = run.gpus;
           this.o.log.info({ service: service.name, pid: handle.pid }, "adopted a running service");
+          const database = this.databaseOf(service);
+          if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
+            // It was still starting: it is running once it accepts connections, as at launch.
+            void this.awaitDatabaseReady(service.id, run.id, database.adapter, database.instance);
+            continue;
+          }
           if (service.status === "scheduled") this.update(service.id, { status: "running", status_message: null });
           if (service.desired_state === "stopped") void this.stopRun(service.id, "stopped");
           else if (service.status !== "paused") this.startHealth(service.id);
@@ -191,6 +235,7 @@ export class ServiceManager implements ServiceDirectory {
       if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
       runtime.health?.stop();
       runtime.build?.abort();
+      runtime.setup?.abort();
     }
   }
 
@@ -292,13 +337,179 @@ export class ServiceManager implements ServiceDirectory {
       envSource: runtime.envSource,
       logs: tailLog(this.logFile(service.id), DIAGNOSIS_LOG_LINES, this.o.logMaxFiles),
       nowMs: this.now().getTime(),
+      lastDump: this.o.store.getLastDump(service.id),
     });
   }
 
-  async restoreDatabase(name: string): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }> {
-    const service = this.o.store.findService(name);
-    if (service?.kind !== "database") throw new AppError("database_not_found", `no database service named ${JSON.stringify(name)}`);
-    throw new AppError("not_supported", `restoring ${service.name} needs the database adapters, which this engine does not have yet`);
+  /** restoreDatabase restores a dump into a database service; see RestoreCoordinator. */
+  restoreDatabase(
+    name: string,
+    dump: string,
+    timeoutS: number,
+  ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }> {
+    return this.restores.restore(name, dump, timeoutS);
+  }
+
+  // ---------------------------------------------------------------- databases
+
+  /** databaseOf returns a managed database's adapter and instance; null for other services and engines without an adapter. */
+  private databaseOf(service: ServiceRow): { adapter: DatabaseEngine; instance: DatabaseInstance } | null {
+    const version = this.currentSpec(service);
+    const engine = version.spec.database?.engine;
+    if (!engine || !this.databases.available(engine)) return null;
+    return { adapter: this.databases.get(engine), instance: this.databaseInstance(service.id, service.name, version) };
+  }
+
+  /** toolEnv is the environment database tools run with: the pass-through variables and the deploy's plain env, never secrets. */
+  private toolEnv(spec: ServiceSpec): Record<string, string> {
+    return assembleRunEnv({ base: this.o.env, engine: {}, bindings: {}, env: spec.env, secrets: {}, gpu: {} }).env;
+  }
+
+  private databaseInstance(serviceId: string, name: string, version: VersionRow): DatabaseInstance {
+    return {
+      serviceId,
+      serviceName: name,
+      dataDir: join(this.o.dataDir, "data", name),
+      host: "127.0.0.1",
+      port: version.spec.port,
+      credentials: { ...version.spec.env, ...this.openSecrets(version) },
+      env: this.toolEnv(version.spec),
+    };
+  }
+
+  /**
+   * prepareDatabaseSpec completes a managed database's spec at deploy: the adapter must exist
+   * and its tools be on the host; credentials are generated where the deploy (or, for a
+   * redeploy, the previous version) gave none; a server gets a free port unless one is given.
+   */
+  private async prepareDatabaseSpec(spec: ServiceSpec, secrets: Record<string, string>, existing: ServiceRow | null): Promise<void> {
+    const engine = spec.database?.engine;
+    if (!engine) return;
+    const adapter = this.databases.get(engine);
+    const env = this.toolEnv(spec);
+    const report = adapter.detectTools(env);
+    if (report.missing.length > 0) {
+      const packages = [...new Set(report.missing.map((m) => m.debianPackage))].join(" ");
+      throw new AppError(
+        "database_tools_missing",
+        `${adapter.label} needs ${report.missing.map((m) => m.tool).join(", ")}, not found on this host: install the Debian package ${packages} (apt-get install ${packages})`,
+        { missing: report.missing },
+      );
+    }
+    const previous = existing ? this.o.store.latestVersion(existing.id) : null;
+    const given = {
+      ...(previous ? { ...previous.spec.env, ...this.openSecrets(previous) } : {}),
+      ...spec.env,
+      ...secrets,
+    };
+    const credentials = adapter.credentials(spec.name, given);
+    Object.assign(secrets, credentials.secrets);
+    spec.env = { ...spec.env, ...credentials.env };
+    for (const key of Object.keys(secrets)) delete spec.env[key];
+    spec.secret_keys = Object.keys(secrets).sort();
+    if (!adapter.hasServer) spec.port = null;
+    else if (spec.port === null) spec.port = previous?.spec.port ?? (await freeTcpPort());
+    const instance: DatabaseInstance = {
+      serviceId: existing?.id ?? "",
+      serviceName: spec.name,
+      dataDir: join(this.o.dataDir, "data", spec.name),
+      host: "127.0.0.1",
+      port: spec.port,
+      credentials: { ...spec.env, ...secrets },
+      env,
+    };
+    spec.command = adapter.startCommand(instance);
+  }
+
+  /**
+   * awaitDatabaseReady keeps a started database `scheduled` until its adapter says it accepts
+   * connections, then makes it `running` (and lets services bound to it start). It gives up
+   * only when the run ends or the daemon hands over: a server in crash recovery may take long.
+   */
+  private async awaitDatabaseReady(serviceId: string, runId: string, adapter: DatabaseEngine, instance: DatabaseInstance): Promise<void> {
+    const runtime = this.runtime(serviceId);
+    let delay = READY_POLL_MS.first;
+    let lastDetail = "";
+    const live = () => !this.stopped && runtime.handle?.runId === runId && this.o.supervisor.isWatching(runId);
+    while (live()) {
+      const result = await adapter
+        .ready(instance, new AbortController().signal)
+        .catch((error: Error) => ({ ready: false, detail: error.message }));
+      if (!live()) return;
+      if (result.ready) {
+        try {
+          await adapter.afterReady?.(instance, { log: (line) => this.appendLog(serviceId, line), signal: new AbortController().signal });
+        } catch (error) {
+          this.appendLog(serviceId, `after start: ${(error as Error).message}`);
+        }
+        if (!live()) return;
+        const service = this.o.store.getService(serviceId);
+        if (service?.status !== "scheduled") return;
+        this.update(serviceId, { status: "running", status_message: null });
+        this.appendLog(serviceId, `${adapter.label} accepts connections on ${instance.host}:${instance.port ?? "-"}`);
+        this.o.log.info({ service: instance.serviceName, engine: adapter.name }, "database accepts connections");
+        this.startHealth(serviceId);
+        this.schedule(); // services bound to it may now start
+        return;
+      }
+      if (result.detail !== lastDetail) {
+        lastDetail = result.detail;
+        this.update(serviceId, { status_message: `waiting for ${adapter.label} to accept connections: ${result.detail}` });
+      }
+      await Bun.sleep(delay);
+      delay = Math.min(READY_POLL_MS.max, delay * 2);
+    }
+  }
+
+  /** appendLog writes one line from the engine (stream `engine`) into a service's log, in the shim's format. */
+  appendLog(serviceId: string, line: string): void {
+    this.ensureDir(join(this.serviceDir(serviceId), "logs"));
+    const ts = new Date().toISOString().replace("Z", "000000Z");
+    try {
+      appendFileSync(this.logFile(serviceId), `${ts} engine F ${line.replaceAll("\n", " ")}\n`);
+    } catch (error) {
+      this.o.log.warn({ err: (error as Error).message }, "could not write to a service's log");
+    }
+  }
+
+  private restoreHost(): RestoreHost {
+    return {
+      target: (name: string): RestoreTarget => {
+        const service = this.o.store.findService(name);
+        if (!service) throw new AppError("database_not_found", `no database service named ${JSON.stringify(name)}`);
+        const version = this.currentSpec(service);
+        const engine = version.spec.database?.engine ?? null;
+        return {
+          serviceId: service.id,
+          serviceName: service.name,
+          kind: service.kind,
+          engine,
+          running: service.status === "running" || service.status === "degraded",
+          status: service.status,
+          instance: engine ? this.databaseInstance(service.id, service.name, version) : null,
+        };
+      },
+      log: (serviceId, line) => this.appendLog(serviceId, line),
+      recordDump: (serviceId: string, dump: LastDump) => this.o.store.setLastDump(serviceId, dump, iso(this.now())),
+      server: (serviceId: string): ServerControl => ({
+        stop: async () => {
+          await this.stopRun(serviceId, "restore");
+          this.update(serviceId, { status: "stopped", status_message: "stopped for a restore" });
+        },
+        start: async () => {
+          this.requeue(serviceId, {});
+          const deadline = Date.now() + 120_000;
+          for (;;) {
+            const service = this.o.store.getService(serviceId);
+            if (service?.status === "running") return;
+            if (!service || service.status === "failed" || Date.now() > deadline) {
+              throw new Error(`the database did not come back after the restore: ${service?.status_message ?? "deleted"}`);
+            }
+            await Bun.sleep(50);
+          }
+        },
+      }),
+    };
   }
 
   logs(ident: string, tail: number): LogLine[] {
@@ -357,6 +568,7 @@ export class ServiceManager implements ServiceDirectory {
     if (this.draining) throw new AppError("draining", "the daemon is restarting and takes no deploys now; retry in a few seconds");
     assertServiceInScope(principal, body.name);
     const { spec, secrets } = normalizeDeploy(body, this.o.templates);
+    await this.prepareDatabaseSpec(spec, secrets, this.o.store.findService(spec.name));
     // A cycle through the new service needs one of its own bindings: none, no cycle to look for.
     if (spec.bindings.length > 0) {
       const graph = new Map<string, string[]>();
@@ -601,13 +813,45 @@ export class ServiceManager implements ServiceDirectory {
     runtime.health?.stop();
     runtime.health = null;
     const ended = new Promise<void>((resolve) => runtime.exitWaiters.push(resolve));
-    this.o.log.info({ service: service?.name, reason }, "stopping the service's process group");
-    this.o.supervisor.signal(handle, "SIGTERM");
+    const database = service ? this.databaseOf(service) : null;
+    const stopArgv = database ? safely(() => database.adapter.stopCommand(database.instance)) : null;
+    runtime.forcedKill = false;
+    runtime.stopMethod = stopArgv ? describeStopCommand(stopArgv) : "SIGTERM";
+    this.o.log.info({ service: service?.name, reason, method: runtime.stopMethod }, "stopping the service's process group");
+    // A paused process must run again to stop; a database's own stop command needs it awake too.
     this.o.supervisor.signal(handle, "SIGCONT");
-    const timer = setTimeout(() => this.o.supervisor.signal(handle, "SIGKILL"), timeoutS * 1000);
+    if (stopArgv && database) {
+      this.appendLog(serviceId, `stop: ${runtime.stopMethod}`);
+      void this.runStopCommand(serviceId, stopArgv, database.instance, handle);
+    } else {
+      this.o.supervisor.signal(handle, "SIGTERM");
+    }
+    const timer = setTimeout(() => {
+      if (!this.o.supervisor.signal(handle, "SIGKILL")) return;
+      runtime.forcedKill = true;
+      this.appendLog(serviceId, `stop: ${runtime.stopMethod} did not end the process within ${timeoutS} s (stop_timeout_s): sent SIGKILL`);
+      this.o.log.warn({ service: service?.name, method: runtime.stopMethod, timeout_s: timeoutS }, "clean stop timed out: killed");
+    }, timeoutS * 1000);
     await ended;
     clearTimeout(timer);
     runtime.stopping = false;
+  }
+
+  /**
+   * runStopCommand runs a database's own clean stop (`pg_ctl stop -m fast`, ...). When it
+   * fails, SIGTERM is sent instead; SIGKILL still waits for stop_timeout_s either way.
+   */
+  private async runStopCommand(serviceId: string, argv: string[], instance: DatabaseInstance, handle: RunHandle): Promise<void> {
+    try {
+      const proc = Bun.spawn(argv, { env: instance.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+      const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+      if (code === 0) return;
+      const why = `${out}\n${err}`.trim().split("\n").slice(-2).join(" | ");
+      this.appendLog(serviceId, `stop: ${describeStopCommand(argv)} failed (exit ${code}: ${why}); sending SIGTERM`);
+    } catch (error) {
+      this.appendLog(serviceId, `stop: could not run the stop command (${(error as Error).message}); sending SIGTERM`);
+    }
+    this.o.supervisor.signal(handle, "SIGTERM");
   }
 
   // ---------------------------------------------------------------- scheduling
@@ -750,6 +994,7 @@ export class ServiceManager implements ServiceDirectory {
 
   private boundService(service: ServiceRow): BoundService {
     const version = this.currentSpec(service);
+    const database = this.databaseOf(service);
     return {
       name: service.name,
       kind: service.kind,
@@ -757,6 +1002,7 @@ export class ServiceManager implements ServiceDirectory {
       port: version.spec.port,
       env: version.spec.env,
       secrets: this.openSecrets(version),
+      database: database ? database.adapter.bindings(database.instance, envPrefix(service.name)) : undefined,
     };
   }
 
@@ -796,7 +1042,9 @@ export class ServiceManager implements ServiceDirectory {
     const gpuEnv: Record<string, string> = hold
       ? { CUDA_VISIBLE_DEVICES: hold.visible_ids.join(","), NVIDIA_VISIBLE_DEVICES: hold.visible_ids.join(",") }
       : {};
-    const secrets = this.openSecrets(version);
+    const database = this.databaseOf(service);
+    // A managed database's server gets no secrets in its environment: its adapter initialized it with them.
+    const secrets = database ? {} : this.openSecrets(version);
     const { env, injectedKeys } = assembleRunEnv({
       base: this.o.env,
       engine: engineVars,
@@ -846,11 +1094,24 @@ export class ServiceManager implements ServiceDirectory {
     let result: Awaited<ReturnType<Supervisor["launch"]>>;
     try {
       if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
+      let argv = spec.command;
+      if (database) {
+        // First start: initdb and the like, with its output in the service's log.
+        const setup = new AbortController();
+        runtime.setup = setup;
+        try {
+          await database.adapter.initialize(database.instance, { log: (line) => this.appendLog(serviceId, line), signal: setup.signal });
+        } finally {
+          runtime.setup = null;
+        }
+        if (setup.signal.aborted) throw new Error("the service was stopped while its database was being initialized");
+        argv = database.adapter.startCommand(database.instance);
+      }
       result = await this.o.supervisor.launch({
         runId,
         runDir,
         logFile: this.logFile(serviceId),
-        argv: spec.command,
+        argv,
         env,
         cwd,
         memoryMb: spec.memory_mb,
@@ -883,6 +1144,17 @@ export class ServiceManager implements ServiceDirectory {
     // A workload that exits at once can be reported, and settled, before this point.
     if (this.o.store.getRun(runId)?.ended_at !== null) {
       this.o.store.recordRunProcesses(runId, result.handle);
+      return;
+    }
+    if (database) {
+      // A database is `running` only once it accepts connections: until then it stays scheduled.
+      this.o.store.transaction(() => {
+        this.o.store.recordRunProcesses(runId, result.handle);
+        this.update(serviceId, { status_message: `waiting for ${database.adapter.label} to accept connections` });
+      });
+      runtime.handle = result.handle;
+      this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "database server started");
+      void this.awaitDatabaseReady(serviceId, runId, database.adapter, database.instance);
       return;
     }
     this.o.store.transaction(() => {
@@ -967,7 +1239,9 @@ export class ServiceManager implements ServiceDirectory {
     const privDenied = exit.execError === "EACCES" || exit.execError === "EPERM" || findPermissionDenied(logTail) !== null;
     const endReason = runtime.stopping ? "stopped" : runtime.healthKill ? "health" : exit.lost ? "lost" : "exit";
     const endedAt = exit.endedAt;
-    this.o.store.endRun(run.id, endedAt, { ...exit, gpu_oom: gpuOom, priv_denied: privDenied }, endReason);
+    const stopped = runtime.stopping ? { forced_kill: runtime.forcedKill, stop_method: runtime.stopMethod } : {};
+    runtime.forcedKill = false;
+    this.o.store.endRun(run.id, endedAt, { ...exit, gpu_oom: gpuOom, priv_denied: privDenied, ...stopped }, endReason);
     for (const dir of this.o.store.pruneRuns(serviceId)) rmSync(dir, { recursive: true, force: true });
     runtime.handle = null;
     runtime.gpuHold = null;
@@ -1106,6 +1380,33 @@ export class ServiceManager implements ServiceDirectory {
 
   logFile(serviceId: string): string {
     return join(this.serviceDir(serviceId), "logs", "output.log");
+  }
+}
+
+/** describeStopCommand names a stop command for logs and Diagnosis: "pg_ctl stop -m fast", without paths or the setpriv prefix. */
+function describeStopCommand(argv: string[]): string {
+  const start = argv.indexOf("--") >= 0 && basename(argv[0] ?? "") === "setpriv" ? argv.indexOf("--") + 1 : 0;
+  const words = argv.slice(start);
+  const program = basename(words[0] ?? "");
+  // Keep the verbs and flags, not the paths: "pg_ctl stop -m fast".
+  const rest: string[] = [];
+  for (let index = 1; index < words.length; index++) {
+    const word = words[index] as string;
+    if (word === "-D") {
+      index++;
+      continue;
+    }
+    if (word === "-W" || word.startsWith("/")) continue;
+    rest.push(word);
+  }
+  return [program, ...rest].join(" ");
+}
+
+function safely<T>(fn: () => T): T | null {
+  try {
+    return fn();
+  } catch {
+    return null;
   }
 }
 

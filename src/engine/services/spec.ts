@@ -4,6 +4,7 @@ import type { ServiceDeploy, ServiceKind } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
 import { InputError, type ValidationDetail } from "../../lib/validation";
 import type { BuildSpec } from "../builds";
+import type { DatabaseEngineName } from "../databases";
 import { type HealthSpec, parseHealthShorthand, SHORTHAND_DEFAULTS } from "../health";
 import type { TemplateCatalog } from "../templates";
 import { defaultRestartPolicy, type RestartPolicy } from "./restart-policy";
@@ -27,6 +28,12 @@ export interface ServiceSpec {
   health: HealthSpec | null;
   build: BuildSpec | null;
   bindings: string[];
+  /**
+   * database names the adapter that manages a database service (its start, readiness, clean
+   * stop, credentials and restores); null (or absent, in versions written before it existed)
+   * for services that run their own command.
+   */
+  database?: { engine: DatabaseEngineName } | null;
 }
 
 export const DEFAULT_STOP_TIMEOUT_S = 10;
@@ -58,6 +65,7 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   }
   const env: Record<string, string> = { ...(body.env ?? {}) };
   const secrets: Record<string, string> = { ...(body.secrets ?? {}) };
+  const engine = body.engine ?? template?.deploy_defaults.engine ?? null;
   if (template) {
     for (const entry of template.env_schema) {
       // A secret the template declares is kept as a secret even when sent in `env`.
@@ -65,7 +73,8 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
         secrets[entry.name] = env[entry.name] as string;
         delete env[entry.name];
       }
-      if (entry.required && !(entry.name in env) && !(entry.name in secrets)) {
+      // A managed database generates its credentials: a template's required secrets may be left out.
+      if (entry.required && !(entry.name in env) && !(entry.name in secrets) && !(engine && entry.secret)) {
         problems.push(detail(["env", entry.name], `template ${template.id} requires ${entry.name}`, "missing", null));
       }
     }
@@ -73,11 +82,22 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   for (const key of Object.keys(secrets)) delete env[key];
 
   let command: string[] = [];
-  if (body.command !== undefined) command = typeof body.command === "string" ? shellCommand(body.command) : body.command;
+  if (engine) {
+    // The adapter provides the command when the service launches (it depends on the host's tools).
+    if (body.command !== undefined) {
+      problems.push(
+        detail(["command"], `a ${engine} database runs the engine's own command: leave out command`, "value_error", body.command),
+      );
+    }
+    if (body.build) problems.push(detail(["build"], `a ${engine} database is not built from a repository`, "value_error", body.build));
+  } else if (body.command !== undefined) command = typeof body.command === "string" ? shellCommand(body.command) : body.command;
   else if (template) command = shellCommand(template.deploy_defaults.start);
-  else problems.push(detail(["command"], "give a command (string or argv) or a template_id", "missing", null));
+  else problems.push(detail(["command"], "give a command (string or argv), a template_id or a database engine", "missing", null));
 
-  const kind: ServiceKind = body.kind ?? (template ? kindOfCategory(template.category) : "service");
+  if (engine && body.kind !== undefined && body.kind !== "database") {
+    problems.push(detail(["kind"], `a ${engine} database is a service of kind database`, "value_error", body.kind));
+  }
+  const kind: ServiceKind = engine ? "database" : (body.kind ?? (template ? kindOfCategory(template.category) : "service"));
   const gpus = body.gpus ?? (template && body.gpu_memory_mb === undefined ? template.deploy_defaults.gpus : 0);
   const gpuMemory = body.gpu_memory_mb ?? 0;
   if (gpus > 0 && gpuMemory > 0) {
@@ -85,11 +105,13 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
       detail(["gpu_memory_mb"], "ask for whole GPUs (gpus) or a share of one GPU (gpu_memory_mb), not both", "value_error", gpuMemory),
     );
   }
-  const port = body.port ?? (template && template.deploy_defaults.port > 0 ? template.deploy_defaults.port : null);
+  // A managed database gets a free port at deploy unless one is given (the manager picks it).
+  const port = body.port ?? (template && template.deploy_defaults.port > 0 && !engine ? template.deploy_defaults.port : null);
 
   let health: HealthSpec | null = null;
   if (body.health) health = { ...SHORTHAND_DEFAULTS, ...body.health };
-  else if (body.health === undefined && template) health = parseHealthShorthand(template.deploy_defaults.health, null);
+  // A managed database is running only once its adapter's readiness check passed: no probe by default.
+  else if (body.health === undefined && template && !engine) health = parseHealthShorthand(template.deploy_defaults.health, null);
   if (health && (health.type === "http" || health.type === "tcp") && !health.port && !port) {
     problems.push(
       detail(["health", "port"], `a ${health.type} probe needs a port: set health.port or the service's port`, "missing", null),
@@ -129,8 +151,9 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
     health,
     build: body.build ?? null,
     bindings: body.bindings ?? [],
+    database: engine ? { engine } : null,
   };
-  if (!spec.build) assertCommandExists(spec.command, spec.cwd, env.PATH ?? process.env.PATH ?? "");
+  if (!spec.build && !engine) assertCommandExists(spec.command, spec.cwd, env.PATH ?? process.env.PATH ?? "");
   return { spec, secrets };
 }
 

@@ -1,4 +1,5 @@
 import type { Database } from "bun:sqlite";
+import type { LastDump } from "../databases";
 import type { ExitRecord, RunHandle } from "../supervisor";
 import { EMPTY_RESTART_STATE, type RestartState } from "./restart-policy";
 import type { ServiceSpec } from "./spec";
@@ -85,7 +86,8 @@ export interface RunRow {
   env_keys: string[];
   started_at: string;
   ended_at: string | null;
-  exit: (ExitRecord & { gpu_oom: boolean; priv_denied: boolean }) | null;
+  /** exit also says, for a run ended on purpose, how it was asked to stop and whether SIGKILL had to follow. */
+  exit: (ExitRecord & { gpu_oom: boolean; priv_denied: boolean; forced_kill?: boolean; stop_method?: string | null }) | null;
   end_reason: string | null;
 }
 
@@ -264,6 +266,22 @@ export class ServiceStore {
       .query<Raw<RunRow>, [string, number]>("SELECT * FROM runs WHERE service_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?")
       .all(serviceId, limit)
       .map(parseRun);
+  }
+
+  /** getLastDump returns the record of the last restore into a database service, or null. */
+  getLastDump(serviceId: string): LastDump | null {
+    const row = this.db.query<{ record: string }, [string]>("SELECT record FROM database_dumps WHERE service_id = ?").get(serviceId);
+    return row ? (JSON.parse(row.record) as LastDump) : null;
+  }
+
+  /** setLastDump stores the record of a database service's latest restore, replacing the previous one. */
+  setLastDump(serviceId: string, record: LastDump, updatedAt: string): void {
+    this.db
+      .query(
+        `INSERT INTO database_dumps (service_id, record, updated_at) VALUES (?, ?, ?)
+         ON CONFLICT (service_id) DO UPDATE SET record = excluded.record, updated_at = excluded.updated_at`,
+      )
+      .run(serviceId, JSON.stringify(record), updatedAt);
   }
 
   /** pruneRuns keeps the newest RUNS_KEPT runs of a service and returns the run dirs it dropped. */

@@ -106,4 +106,15 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX domains_by_service ON domains(service_id);
     `,
   },
+  {
+    // The last restore into each database service, shown as Diagnosis' last_dump.
+    id: "2026-11-22-01-database-dumps",
+    sql: `
+      CREATE TABLE database_dumps (
+        service_id  TEXT PRIMARY KEY REFERENCES services(id) ON DELETE CASCADE,
+        record      TEXT NOT NULL,
+        updated_at  TEXT NOT NULL
+      );
+    `,
+  },
 ];

@@ -202,7 +202,7 @@ describe("bad input: a clear error and nothing created", () => {
     ["a program not on PATH", { name: "bad-3", command: "definitely-not-a-program --flag" }, 422, "command_not_found"],
     ["more GPUs than the host has", { name: "bad-4", command: ["true"], gpus: 4 }, 409, "gpu_request_impossible"],
     ["a binding to itself", { name: "bad-5", command: ["true"], bindings: ["bad-5"] }, 422, "value_error"],
-    ["a template without its required env", { name: "bad-6", template_id: "postgres" }, 422, "missing"],
+    ["a template without its required env", { name: "bad-6", template_id: "open-webui" }, 422, "missing"],
     ["both gpus and gpu_memory_mb", { name: "bad-7", command: ["true"], gpus: 1, gpu_memory_mb: 100 }, 422, "value_error"],
   ])("%s", async (_label, body, status, code) => {
     const response = await api.deploy(body);

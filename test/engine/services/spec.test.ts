@@ -27,12 +27,12 @@ describe("normalizeDeploy from a template", () => {
 
   test("every problem is reported at once", () => {
     try {
-      normalizeDeploy({ name: "pg", template_id: "postgres", health: { type: "exec" }, gpus: 1, gpu_memory_mb: 5 }, templates);
+      normalizeDeploy({ name: "ui", template_id: "open-webui", health: { type: "exec" }, gpus: 1, gpu_memory_mb: 5 }, templates);
       throw new Error("expected an InputError");
     } catch (error) {
       expect(error).toBeInstanceOf(InputError);
       expect((error as InputError).detail.map((d) => d.loc.join("."))).toEqual(
-        expect.arrayContaining(["body.env.POSTGRES_PASSWORD", "body.gpu_memory_mb", "body.health.command"]),
+        expect.arrayContaining(["body.env.WEBUI_SECRET_KEY", "body.gpu_memory_mb", "body.health.command"]),
       );
     }
   });

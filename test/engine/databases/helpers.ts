@@ -1,0 +1,109 @@
+import { chmodSync, mkdirSync, rmSync } from "node:fs";
+import { SQL } from "bun";
+import type { Diagnosis } from "../../../src/contract/engine";
+import { PostgresEngine } from "../../../src/engine/databases";
+import { startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { ServiceClient } from "../services/harness";
+
+/** REFERENCE_URL is the machine's PostgreSQL (trust auth), where reference data is made and dumped. */
+export const REFERENCE_URL = process.env.ENGINE_TEST_POSTGRES_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+
+/** postgresTools says whether this host has the PostgreSQL server and client programs. */
+export function postgresTools(): boolean {
+  return new PostgresEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
+}
+
+/** referenceAvailable says whether the reference PostgreSQL answers. */
+export async function referenceAvailable(): Promise<boolean> {
+  const client = new SQL({ url: REFERENCE_URL, max: 1, connectionTimeout: 3 });
+  try {
+    await client`SELECT 1`;
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await client.close().catch(() => undefined);
+  }
+}
+
+/** referenceUrl is the URL of a database on the reference server. */
+export function referenceUrl(database: string): string {
+  const url = new URL(REFERENCE_URL);
+  url.pathname = `/${database}`;
+  return url.toString();
+}
+
+/** libpqEnv is the environment pg_dump and psql need to reach a database on the reference server. */
+export function libpqEnv(database: string): Record<string, string> {
+  const url = new URL(REFERENCE_URL);
+  return {
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    PGHOST: url.hostname,
+    PGPORT: url.port || "5432",
+    PGUSER: decodeURIComponent(url.username || "postgres"),
+    ...(url.password ? { PGPASSWORD: decodeURIComponent(url.password) } : {}),
+    PGDATABASE: database,
+  };
+}
+
+/** run runs a program to completion and fails with its output unless it exits 0. */
+export function run(argv: string[], env: Record<string, string> = { PATH: process.env.PATH ?? "/usr/bin:/bin" }): string {
+  const result = Bun.spawnSync(argv, { env, stdout: "pipe", stderr: "pipe" });
+  if (result.exitCode !== 0) throw new Error(`${argv.join(" ")} failed (${result.exitCode}): ${result.stderr.toString()}`);
+  return result.stdout.toString();
+}
+
+/** DatabaseTestEngine is a test engine whose data dir a database server running as another user can reach. */
+export interface DatabaseTestEngine {
+  engine: TestEngine;
+  api: ServiceClient;
+  root: string;
+  close(services: string[]): Promise<void>;
+}
+
+/**
+ * startDatabaseEngine starts a test engine in a temp dir. When the tests run as root, the
+ * engine runs PostgreSQL as the postgres user, which must be able to enter the data dir: the
+ * directories get o+x (search, not listing), as an operator would do (see docs/operations.md).
+ */
+export async function startDatabaseEngine(): Promise<DatabaseTestEngine> {
+  const root = tempDir("engine-db-");
+  const dataDir = `${root}/engine`;
+  mkdirSync(`${dataDir}/data`, { recursive: true });
+  for (const dir of [root, dataDir, `${dataDir}/data`]) chmodSync(dir, 0o711);
+  const engine = await startTestEngine({ dataDir });
+  const api = new ServiceClient(engine);
+  return {
+    engine,
+    api,
+    root,
+    async close(services: string[]) {
+      // Stop the databases cleanly (engines hand workloads over on close; reapWorkloads would SIGKILL them).
+      for (const name of services) await engine.call("POST", `/api/services/${name}/stop`).catch(() => undefined);
+      await engine.close();
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}
+
+/** restore calls the restore route. */
+export async function restore(
+  engine: TestEngine,
+  name: string,
+  dump: string,
+  timeoutS = 60,
+): Promise<{
+  status: number;
+  body: Record<string, unknown> & {
+    error?: { code: string; message: string };
+    detail?: { type: string; msg: string; ctx: Record<string, unknown> }[];
+  };
+}> {
+  return engine.json("POST", `/api/databases/${name}/restore`, { body: { dump, timeout_s: timeoutS } });
+}
+
+/** lastDump returns the service's Diagnosis last_dump. */
+export async function lastDump(api: ServiceClient, name: string): Promise<Record<string, unknown> | null> {
+  const diagnosis: Diagnosis = await api.diagnose(name);
+  return diagnosis.last_dump as Record<string, unknown> | null;
+}
