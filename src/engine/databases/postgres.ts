@@ -263,9 +263,16 @@ export class PostgresEngine implements DatabaseEngine {
 
   async afterReady(instance: DatabaseInstance, context: ToolContext): Promise<void> {
     const { user, database } = settingsOf(instance);
-    if (database === "postgres") return;
     const client = this.connect(instance, "postgres");
     try {
+      // A restore cut short by a stop or a crash leaves its staging database: no restore runs while the server starts.
+      const stale =
+        await client`SELECT datname FROM pg_database WHERE datname LIKE ${"engine\\_restore\\_%"} OR datname LIKE ${"engine\\_replaced\\_%"}`;
+      for (const row of stale as { datname: string }[]) {
+        await client.unsafe(`DROP DATABASE IF EXISTS ${quoteIdent(row.datname)} WITH (FORCE)`);
+        context.log(`dropped ${row.datname}, left by an interrupted restore`);
+      }
+      if (database === "postgres") return;
       const rows = await client`SELECT 1 FROM pg_database WHERE datname = ${database}`;
       if (rows.length === 0) {
         await client.unsafe(`CREATE DATABASE ${quoteIdent(database)} OWNER ${quoteIdent(user)}`);

@@ -1,0 +1,205 @@
+import { Database } from "bun:sqlite";
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { copyFileSync, existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { SqliteEngine, sqliteFile } from "../../../src/engine/databases";
+import { LocalCa, pkiDirectory } from "../../../src/engine/tls";
+import { eventually } from "../../helpers";
+import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine } from "./helpers";
+
+const toolsOk = new SqliteEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
+if (!toolsOk)
+  process.stderr.write("note: the sqlite3 program is missing (Debian package sqlite3); the SQLite database tests are skipped\n");
+const suite = toolsOk ? describe : describe.skip;
+
+const CHECKSUMS = `
+  SELECT
+    (SELECT count(*) FROM notes) AS notes,
+    (SELECT count(*) FROM authors) AS authors,
+    (SELECT hex(sha3_agg) FROM (SELECT group_concat(id || '|' || author_id || '|' || ifnull(body, '∅') || '|' || score, ',') AS sha3_agg FROM (SELECT * FROM notes ORDER BY id))) AS notes_digest,
+    (SELECT group_concat(name, ',') FROM (SELECT name FROM authors ORDER BY id)) AS authors_list`;
+
+function checksumsOf(path: string): Record<string, unknown> {
+  const db = new Database(path, { readonly: true });
+  try {
+    const row = db.query<Record<string, unknown>, []>(CHECKSUMS).get() ?? {};
+    // The digest column is long: compare its hash.
+    return { ...row, notes_digest: new Bun.CryptoHasher("sha256").update(String(row.notes_digest)).digest("hex") };
+  } finally {
+    db.close();
+  }
+}
+
+let db: DatabaseTestEngine;
+let scratch: string;
+let reference: Record<string, unknown>;
+const dumps: Record<string, string> = {};
+
+suite("SQLite database services", () => {
+  let file: string;
+
+  beforeAll(async () => {
+    db = await startDatabaseEngine();
+    scratch = db.root;
+    // The reference: a database made with the sqlite3 program's own SQL, then dumped with .dump.
+    const refPath = join(scratch, "reference.sqlite3");
+    run([
+      "sqlite3",
+      refPath,
+      `CREATE TABLE authors (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+       CREATE TABLE notes (id INTEGER PRIMARY KEY, author_id INTEGER NOT NULL REFERENCES authors(id), body TEXT, score REAL);
+       CREATE INDEX notes_by_author ON notes(author_id);
+       WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50) INSERT INTO authors SELECT i, 'author ' || i || ' ✓' FROM n;
+       WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)
+         INSERT INTO notes SELECT i, (i % 50) + 1, CASE WHEN i % 7 = 0 THEN NULL ELSE 'note ' || hex(randomblob(8)) END, i / 3.0 FROM n;`,
+    ]);
+    reference = checksumsOf(refPath);
+    dumps.file = refPath;
+    dumps.sql = join(scratch, "reference.sql");
+    writeFileSync(dumps.sql, run(["sqlite3", refPath, ".dump"]));
+    dumps.sqlGz = join(scratch, "reference.sql.gz");
+    run(["sh", "-c", `gzip -c '${dumps.sql}' > '${dumps.sqlGz}'`]);
+    // A dump that takes a while: .dump's header, a table, then seconds of counting.
+    dumps.slow = join(scratch, "slow.sql");
+    writeFileSync(
+      dumps.slow,
+      "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE slow (id INTEGER);\n" +
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400000000) SELECT count(*) FROM c;\nCOMMIT;\n",
+    );
+    await db.api.deployed({ name: "notes", engine: "sqlite" });
+    await db.api.waitFor("notes", "running", () => true, 30_000);
+    file = join(db.engine.dataDir, "data", "notes", "database.sqlite3");
+  }, 60_000);
+
+  afterAll(async () => {
+    await db?.close(["notes"]);
+  }, 30_000);
+
+  test("a SQLite service is a file in its data dir, running once it opens, with bindings to its path", async () => {
+    const record = await db.api.get("notes");
+    expect(record).toMatchObject({ kind: "database", port: null, secret_keys: [] });
+    expect(existsSync(file)).toBe(true);
+    expect(file).toBe(sqliteFile({ dataDir: join(db.engine.dataDir, "data", "notes") } as never));
+    await db.api.deployed({
+      name: "notes-client",
+      kind: "batch",
+      command: `echo "path=$NOTES_PATH url=$DATABASE_URL"`,
+      bindings: ["notes"],
+      restart: { policy: "never" },
+    });
+    await db.api.waitFor("notes-client", "completed", () => true, 30_000);
+    const lines = (await db.api.diagnose("notes-client")).logs.map((line) => line.line);
+    expect(lines).toContain(`path=${file} url=sqlite:///${file}`);
+    await db.engine.call("DELETE", "/api/services/notes-client");
+  }, 60_000);
+
+  test.each([
+    ["database file", "file", "sqlite-db"],
+    ["sqlite3 .dump", "sql", "sqlite-sql"],
+    ["gzip-compressed .dump", "sqlGz", "sqlite-sql"],
+  ])(
+    "a %s restores through the API with the reference's rows and checksums",
+    async (_label, kind, format) => {
+      const dump = dumps[kind] as string;
+      const { status, body } = await restore(db.engine, "notes", dump);
+      expect(status).toBe(200);
+      expect(body).toMatchObject({ service_name: "notes", dump, engine: "sqlite" });
+      expect(checksumsOf(file)).toEqual(reference);
+      expect(await lastDump(db.api, "notes")).toMatchObject({ dump, format, engine: "sqlite", result: "ok" });
+      // Nothing of the restore is left beside the database.
+      const leftovers = [...new Bun.Glob(".restore-*").scanSync({ cwd: join(db.engine.dataDir, "data", "notes"), dot: true })];
+      expect(leftovers).toEqual([]);
+    },
+    30_000,
+  );
+
+  test("an https:// dump is downloaded (here from a loopback server with the engine's local CA) and restored", async () => {
+    const leaf = new LocalCa({ dir: pkiDirectory(db.engine.dataDir) }).issueLeaf(["localhost"]);
+    const body = readFileSync(dumps.file as string);
+    const server = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      tls: { cert: leaf.certPem, key: leaf.keyPem },
+      fetch: (request) =>
+        new URL(request.url).pathname === "/backups/notes.sqlite3" ? new Response(body) : new Response("no", { status: 404 }),
+    });
+    try {
+      const url = `https://localhost:${server.port}/backups/notes.sqlite3`;
+      const { status } = await restore(db.engine, "notes", url);
+      expect(status).toBe(200);
+      expect(checksumsOf(file)).toEqual(reference);
+      expect(await lastDump(db.api, "notes")).toMatchObject({ dump: url, format: "sqlite-db", result: "ok", bytes: body.length });
+      const missing = await restore(db.engine, "notes", `https://localhost:${server.port}/nothing`);
+      expect(missing.status).toBe(422);
+      expect(missing.body.detail?.[0]?.type).toBe("dump_unreadable");
+    } finally {
+      server.stop(true);
+    }
+    expect([...new Bun.Glob("**/download-*").scanSync({ cwd: db.engine.dataDir, dot: true })]).toEqual([]);
+  }, 30_000);
+
+  test("a restore past timeout_s is stopped, answers 504 and leaves the file as it was", async () => {
+    const before = readFileSync(file);
+    const { status, body } = await restore(db.engine, "notes", dumps.slow as string, 1);
+    expect(status).toBe(504);
+    expect(body.error?.code).toBe("restore_timed_out");
+    expect(readFileSync(file).equals(before)).toBe(true);
+    expect(checksumsOf(file)).toEqual(reference);
+    expect(await lastDump(db.api, "notes")).toMatchObject({ result: "timeout" });
+  }, 30_000);
+
+  test("a concurrent restore into the same database gets 409", async () => {
+    const first = restore(db.engine, "notes", dumps.slow as string, 2);
+    await eventually(async () => (await lastDump(db.api, "notes"))?.result === "running", { timeoutMs: 5000 });
+    const second = await restore(db.engine, "notes", dumps.file as string);
+    expect(second.status).toBe(409);
+    expect(second.body.error?.code).toBe("restore_in_progress");
+    expect((await first).status).toBe(504);
+    expect(checksumsOf(file)).toEqual(reference);
+  }, 30_000);
+
+  test("a corrupt database file and a failing .dump are 422 and change nothing", async () => {
+    const corrupt = join(scratch, "corrupt.sqlite3");
+    const whole = readFileSync(dumps.file as string);
+    const damaged = Buffer.from(whole);
+    // Keep the header, wreck the pages after the first.
+    for (let offset = 4096; offset < damaged.length; offset += 97) damaged[offset] = (damaged[offset] ?? 0) ^ 0x5a;
+    writeFileSync(corrupt, damaged);
+    const failing = join(scratch, "failing.sql");
+    writeFileSync(
+      failing,
+      "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE a (id INTEGER);\nINSERT INTO nowhere VALUES (1);\nCOMMIT;\n",
+    );
+    const before = statSync(file).mtimeMs;
+    for (const dump of [corrupt, failing]) {
+      const { status, body } = await restore(db.engine, "notes", dump);
+      expect(status).toBe(422);
+      expect(body.detail?.[0]?.type).toBe("restore_failed");
+      expect(checksumsOf(file)).toEqual(reference);
+      expect(await lastDump(db.api, "notes")).toMatchObject({ result: "failed", dump });
+    }
+    expect(statSync(file).mtimeMs).toBe(before);
+  }, 30_000);
+
+  test("a PostgreSQL archive into a SQLite database is 409; unrecognised bytes are 422", async () => {
+    const pgdump = join(scratch, "other.dump");
+    writeFileSync(pgdump, `PGDMP\x01\x0e\x00${"\0".repeat(64)}`);
+    const wrong = await restore(db.engine, "notes", pgdump);
+    expect(wrong.status).toBe(409);
+    expect(wrong.body.error?.code).toBe("dump_engine_mismatch");
+    const junk = join(scratch, "junk.bin");
+    writeFileSync(junk, new Uint8Array([0, 1, 2, 3, 250, 251, 252]));
+    const unknown = await restore(db.engine, "notes", junk);
+    expect(unknown.status).toBe(422);
+    expect(unknown.body.detail?.[0]).toMatchObject({ type: "dump_unrecognized" });
+    expect(String(unknown.body.detail?.[0]?.ctx.detected)).toContain("first bytes: 00 01 02 03");
+    expect(checksumsOf(file)).toEqual(reference);
+  });
+
+  test("a copy of the database file restores too (the bytes compare equal)", async () => {
+    const copy = join(scratch, "copy.sqlite3");
+    copyFileSync(dumps.file as string, copy);
+    expect((await restore(db.engine, "notes", copy)).status).toBe(200);
+    expect(readFileSync(file).equals(readFileSync(copy))).toBe(true);
+  });
+});
