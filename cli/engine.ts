@@ -6,6 +6,7 @@ import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
 import { registerDaemon } from "./commands/daemon";
 import { registerLink } from "./commands/link";
+import { registerRestore } from "./commands/restore";
 import { registerServe } from "./commands/serve";
 import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
@@ -33,6 +34,7 @@ export function buildProgram(): Command {
   registerTokens(program, client, output);
   registerTemplates(program, client, output);
   registerServices(program, client, output);
+  registerRestore(program, client, output);
   registerDaemon(program, client, output);
   registerTls(program, output);
   registerLink(program, output);

@@ -5,6 +5,7 @@ import { emit, formatPairs, type Output, printPairs, printTable } from "../outpu
 
 const KINDS = ["batch", "service", "model", "database"] as const;
 const RESTART_POLICIES = ["always", "on-failure", "never"] as const;
+const DATABASE_ENGINES = ["postgres", "mariadb", "redis", "sqlite"] as const;
 const ACTIONS = {
   start: "start a stopped, failed or completed service",
   stop: "stop a service (a batch job is cancelled)",
@@ -101,6 +102,7 @@ interface DeployOptions {
   ref?: string;
   subdir?: string;
   build?: string;
+  engine?: string;
 }
 
 /** deployBody turns the deploy command's arguments into a ServiceDeploy request. */
@@ -141,6 +143,7 @@ export function deployBody(name: string, argv: string[], options: DeployOptions)
       ?.flatMap((entry) => entry.split(","))
       .map((entry) => entry.trim())
       .filter(Boolean),
+    engine: oneOf("--engine", options.engine, DATABASE_ENGINES),
   };
   // Leave unset fields out, so the engine applies its defaults (and the template's).
   return JSON.parse(JSON.stringify(body)) as ServiceDeploy;
@@ -262,6 +265,7 @@ export function registerServices(program: Command, client: () => EngineClient, o
     .option("--ref <ref>", "branch, tag or commit to build (with --repo)")
     .option("--subdir <dir>", "directory inside the repository (with --repo)")
     .option("--build <command>", "build command (with --repo)")
+    .option("--engine <engine>", "a database the engine manages: postgres | sqlite (mariadb, redis where available); no command needed")
     .action(async (name: string, argv: string[], options: DeployOptions) => {
       const record = await client().request<ServiceRecord>("POST", "/api/services", deployBody(name, argv, options));
       emit(output(), record, () =>
