@@ -105,8 +105,15 @@ beforeAll(async () => {
   upstream = Bun.serve({
     hostname: "127.0.0.1",
     port: 0,
-    async fetch(request) {
+    websocket: {
+      message(ws, message) {
+        ws.send(typeof message === "string" ? `echo:${message}` : message);
+      },
+    },
+    async fetch(request, server) {
       const url = new URL(request.url);
+      if (url.pathname === "/ws")
+        return server.upgrade(request, { data: undefined }) ? undefined : new Response("not a websocket", { status: 400 });
       if (url.pathname === "/status") {
         const code = Number(url.searchParams.get("code"));
         return new Response(null, { status: code, headers: code === 304 ? { etag: '"v1"' } : {} });
@@ -180,6 +187,10 @@ beforeAll(async () => {
         socket.data.served += 1;
         if (head.includes(" /close ")) {
           socket.end("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end");
+          return;
+        }
+        if (head.includes(" /early ")) {
+          socket.write("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
           return;
         }
         const body = `connection ${socket.data.id}`;
@@ -405,6 +416,27 @@ describe("the upstream connection", () => {
     expect(text).toContain("\r\nConnection: close\r\n");
     expect(text).toEndWith("\r\n\r\nuntil the end");
     expect(closed).toBe(true);
+  });
+
+  test("an informational 103 goes on to the client before the final response", async () => {
+    const { text } = await rawRequest("GET /early HTTP/1.1\r\nHost: raw.localhost\r\n\r\n", countResponses(1));
+    expect(text).toStartWith("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n");
+    expect(text).toEndWith("\r\n\r\nok");
+  });
+
+  test("a websocket is a byte tunnel after the 101: text and a 4 MiB binary message echo back", async () => {
+    const ws = new WebSocket(`ws://127.0.0.1:${port}/ws`, { headers: { host: "app.localhost" } } as never);
+    ws.binaryType = "arraybuffer";
+    const received: (string | ArrayBuffer)[] = [];
+    ws.onmessage = (event) => received.push(event.data as string | ArrayBuffer);
+    await eventually(() => ws.readyState === WebSocket.OPEN);
+    const big = new Uint8Array(4 * 1024 * 1024).map((_, i) => i % 241);
+    ws.send("hello");
+    ws.send(big);
+    await eventually(() => received.length === 2, { timeoutMs: 10_000 });
+    expect(received[0]).toBe("echo:hello");
+    expect(sha256(new Uint8Array(received[1] as ArrayBuffer))).toBe(sha256(big));
+    ws.close();
   });
 
   test("a refused connection is the 502 page", async () => {

@@ -229,6 +229,16 @@ describe("the request head sent upstream", () => {
     expect(sent.match(/X-Forwarded-Proto/g)?.length).toBe(1);
   });
 
+  test("Host stays even when Connection names it", () => {
+    const named = serializeRequestHead(request("GET / HTTP/1.1\r\nHost: a\r\nConnection: host, x-b\r\nX-B: 1\r\nX-C: 2\r\n\r\n"), {
+      clientAddress: "::1",
+      scheme: "http",
+    });
+    expect(named).toContain("\r\nHost: a\r\n");
+    expect(named).not.toContain("X-B:");
+    expect(named).toContain("\r\nX-C: 2\r\n");
+  });
+
   test("writes one Content-Length, the value it read", () => {
     expect(sent).toContain("\r\nContent-Length: 4\r\n");
     expect(sent.match(/Content-Length/gi)?.length).toBe(1);
