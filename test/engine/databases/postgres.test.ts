@@ -27,6 +27,9 @@ const suite = referenceOk ? describe : describe.skip;
 const REFERENCE_DB = `engine_restore_ref_${process.pid}`;
 const PASSWORD = "test-password-1";
 
+/** LEFTOVERS finds staging and replaced databases a restore should never leave behind (the spare, engine_spare, is kept on purpose). */
+const LEFTOVERS = "SELECT datname FROM pg_database WHERE datname LIKE 'engine\\_restore\\_%' OR datname LIKE 'engine\\_replaced\\_%'";
+
 /** CHECKSUMS is what the tests compare between the reference and a restored database. */
 const CHECKSUMS = `
   SELECT
@@ -162,7 +165,7 @@ suite("PostgreSQL database services", () => {
       expect(last?.bytes).toBe(last?.total_bytes);
       expect(last?.duration_s).toBe(body.duration_s);
       // No staging database is left behind.
-      const leftovers = await query(serviceUrl(pg), "SELECT datname FROM pg_database WHERE datname LIKE 'engine\\_%'");
+      const leftovers = await query(serviceUrl(pg), LEFTOVERS);
       expect(leftovers).toEqual([]);
     },
     60_000,
@@ -185,7 +188,7 @@ suite("PostgreSQL database services", () => {
     expect(await checksums(pg)).toEqual(before);
     const tables = await query(serviceUrl(pg), "SELECT 1 FROM pg_tables WHERE tablename = 'slow'");
     expect(tables).toEqual([]);
-    const leftovers = await query(serviceUrl(pg), "SELECT datname FROM pg_database WHERE datname LIKE 'engine\\_%'");
+    const leftovers = await query(serviceUrl(pg), LEFTOVERS);
     expect(leftovers).toEqual([]);
     expect(await lastDump(db.api, "pg")).toMatchObject({ result: "timeout", format: "postgres-sql" });
   }, 30_000);
@@ -231,7 +234,7 @@ suite("PostgreSQL database services", () => {
       expect(await checksums(pg)).toEqual(reference);
       expect(await lastDump(db.api, "pg")).toMatchObject({ result: "failed", dump });
     }
-    const leftovers = await query(serviceUrl(pg), "SELECT datname FROM pg_database WHERE datname LIKE 'engine\\_%'");
+    const leftovers = await query(serviceUrl(pg), LEFTOVERS);
     expect(leftovers).toEqual([]);
   }, 30_000);
 
