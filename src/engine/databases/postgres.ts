@@ -370,8 +370,15 @@ export class PostgresEngine implements DatabaseEngine {
       return { bytes: sample.totalBytes, detail: `restored into the staging database ${staging}, renamed to ${database} on success` };
     } finally {
       if (created) {
-        await admin.unsafe(`DROP DATABASE IF EXISTS ${quoteIdent(staging)} WITH (FORCE)`).catch(() => undefined);
-        job.log(`dropped the staging database ${staging}; ${database} is unchanged`);
+        const dropped = await admin
+          .unsafe(`DROP DATABASE IF EXISTS ${quoteIdent(staging)} WITH (FORCE)`)
+          .then(() => true)
+          .catch(() => false);
+        job.log(
+          dropped
+            ? `dropped the staging database ${staging}; ${database} is unchanged`
+            : `${database} is unchanged; the staging database ${staging} could not be dropped now and is dropped when the server next starts`,
+        );
       }
       await admin.close().catch(() => undefined);
       // The next restore's staging database is made now, while nothing waits for it.

@@ -174,7 +174,8 @@ async function loadSql(sqlite3: string, staging: string, job: RestoreJob): Promi
   try {
     const progress = new FileProgress(sample.path, sample.totalBytes);
     let logged = 0;
-    const run = await runTool([sqlite3, "-bail", staging], {
+    // -safe: a dump's dot-commands may not run programs, write files or attach other databases.
+    const run = await runTool([sqlite3, "-safe", "-bail", staging], {
       env: job.instance.env,
       signal: job.signal,
       stdin: input ?? "pipe",

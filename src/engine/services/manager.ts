@@ -720,6 +720,7 @@ export class ServiceManager implements ServiceDirectory {
     switch (action) {
       case "stop":
         this.update(service.id, { desired_state: "stopped" });
+        runtime.setup?.abort(); // a database still initializing does not start
         await this.stopRun(service.id, "stopped");
         this.cancelPending(service.id);
         this.update(service.id, { status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped by request" });
@@ -766,6 +767,7 @@ export class ServiceManager implements ServiceDirectory {
       .filter((other) => other.id !== service.id && this.currentSpec(other).spec.bindings.includes(service.name))
       .map((other) => other.name);
     this.update(service.id, { desired_state: "stopped" });
+    this.runtime(service.id).setup?.abort();
     await this.stopRun(service.id, "deleted");
     this.cancelPending(service.id);
     this.runtimes.delete(service.id);
@@ -1099,6 +1101,7 @@ export class ServiceManager implements ServiceDirectory {
         // First start: initdb and the like, with its output in the service's log.
         const setup = new AbortController();
         runtime.setup = setup;
+        this.update(serviceId, { status_message: `preparing the ${database.adapter.label} data dir` });
         try {
           await database.adapter.initialize(database.instance, { log: (line) => this.appendLog(serviceId, line), signal: setup.signal });
         } finally {

@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { writeFileSync } from "node:fs";
+import { statSync, writeFileSync } from "node:fs";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
-import { eventually } from "../../helpers";
+import { eventually, startTestEngine } from "../../helpers";
+import { ServiceClient } from "../services/harness";
 import {
   type DatabaseTestEngine,
   lastDump,
@@ -302,3 +303,21 @@ function REFERENCE_URL_ADMIN(): string {
     new URL(process.env.ENGINE_TEST_POSTGRES_URL ?? "postgres://postgres@127.0.0.1:5432/test").pathname.slice(1) || "test",
   );
 }
+
+const asRoot = process.getuid?.() === 0;
+(referenceOk && asRoot ? describe : describe.skip)("PostgreSQL under a root engine whose data dir the postgres user cannot enter", () => {
+  test("the start fails with the directory and the fix, and nothing of the engine's data dir is loosened", async () => {
+    const engine = await startTestEngine(); // its data dir is 0700, as the daemon makes it
+    try {
+      const api = new ServiceClient(engine);
+      await api.deployed({ name: "locked", engine: "postgres", restart: { policy: "never" } });
+      await api.waitFor("locked", "failed", () => true, 30_000);
+      const diagnosis = await api.diagnose("locked");
+      expect(diagnosis.error?.message).toContain(`may not enter ${engine.dataDir}`);
+      expect(diagnosis.error?.message).toContain("chmod g+x");
+      expect(statSync(engine.dataDir).mode & 0o777).toBe(0o700);
+    } finally {
+      await engine.close();
+    }
+  }, 60_000);
+});
