@@ -4,9 +4,7 @@
  * coordinator behind POST /api/databases/{name}/restore.
  */
 export { describeUnrecognised, isMostlyText, looksLikeSql, readDumpSample, SAMPLE_BYTES, sniffFormat } from "./formats";
-export { MariaDbEngine, mariadbSocket, nativePasswordHash } from "./mariadb";
 export { PostgresEngine } from "./postgres";
-export { RedisEngine } from "./redis";
 export { DatabaseEngines, isDatabaseEngineName } from "./registry";
 export {
   type LastDump,
