@@ -2,7 +2,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
-import { DatabaseEngines, describeUnrecognised, readDumpSample } from "../../../src/engine/databases";
+import { DatabaseEngines, describeUnrecognised, PostgresEngine, readDumpSample } from "../../../src/engine/databases";
 import { tempDir } from "../../helpers";
 
 const engines = new DatabaseEngines();
@@ -95,8 +95,11 @@ describe("dump format sniffing", () => {
   });
 
   test("engines without an adapter still recognise their dumps (to answer 409, not 422)", () => {
-    expect(engines.available("mariadb")).toBe(false);
-    expect(engines.available("postgres") && engines.available("sqlite")).toBe(true);
-    expect(() => engines.get("redis")).toThrow(/no redis adapter/);
+    const onlyPostgres = new DatabaseEngines({ postgres: () => new PostgresEngine() });
+    expect(onlyPostgres.available("postgres")).toBe(true);
+    expect(onlyPostgres.available("redis")).toBe(false);
+    expect(() => onlyPostgres.get("redis")).toThrow(/no redis adapter/);
+    const rdb = readDumpSample(write("only.rdb", "REDIS0011\xfa"));
+    expect(onlyPostgres.sniff(rdb)[0]).toMatchObject({ engine: "redis", format: "redis-rdb" });
   });
 });
