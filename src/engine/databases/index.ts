@@ -4,7 +4,9 @@
  * coordinator behind POST /api/databases/{name}/restore.
  */
 export { describeUnrecognised, isMostlyText, looksLikeSql, readDumpSample, SAMPLE_BYTES, sniffFormat } from "./formats";
+export { MariaDbEngine, mariadbSocket, nativePasswordHash, osUserName } from "./mariadb";
 export { PostgresEngine } from "./postgres";
+export { RedisEngine } from "./redis";
 export { DatabaseEngines, isDatabaseEngineName } from "./registry";
 export {
   type LastDump,

@@ -1,6 +1,8 @@
 import { AppError } from "../../lib/errors";
 import { sniffFormat } from "./formats";
+import { MariaDbEngine } from "./mariadb";
 import { PostgresEngine } from "./postgres";
+import { RedisEngine } from "./redis";
 import { SqliteEngine } from "./sqlite";
 import { DATABASE_ENGINE_NAMES, type DatabaseEngine, type DatabaseEngineName, type DumpFormat, type DumpSample } from "./types";
 
@@ -11,8 +13,8 @@ import { DATABASE_ENGINE_NAMES, type DatabaseEngine, type DatabaseEngineName, ty
  */
 const ADAPTERS: Record<DatabaseEngineName, (() => DatabaseEngine) | null> = {
   postgres: () => new PostgresEngine(),
-  mariadb: null, // not yet available: src/engine/databases/mariadb.ts
-  redis: null, // not yet available: src/engine/databases/redis.ts
+  mariadb: () => new MariaDbEngine(),
+  redis: () => new RedisEngine(),
   sqlite: () => new SqliteEngine(),
 };
 

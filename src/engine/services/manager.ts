@@ -1389,9 +1389,11 @@ export class ServiceManager implements ServiceDirectory {
 /** describeStopCommand names a stop command for logs and Diagnosis: "pg_ctl stop -m fast", without paths or the setpriv prefix. */
 function describeStopCommand(argv: string[]): string {
   const start = argv.indexOf("--") >= 0 && basename(argv[0] ?? "") === "setpriv" ? argv.indexOf("--") + 1 : 0;
-  const words = argv.slice(start);
+  let words = argv.slice(start);
+  // `sh -c <script> <file> <tool> ...` hands the tool a secret from a file (Redis's REDISCLI_AUTH): describe the tool.
+  if (basename(words[0] ?? "") === "sh" && words[1] === "-c") words = words.slice(4);
   const program = basename(words[0] ?? "");
-  // Keep the verbs and flags, not the paths: "pg_ctl stop -m fast".
+  // Keep the verbs and flags, not the paths nor the long options that say how to connect: "pg_ctl stop -m fast", "mariadb-admin shutdown".
   const rest: string[] = [];
   for (let index = 1; index < words.length; index++) {
     const word = words[index] as string;
@@ -1399,7 +1401,7 @@ function describeStopCommand(argv: string[]): string {
       index++;
       continue;
     }
-    if (word === "-W" || word.startsWith("/")) continue;
+    if (word === "-W" || word.startsWith("/") || word.startsWith("--")) continue;
     rest.push(word);
   }
   return [program, ...rest].join(" ");
