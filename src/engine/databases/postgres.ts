@@ -322,7 +322,12 @@ export class PostgresEngine implements DatabaseEngine {
         PGCONNECT_TIMEOUT: "10",
       };
       const archive = format.format !== "postgres-sql" && format.format !== "sql";
-      const source = sample.gzip ? "-" : sample.path;
+      // psql runs a plain dump's meta-commands (`\!` runs a shell), so it runs as the server's
+      // own OS user and reads the dump from the engine through stdin: then a dump can do no more
+      // than its SQL already can as the database superuser (COPY ... PROGRAM runs as that user
+      // too), and never anything as the engine's user. pg_restore has no meta-commands.
+      const fromStdin = sample.gzip || !archive;
+      const source = fromStdin ? "-" : sample.path;
       const argv = archive
         ? [
             tools.pg_restore as string,
@@ -333,21 +338,21 @@ export class PostgresEngine implements DatabaseEngine {
             staging,
             ...(sample.gzip ? [] : [source]),
           ]
-        : [tools.psql as string, "-X", "-q", "-o", "/dev/null", "-v", "ON_ERROR_STOP=1", "-f", source];
+        : asUser(this.runAs(), [tools.psql as string, "-X", "-q", "-o", "/dev/null", "-v", "ON_ERROR_STOP=1", "-f", source]);
       let logged = 0;
       const progress = new FileProgress(sample.path, sample.totalBytes);
       let timer: ReturnType<typeof setInterval> | null = null;
       const run = await runTool(argv, {
         env,
         signal: job.signal,
-        stdin: sample.gzip ? "pipe" : "ignore",
+        stdin: fromStdin ? "pipe" : "ignore",
         onLine: (line) => {
           if (logged++ < TOOL_LOG_LINES) job.log(`${archive ? "pg_restore" : "psql"}: ${line}`);
         },
         onSpawn: async (proc) => {
-          if (sample.gzip) {
+          if (fromStdin) {
             await feedFile(sample.path, proc.stdin as never, {
-              gzip: true,
+              gzip: sample.gzip,
               signal: job.signal,
               onRead: (bytes) => job.progress({ bytesRead: bytes, totalBytes: sample.totalBytes }),
             });

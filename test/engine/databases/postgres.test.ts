@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { statSync, writeFileSync } from "node:fs";
+import { rmSync, statSync, writeFileSync } from "node:fs";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { eventually, startTestEngine } from "../../helpers";
@@ -237,6 +237,24 @@ suite("PostgreSQL database services", () => {
     }
     const leftovers = await query(serviceUrl(pg), LEFTOVERS);
     expect(leftovers).toEqual([]);
+  }, 30_000);
+
+  test("a plain dump's shell escape (\\!) never runs as the engine's user: psql runs as the server's", async () => {
+    const marker = `/tmp/engine-psql-escape-${process.pid}-${Date.now()}`;
+    const dump = `${scratch}/escape.sql`;
+    writeFileSync(dump, `--\n-- PostgreSQL database dump\n--\n\nCREATE TABLE escape_probe (id int);\n\\! id -u > ${marker}\n`);
+    try {
+      const { status } = await restore(db.engine, "pg", dump);
+      expect(status).toBe(200);
+      // The escape ran (a dump may do what its SQL may), but not as the engine's user when that is root.
+      const uid = (await Bun.file(marker).text()).trim();
+      if (process.getuid?.() === 0) expect(uid).not.toBe("0");
+      else expect(uid).toBe(String(process.getuid?.()));
+    } finally {
+      rmSync(marker, { force: true });
+    }
+    // Put the reference data back for the tests that follow.
+    expect((await restore(db.engine, "pg", dumps.custom as string)).status).toBe(200);
   }, 30_000);
 
   test("errors: unknown database 404, not a database 409, another engine's dump 409, unreadable dump 422", async () => {
