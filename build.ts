@@ -5,7 +5,8 @@
  * - dist/engine: the runtime, SQLite, the CLI, the API, the app templates and the process
  *   shim inside;
  * - dist/engine-cloud: the cloud console (cli/cloud.ts), compiled the same way but without
- *   the engine's templates and shim, which it never uses.
+ *   the engine's templates and shim, which it never uses; its pages' script and stylesheet
+ *   (src/cloud/ui/client) are bundled here and embedded.
  *
  * Usage: bun build.ts [--outfile dist/engine] [--cloud-outfile dist/engine-cloud] [--only engine|engine-cloud]
  *
@@ -13,6 +14,7 @@
  */
 import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
+import { buildConsoleAssets } from "./src/cloud/ui";
 import { compileShim, shimSource } from "./src/engine/supervisor";
 import { readTemplateDir } from "./src/engine/templates";
 
@@ -71,6 +73,8 @@ if (only !== "engine-cloud") {
 
 if (only !== "engine") {
   const started = performance.now();
-  await compile("cloud.ts", cloudOutfile, { __ENGINE_COMPILED__: "true" });
+  // The console pages' script and stylesheet are bundled now and travel inside the binary.
+  const consoleUi = await buildConsoleAssets();
+  await compile("cloud.ts", cloudOutfile, { __ENGINE_COMPILED__: "true", __ENGINE_CLOUD_UI__: JSON.stringify(JSON.stringify(consoleUi)) });
   console.log(`built ${cloudOutfile} in ${Math.round(performance.now() - started)} ms`);
 }

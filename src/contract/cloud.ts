@@ -183,3 +183,18 @@ export const DeviceApprovalGrant = t.Object(
   { $id: "DeviceApprovalGrant" },
 );
 export const DeviceDenial = t.Object({ denied: t.Literal(true) }, { $id: "DeviceDenial" });
+
+// ---- nodes (issue 7: the console's nodes page; not in the spec)
+
+/** NodeView is a linked machine as the console lists it: what it reported (unverified) and how it enrolled; never its credential. */
+export const NodeView = t.Object({
+  id: t.String(),
+  slug: t.String(),
+  hostname: t.String(),
+  os: t.String(),
+  version: t.String(),
+  enrolled_via: t.String(),
+  created_at: DateTime,
+  last_seen_at: t.Union([DateTime, t.Null()]),
+});
+export const NodesView = t.Object({ nodes: t.Array(NodeView) }, { $id: "NodesView" });

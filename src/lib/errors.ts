@@ -97,6 +97,7 @@ export const CloudErrorCodes = {
   preauth_key_limit_reached: "preauth_key_limit_reached",
   invalid_request: "invalid_request",
   invalid_return_to: "invalid_return_to",
+  csrf_rejected: "csrf_rejected",
   login_failed: "login_failed",
   provider_not_configured: "provider_not_configured",
   rate_limited: "rate_limited",

@@ -11,6 +11,28 @@ import { cookieValue, sessionCookie } from "./sessions";
 /** CALLBACK_PATHS are where the IdP sends the browser back: one per start, so a state cannot cross over. */
 const CALLBACK_PATHS = { login: "/api/auth/callback", social: "/api/auth/social/callback" } as const;
 
+/**
+ * isNavigation says whether a request is a browser's top-level navigation (the IdP's redirect
+ * back) rather than an API client's call: Fetch Metadata's `Sec-Fetch-Mode: navigate`, or, from
+ * a browser that predates it, an Accept that asks for HTML first.
+ */
+function isNavigation(request: Request): boolean {
+  const mode = request.headers.get("sec-fetch-mode");
+  if (mode !== null) return mode === "navigate";
+  return (request.headers.get("accept") ?? "").startsWith("text/html");
+}
+
+/** seeOther answers a navigation with a 303 to a path on this console, keeping any Set-Cookie the handler chose. */
+function seeOther(location: string, set: { headers: Record<string, unknown> }): Response {
+  const headers = new Headers({ location, "cache-control": "no-store" });
+  const cookies = set.headers["set-cookie"];
+  for (const cookie of Array.isArray(cookies) ? cookies : cookies ? [cookies] : []) headers.append("set-cookie", String(cookie));
+  return new Response(null, { status: 303, headers });
+}
+
+/** SIGNIN_PAGE is the console page a failed browser sign-in lands on, with the error code in its query. */
+const SIGNIN_PAGE = "/signin";
+
 const notConfigured = () => new AppError("provider_not_configured", "sign-in is not configured on this console (no OpenID provider)");
 
 /**
@@ -75,6 +97,30 @@ export function signinRoutes(deps: CloudDeps) {
     return { return_to: identity.returnTo, account_id: account.id, expires_at: new Date(session.expiresAt).toISOString() };
   };
 
+  /**
+   * callbackRoute answers an API client with the JSON `SignedIn` (the contract), and a
+   * browser's navigation back from the IdP with a 303 to the sign-in's `return_to` (the
+   * session cookie set), or to the sign-in page naming the error, so a person never lands on
+   * JSON. Validation (422) happens before either.
+   */
+  // Typed as the JSON answer: a Response (the navigation's 303) passes through Elysia unchanged.
+  type SignedInAnswer = Awaited<ReturnType<typeof finish>>;
+  const callbackRoute = async (
+    request: Request,
+    set: { headers: Record<string, unknown> },
+    callback: CallbackKind,
+  ): Promise<SignedInAnswer> => {
+    if (!isNavigation(request)) return finish(request, set, callback);
+    try {
+      const signedIn = await finish(request, set, callback);
+      return seeOther(signedIn.return_to, set) as unknown as SignedInAnswer;
+    } catch (error) {
+      const code = error instanceof AppError ? error.code : "internal";
+      if (!(error instanceof AppError)) deps.log.error({ err: (error as Error).message }, "sign-in callback failed");
+      return seeOther(`${SIGNIN_PAGE}?error=${encodeURIComponent(code)}`, { headers: {} }) as unknown as SignedInAnswer;
+    }
+  };
+
   const startResponses = { 200: LoginStart, ...errorResponses(400, 404, 422, 429, 503) };
   const callbackResponses = { 200: SignedIn, ...errorResponses(401, 422, 503) };
   return new Elysia({ tags: ["auth"] })
@@ -88,12 +134,12 @@ export function signinRoutes(deps: CloudDeps) {
       response: startResponses,
       detail: { summary: "Start a social sign-in with one of the two providers (sets the browser-binding cookie)" },
     })
-    .get("/api/auth/callback", ({ request, set }) => finish(request, set, "login"), {
+    .get("/api/auth/callback", ({ request, set }) => callbackRoute(request, set, "login"), {
       query: CallbackQuery,
       response: callbackResponses,
       detail: { summary: "The IdP's redirect back: redeem the code and sign in (sets the session cookie)" },
     })
-    .get("/api/auth/social/callback", ({ request, set }) => finish(request, set, "social"), {
+    .get("/api/auth/social/callback", ({ request, set }) => callbackRoute(request, set, "social"), {
       query: CallbackQuery,
       response: callbackResponses,
       detail: { summary: "The IdP's redirect back from a social sign-in" },

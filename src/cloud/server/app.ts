@@ -4,6 +4,7 @@ import { CLOUD_INTERFACE_VERSION, ErrorEnvelope, HealthView, LinkMetadataView, R
 import { AppError } from "../../lib/errors";
 import { apiBasics, RequestIds } from "../../lib/http";
 import { sessionRoutes } from "../auth/session-routes";
+import { assertNotCrossSite } from "./csrf";
 import type { CloudDeps } from "./deps";
 import { STATUS_BY_CODE } from "./errors";
 
@@ -43,6 +44,8 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
   let app = new Elysia()
     .onRequest(({ request }) => {
       requestIds.of(request);
+      // Before any route: a forged cookie-authenticated call never reaches a handler.
+      assertNotCrossSite(request, new URL(deps.site.publicUrl).origin);
     })
     .use(
       apiBasics({

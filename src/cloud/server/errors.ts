@@ -12,6 +12,7 @@ export const STATUS_BY_CODE: Record<CloudErrorCode, number> = {
   trial_quota_used: 403,
   user_code_attempts_exhausted: 403,
   access_denied: 403,
+  csrf_rejected: 403,
   not_found: 404,
   account_not_found: 404,
   link_code_not_found: 404,

@@ -2,10 +2,13 @@ import { approvalRoutes } from "../approvals";
 import { signinRoutes } from "../auth";
 import { preauthKeyRoutes } from "../keys/routes";
 import { linkRoutes } from "../link";
+import { nodeRoutes } from "../nodes/routes";
+import { consolePages } from "../ui";
 import type { CloudRoutes } from "./app";
 
 /**
  * API_MODULES lists the route plugins the `api` role serves, one per resource. The
- * composition root mounts them in this order after the routes every role has.
+ * composition root mounts them in this order after the routes every role has. `consolePages`
+ * serves the browser pages outside /api (issue 7).
  */
-export const API_MODULES: CloudRoutes[] = [signinRoutes, preauthKeyRoutes, linkRoutes, approvalRoutes];
+export const API_MODULES: CloudRoutes[] = [signinRoutes, preauthKeyRoutes, linkRoutes, approvalRoutes, nodeRoutes, consolePages];

@@ -304,7 +304,8 @@ describeEachDialect("sign-in through an OpenID provider", (dialect) => {
     const phone = await browserSignIn(cloud, idp, { email: "hopper@example.com", headers: fresh() });
     const minted = await cloud.deps.sessions.mint(laptop.accountId, "minted");
     const other = await browserSignIn(cloud, idp, { email: "ada@example.com", headers: fresh() });
-    const all = await cloud.api("POST", "/api/auth/logout-all", { headers: { cookie: laptop.cookie } });
+    // A page sends the CSRF header with every cookie-authenticated change (decision: console pages, issue 7).
+    const all = await cloud.api("POST", "/api/auth/logout-all", { headers: { cookie: laptop.cookie, "x-engine-csrf": "1" } });
     expect(all.status).toBe(200);
     expect(all.body).toEqual({ ended: 3 });
     for (const token of [laptop.token, phone.token, minted.token])

@@ -1,0 +1,546 @@
+/**
+ * The console's pages in the browser: one script for every page, chosen by the body's
+ * `data-page`. It talks only to the console's own /api with the session cookie, sends
+ * `X-Engine-CSRF: 1` on every state change (the server refuses a cookie-authenticated change
+ * without it), and builds the DOM with text nodes only, so nothing a machine reported can
+ * become markup.
+ */
+
+type Json = Record<string, unknown>;
+type Child = Node | string | null | undefined | false;
+
+/** ApiError is an answer outside 2xx: its status, the envelope's code and message. */
+class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** h builds an element; attributes starting with "on" are listeners, children are text or nodes. */
+function h(tag: string, attributes: Record<string, unknown> = {}, ...children: Child[]): HTMLElement {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") element.addEventListener(name.slice(2), value as EventListener);
+    else element.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children) if (child !== null && child !== undefined && child !== false) element.append(child);
+  return element;
+}
+
+/** api calls the console's API with the session cookie; a non-2xx answer throws ApiError. */
+async function api<T = Json>(method: string, path: string, body?: unknown): Promise<T> {
+  const headers: Record<string, string> = { accept: "application/json" };
+  if (method !== "GET") headers["x-engine-csrf"] = "1";
+  if (body !== undefined) headers["content-type"] = "application/json";
+  const response = await fetch(path, {
+    method,
+    headers,
+    credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  const parsed = text ? (JSON.parse(text) as Json) : {};
+  if (!response.ok) {
+    const error = (parsed.error ?? {}) as { code?: string; message?: string };
+    const detail = Array.isArray(parsed.detail) ? "the request is not valid" : undefined;
+    throw new ApiError(response.status, error.code ?? `http_${response.status}`, error.message ?? detail ?? `HTTP ${response.status}`);
+  }
+  return parsed as T;
+}
+
+const main = () => document.getElementById("app") as HTMLElement;
+const here = () => `${location.pathname}${location.search}`;
+
+/** toSignIn sends the browser to the sign-in page, coming back here afterwards. */
+function toSignIn(): never {
+  location.assign(`/signin?return_to=${encodeURIComponent(here())}`);
+  throw new Error("signing in");
+}
+
+/** alert renders an error or notice region that screen readers announce. */
+function notice(kind: "error" | "ok" | "info", ...children: Child[]): HTMLElement {
+  return h("div", { class: `notice notice-${kind}`, role: kind === "error" ? "alert" : "status" }, ...children);
+}
+
+function describeError(error: unknown): string {
+  if (error instanceof ApiError) return `${error.message} (${error.code})`;
+  return (error as Error).message ?? String(error);
+}
+
+const when = (iso: unknown) => (typeof iso === "string" ? new Date(iso).toLocaleString() : "—");
+
+/** secretBox shows a just-created secret once, with a copy button. */
+function secretBox(label: string, value: string, testId: string): HTMLElement {
+  const input = h("input", { readonly: true, value, "aria-label": label, "data-testid": testId, class: "secret" }) as HTMLInputElement;
+  const copy = h(
+    "button",
+    {
+      type: "button",
+      onclick: async () => {
+        input.select();
+        await navigator.clipboard?.writeText(value).catch(() => {});
+      },
+    },
+    "Copy",
+  );
+  return h("div", { class: "secret-row" }, input, copy);
+}
+
+/** shell draws the header and navigation around a signed-in page. */
+function shell(page: string, account: Json, ...content: Child[]): void {
+  const links: [string, string, string][] = [
+    ["nodes", "/nodes", "Nodes"],
+    ["link", "/link", "Approve a device"],
+    ["link-codes", "/link-codes", "Link codes"],
+    ["keys", "/keys", "Pre-authorized keys"],
+  ];
+  const signOut = h(
+    "button",
+    {
+      type: "button",
+      class: "link-button",
+      onclick: async () => {
+        await api("POST", "/api/auth/logout").catch(() => {});
+        location.assign("/signin");
+      },
+    },
+    "Sign out",
+  );
+  const nav = h(
+    "nav",
+    { "aria-label": "Console" },
+    h(
+      "ul",
+      {},
+      ...links.map(([id, href, label]) => h("li", {}, h("a", { href, "aria-current": id === page ? "page" : undefined }, label))),
+    ),
+  );
+  const header = h(
+    "header",
+    { class: "top" },
+    h("a", { href: "/nodes", class: "brand" }, "engine cloud"),
+    nav,
+    h("div", { class: "who" }, h("span", { "data-testid": "account-email" }, String(account.email ?? "")), signOut),
+  );
+  document.body.replaceChildren(header, h("main", { id: "app" }, ...content));
+}
+
+/** signedIn returns the session's account, or sends the browser to sign in. */
+async function signedIn(): Promise<Json> {
+  try {
+    const session = await api<{ account: Json }>("GET", "/api/auth/session");
+    return session.account;
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) toSignIn();
+    throw error;
+  }
+}
+
+// ---- pages
+
+function signInPage(): void {
+  const params = new URLSearchParams(location.search);
+  const returnTo = params.get("return_to") ?? "/nodes";
+  const failed = params.get("error");
+  const status = h("div", { "aria-live": "polite" });
+  const start = async (path: string) => {
+    status.replaceChildren(notice("info", "Taking you to the sign-in provider…"));
+    try {
+      const started = await api<{ url: string }>("GET", path);
+      location.assign(started.url);
+    } catch (error) {
+      status.replaceChildren(notice("error", describeError(error)));
+    }
+  };
+  const query = (extra: Record<string, string>) => new URLSearchParams({ ...extra, return_to: returnTo }).toString();
+  const email = h("input", { id: "identity", name: "identity", type: "email", autocomplete: "email" }) as HTMLInputElement;
+  main().replaceChildren(
+    h(
+      "section",
+      { class: "card narrow" },
+      h("h1", {}, "Sign in to engine cloud"),
+      failed ? notice("error", `Sign-in did not complete (${failed}). Please start again.`) : null,
+      h(
+        "div",
+        { class: "stack" },
+        h(
+          "button",
+          { type: "button", class: "primary", onclick: () => start(`/api/auth/social?${query({ provider: "github" })}`) },
+          "Continue with GitHub",
+        ),
+        h(
+          "button",
+          { type: "button", class: "primary", onclick: () => start(`/api/auth/social?${query({ provider: "google" })}`) },
+          "Continue with Google",
+        ),
+      ),
+      h("p", { class: "or" }, "or"),
+      h(
+        "form",
+        {
+          class: "stack",
+          onsubmit: (event: Event) => {
+            event.preventDefault();
+            const extra: Record<string, string> = email.value ? { identity: email.value } : {};
+            void start(`/api/auth/login?${query(extra)}`);
+          },
+        },
+        h("label", { for: "identity" }, "Email (optional)"),
+        email,
+        h("button", { type: "submit" }, "Sign in"),
+      ),
+      status,
+    ),
+  );
+}
+
+async function nodesPage(account: Json): Promise<void> {
+  const { nodes } = await api<{ nodes: Json[] }>("GET", "/api/nodes");
+  const table = nodes.length
+    ? h(
+        "table",
+        { "data-testid": "nodes" },
+        h("caption", {}, "Linked machines. Hostname, OS and version are what each machine reported; they are not verified."),
+        h(
+          "thead",
+          {},
+          h(
+            "tr",
+            {},
+            ...["Name", "Hostname (unverified)", "OS", "Version", "Linked by", "Linked", "Last seen"].map((c) =>
+              h("th", { scope: "col" }, c),
+            ),
+          ),
+        ),
+        h(
+          "tbody",
+          {},
+          ...nodes.map((node) =>
+            h(
+              "tr",
+              {},
+              h("td", {}, String(node.slug)),
+              h("td", {}, String(node.hostname)),
+              h("td", {}, String(node.os || "—")),
+              h("td", {}, String(node.version || "—")),
+              h("td", {}, String(node.enrolled_via).replace("_", " ")),
+              h("td", {}, when(node.created_at)),
+              h("td", {}, node.last_seen_at ? when(node.last_seen_at) : "—"),
+            ),
+          ),
+        ),
+      )
+    : h(
+        "p",
+        { class: "empty" },
+        "No machines yet. Run ",
+        h("code", {}, `engine link --cloud ${location.origin}`),
+        " on a machine, then approve its code on ",
+        h("a", { href: "/link" }, "Approve a device"),
+        ".",
+      );
+  shell("nodes", account, h("h1", {}, "Nodes"), h("p", {}, `${nodes.length} of ${account.node_limit ?? "?"} machines.`), table);
+}
+
+async function linkPage(account: Json): Promise<void> {
+  const params = new URLSearchParams(location.search);
+  const code = h("input", {
+    id: "user_code",
+    name: "user_code",
+    autocomplete: "off",
+    autocapitalize: "characters",
+    spellcheck: "false",
+    required: true,
+    maxlength: 32,
+    value: params.get("user_code") ?? "",
+  }) as HTMLInputElement;
+  const result = h("div", { "aria-live": "polite" });
+  const decide = async (action: "approve" | "deny", userCode: string) => {
+    try {
+      if (action === "approve") {
+        const grant = await api<Json>("POST", "/api/nodes/device-approvals/approve", { user_code: userCode });
+        result.replaceChildren(
+          notice(
+            "ok",
+            `Approved. The machine is linked as ${grant.slug}${grant.adopted ? " (an existing node was adopted)" : ""}. `,
+            h("a", { href: "/nodes" }, "See your nodes"),
+          ),
+        );
+      } else {
+        await api("POST", "/api/nodes/device-approvals/deny", { user_code: userCode });
+        result.replaceChildren(notice("ok", "Denied. The machine will be told the request was refused."));
+      }
+    } catch (error) {
+      result.replaceChildren(notice("error", describeError(error)));
+    }
+  };
+  const lookup = async () => {
+    result.replaceChildren(notice("info", "Looking the code up…"));
+    try {
+      const view = await api<Json>("POST", "/api/nodes/device-approvals/lookup", { user_code: code.value.trim() });
+      const reported = view.reported as Json;
+      const unverified = () => h("span", { class: "badge" }, "unverified");
+      const row = (label: string, value: unknown, badge: boolean) =>
+        h("div", { class: "fact" }, h("dt", {}, label), h("dd", {}, String(value || "—"), badge ? unverified() : null));
+      result.replaceChildren(
+        h(
+          "section",
+          { class: "card", "data-testid": "device-request", "aria-label": "Device request" },
+          h("h2", {}, "A machine asks to join your account"),
+          h(
+            "p",
+            { class: "warn" },
+            "Approve only if you started ",
+            h("code", {}, "engine link"),
+            " on this machine yourself just now. The name, OS and version below are what the machine says about itself; the console cannot verify them.",
+          ),
+          h(
+            "dl",
+            {},
+            row("Hostname", reported.hostname, true),
+            row("OS", reported.os, true),
+            row("Version", reported.version, true),
+            row("Requested from address", view.source_address, false),
+            row("Requested", when(view.requested_at), false),
+            row("Expires", when(view.expires_at), false),
+            row("Attempts left", view.attempts_left, false),
+          ),
+          h(
+            "div",
+            { class: "actions" },
+            h("button", { type: "button", class: "primary", onclick: () => decide("approve", String(view.user_code)) }, "Approve"),
+            h("button", { type: "button", class: "danger", onclick: () => decide("deny", String(view.user_code)) }, "Deny"),
+          ),
+        ),
+      );
+    } catch (error) {
+      result.replaceChildren(notice("error", describeError(error)));
+    }
+  };
+  shell(
+    "link",
+    account,
+    h("h1", {}, "Approve a device"),
+    h("p", {}, "Enter the code that ", h("code", {}, "engine link"), " shows on the machine you are linking."),
+    h(
+      "form",
+      {
+        class: "inline",
+        onsubmit: (event: Event) => {
+          event.preventDefault();
+          void lookup();
+        },
+      },
+      h("label", { for: "user_code" }, "Code"),
+      code,
+      h("button", { type: "submit" }, "Look up"),
+    ),
+    result,
+  );
+  // A code from verification_uri_complete is looked up at once; looking up spends no attempt.
+  if (code.value) await lookup();
+}
+
+async function linkCodesPage(account: Json): Promise<void> {
+  const shown = h("div", { "aria-live": "polite" });
+  const mint = async () => {
+    try {
+      const minted = await api<Json>("POST", "/api/link/codes", {});
+      shown.replaceChildren(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "Your link code"),
+          notice("info", "This code is shown once and works once. It expires ", when(minted.expires_at), "."),
+          secretBox("Link code", String(minted.code), "link-code"),
+          h("p", {}, "On the machine, run:"),
+          h("pre", {}, `engine link --cloud ${location.origin} --code ${minted.code}`),
+        ),
+      );
+    } catch (error) {
+      shown.replaceChildren(notice("error", describeError(error)));
+    }
+  };
+  shell(
+    "link-codes",
+    account,
+    h("h1", {}, "Link codes"),
+    h("p", {}, "A link code links one machine without a browser on it. It is single-use and short-lived."),
+    h("button", { type: "button", class: "primary", onclick: mint }, "Mint a link code"),
+    shown,
+  );
+}
+
+async function keysPage(account: Json): Promise<void> {
+  const minted = h("div", { "aria-live": "polite" });
+  const listing = h("div", {});
+  const description = h("input", { id: "key-description", maxlength: 200 }) as HTMLInputElement;
+  const uses = h("input", { id: "key-uses", type: "number", min: 1, max: 1000, value: 1 }) as HTMLInputElement;
+  const lifetime = h(
+    "select",
+    { id: "key-lifetime" },
+    h("option", { value: 3600 }, "1 hour"),
+    h("option", { value: 86_400, selected: true }, "1 day"),
+    h("option", { value: 7 * 86_400 }, "7 days"),
+    h("option", { value: 90 * 86_400 }, "90 days"),
+  ) as HTMLSelectElement;
+
+  const refresh = async () => {
+    try {
+      const { keys } = await api<{ keys: Json[] }>("GET", "/api/preauth-keys");
+      const state = (key: Json) => (key.revoked ? "revoked" : key.expired ? "expired" : "active");
+      listing.replaceChildren(
+        keys.length
+          ? h(
+              "table",
+              { "data-testid": "keys" },
+              h("caption", {}, "Keys, newest first. Revoking a key does not unlink the machines it linked."),
+              h(
+                "thead",
+                {},
+                h("tr", {}, ...["Description", "Created", "Expires", "Uses", "State", ""].map((c) => h("th", { scope: "col" }, c))),
+              ),
+              h(
+                "tbody",
+                {},
+                ...keys.map((key) => {
+                  const cell = h("td", {});
+                  if (state(key) === "active") {
+                    const confirm = h(
+                      "button",
+                      {
+                        type: "button",
+                        class: "danger",
+                        onclick: async () => {
+                          await api("DELETE", `/api/preauth-keys/${key.id}`).catch((error) => alertIn(minted, error));
+                          await refresh();
+                        },
+                      },
+                      "Confirm revoke",
+                    );
+                    const revoke = h("button", { type: "button", onclick: () => cell.replaceChildren(confirm) }, `Revoke`);
+                    cell.append(revoke);
+                  }
+                  return h(
+                    "tr",
+                    { "data-key-id": String(key.id) },
+                    h("td", {}, String(key.description || "—")),
+                    h("td", {}, when(key.created_at)),
+                    h("td", {}, when(key.expires_at)),
+                    h("td", {}, `${key.uses} / ${key.max_uses}`),
+                    h("td", { "data-testid": "key-state" }, state(key)),
+                    cell,
+                  );
+                }),
+              ),
+            )
+          : h("p", { class: "empty" }, "No keys yet."),
+      );
+    } catch (error) {
+      alertIn(listing, error);
+    }
+  };
+
+  const mint = async (event: Event) => {
+    event.preventDefault();
+    try {
+      const key = await api<Json>("POST", "/api/preauth-keys", {
+        description: description.value,
+        max_uses: Number(uses.value) || 1,
+        expires_in_s: Number(lifetime.value),
+      });
+      minted.replaceChildren(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "New key"),
+          notice("info", "Copy it now: the key is shown only this once."),
+          secretBox("Pre-authorized key", String(key.key), "new-key"),
+          h("p", {}, "On a machine, run:"),
+          h("pre", {}, `engine link --cloud ${location.origin} --key ${key.key}`),
+        ),
+      );
+      await refresh();
+    } catch (error) {
+      alertIn(minted, error);
+    }
+  };
+
+  shell(
+    "keys",
+    account,
+    h("h1", {}, "Pre-authorized keys"),
+    h("p", {}, "A key links machines without a person approving each one, for scripts and fleets."),
+    h(
+      "form",
+      { class: "grid", onsubmit: mint },
+      h("label", { for: "key-description" }, "Description"),
+      description,
+      h("label", { for: "key-uses" }, "Uses"),
+      uses,
+      h("label", { for: "key-lifetime" }, "Lifetime"),
+      lifetime,
+      h("button", { type: "submit", class: "primary" }, "Mint key"),
+    ),
+    minted,
+    h("h2", {}, "Keys"),
+    listing,
+  );
+  await refresh();
+}
+
+function alertIn(region: HTMLElement, error: unknown): void {
+  region.replaceChildren(notice("error", describeError(error)));
+}
+
+async function consentPage(account: Json): Promise<void> {
+  const rid = new URLSearchParams(location.search).get("rid");
+  shell(
+    "consent",
+    account,
+    h("h1", {}, "Authorize an assistant"),
+    h(
+      "p",
+      {},
+      "This is where an assistant (an MCP client) asks to reach your account. The page will show which assistant asks, what it may do and for which machines, and let you approve or deny it.",
+    ),
+    notice(
+      "info",
+      rid ? `Authorization request ${rid.slice(0, 64)}: ` : "",
+      "assistant authorization is not available on this console yet, so nothing has been granted.",
+    ),
+  );
+}
+
+// ---- boot
+
+const PAGES: Record<string, (account: Json) => Promise<void>> = {
+  nodes: nodesPage,
+  link: linkPage,
+  "link-codes": linkCodesPage,
+  keys: keysPage,
+  consent: consentPage,
+};
+
+async function boot(): Promise<void> {
+  const page = document.body.dataset.page ?? "";
+  if (page === "signin") return signInPage();
+  const render = PAGES[page];
+  if (!render) return;
+  try {
+    await render(await signedIn());
+  } catch (error) {
+    if ((error as Error).message === "signing in") return;
+    main().replaceChildren(notice("error", describeError(error)));
+  }
+}
+
+void boot();
+
+// A module, so its names stay out of the global scope that other browser scripts in the tree share.
+export {};

@@ -1,0 +1,80 @@
+import { Elysia } from "elysia";
+import type { CloudDeps } from "../server/deps";
+import { consoleAssets } from "./bundle";
+
+export { buildConsoleAssets, type ConsoleAssets, consoleAssets } from "./bundle";
+
+/**
+ * CONSOLE_PAGES maps each page path outside /api to its page id (the body's `data-page`) and
+ * title. Every page is the same shell; the bundled script draws it after checking the session.
+ */
+export const CONSOLE_PAGES: Record<string, { page: string; title: string }> = {
+  "/signin": { page: "signin", title: "Sign in" },
+  "/nodes": { page: "nodes", title: "Nodes" },
+  "/link": { page: "link", title: "Approve a device" },
+  "/link-codes": { page: "link-codes", title: "Link codes" },
+  "/keys": { page: "keys", title: "Pre-authorized keys" },
+  "/oauth/authorize": { page: "consent", title: "Authorize an assistant" },
+};
+
+/**
+ * PAGE_HEADERS keep the pages to their own origin: scripts and styles only from the console,
+ * no framing (clickjacking an Approve button), and no Referer, so a user code in `/link`'s
+ * query never leaves in one.
+ */
+const PAGE_HEADERS = {
+  "content-type": "text/html; charset=utf-8",
+  "cache-control": "no-store",
+  "content-security-policy":
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+  "x-frame-options": "DENY",
+  "referrer-policy": "no-referrer",
+  "x-content-type-options": "nosniff",
+};
+
+const escapeHtml = (text: string) => text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+function shell(page: string, title: string, tag: string): string {
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>${escapeHtml(title)} · engine cloud</title>
+<link rel="stylesheet" href="/ui/app.css?v=${tag}">
+<script type="module" src="/ui/app.js?v=${tag}"></script>
+</head>
+<body data-page="${escapeHtml(page)}">
+<main id="app"><noscript>The engine cloud console needs JavaScript.</noscript></main>
+</body>
+</html>`;
+}
+
+/**
+ * consolePages serves the console's pages outside /api: the page shells (see CONSOLE_PAGES),
+ * `/` sending the browser to the nodes page, and the bundled script and stylesheet under
+ * /ui/ (immutable per build tag, which the shells put in their URLs).
+ */
+export function consolePages(_deps: CloudDeps) {
+  let app = new Elysia({ detail: { hide: true } })
+    .get("/", () => new Response(null, { status: 303, headers: { location: "/nodes" } }))
+    .get("/ui/app.js", async () => {
+      const { js } = await consoleAssets();
+      return new Response(js, {
+        headers: { "content-type": "text/javascript; charset=utf-8", "cache-control": "public, max-age=31536000, immutable" },
+      });
+    })
+    .get("/ui/app.css", async () => {
+      const { css } = await consoleAssets();
+      return new Response(css, {
+        headers: { "content-type": "text/css; charset=utf-8", "cache-control": "public, max-age=31536000, immutable" },
+      });
+    });
+  for (const [path, { page, title }] of Object.entries(CONSOLE_PAGES)) {
+    app = app.get(
+      path,
+      async () => new Response(shell(page, title, (await consoleAssets()).tag), { headers: PAGE_HEADERS }),
+    ) as unknown as typeof app;
+  }
+  return app;
+}
