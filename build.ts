@@ -2,8 +2,8 @@
  * build.ts compiles the two programs into self-contained executables with
  * `bun build --compile`, so each runs with no node_modules beside it:
  *
- * - dist/engine: the runtime, SQLite, the CLI, the API, the app templates and the process
- *   shim inside;
+ * - dist/engine: the runtime, SQLite, the CLI, the API, the web UI, the app templates and the
+ *   process shim inside;
  * - dist/engine-cloud: the cloud console (cli/cloud.ts), compiled the same way but without
  *   the engine's templates and shim, which it never uses; its pages' script and stylesheet
  *   (src/cloud/ui/client) are bundled here and embedded.
@@ -17,6 +17,7 @@ import { dirname, join, resolve } from "node:path";
 import { buildConsoleAssets } from "./src/cloud/ui";
 import { compileShim, shimSource } from "./src/engine/supervisor";
 import { readTemplateDir } from "./src/engine/templates";
+import { bundleUiScript, readUiStylesheet } from "./src/engine/ui";
 
 const root = import.meta.dir;
 const args = process.argv.slice(2);
@@ -62,10 +63,15 @@ if (only !== "engine-cloud") {
   const shim = readFileSync(shimFile).toString("base64");
   rmSync(shimFile, { force: true });
 
+  // The web UI travels inside the binary too: its script bundled for the browser, its stylesheet as is.
+  const uiScript = await bundleUiScript();
+
   const started = performance.now();
   await compile("engine.ts", outfile, {
     __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)),
     __ENGINE_EMBEDDED_SHIM__: JSON.stringify(shim),
+    __ENGINE_UI_JS__: JSON.stringify(uiScript),
+    __ENGINE_UI_CSS__: JSON.stringify(readUiStylesheet()),
     __ENGINE_COMPILED__: "true",
   });
   console.log(`built ${outfile} with ${templates.length} templates in ${Math.round(performance.now() - started)} ms`);

@@ -3,6 +3,7 @@ import { Elysia } from "elysia";
 import { AppError } from "../../lib/errors";
 import { apiBasics, pathOf, RequestIds } from "../../lib/http";
 import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
+import { CSRF_HEADER, readCookie, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
 import { daemonRoutes } from "./daemon";
 import type { ApiDeps, RequestContext } from "./deps";
 import { docsPage } from "./docs-page";
@@ -39,7 +40,11 @@ export interface Api {
   markLocal(request: Request): void;
 }
 
-function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (request: Request) => void; requestIds: RequestIds }) {
+function buildApp(
+  deps: ApiDeps,
+  ctx: RequestContext,
+  hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions },
+) {
   return new Elysia()
     .onRequest(({ request }) => hooks.onRequest(request))
     .use(
@@ -86,7 +91,8 @@ function buildApp(deps: ApiDeps, ctx: RequestContext, hooks: { onRequest: (reque
     .use(templateRoutes(deps))
     .use(serviceRoutes(deps, ctx))
     .use(workloadRoutes(deps, ctx))
-    .use(daemonRoutes(deps));
+    .use(daemonRoutes(deps))
+    .use(uiRoutes({ sessions: hooks.sessions, log: deps.log }));
 }
 
 /**
@@ -98,7 +104,24 @@ export function createApi(deps: ApiDeps): Api {
   const routes = compileRouteAccess();
   const local = new WeakSet<Request>();
   const principals = new WeakMap<Request, Principal>();
+  const sessions = new UiSessions(deps.tokens);
   const requestIds = new RequestIds();
+
+  /**
+   * authenticateCookie resolves the web UI's session cookie when no Authorization header is
+   * sent. A state change made with a cookie must carry the session's CSRF token in
+   * X-Engine-CSRF and come from the engine's own origin; bearer calls are unaffected.
+   */
+  const authenticateCookie = (request: Request, method: string, cookie: string): Principal => {
+    const session = sessions.resolve(cookie);
+    if (method !== "GET") {
+      if (!sameOrigin(request)) throw new AppError("forbidden", "a cross-site request may not change anything");
+      if (!UiSessions.csrfMatches(session, request.headers.get(CSRF_HEADER))) {
+        throw new AppError("forbidden", "a web session's state change must carry its CSRF token in X-Engine-CSRF");
+      }
+    }
+    return session.principal;
+  };
 
   const onRequest = (request: Request) => {
     requestIds.of(request);
@@ -106,7 +129,13 @@ export function createApi(deps: ApiDeps): Api {
     const method = request.method === "HEAD" ? "GET" : request.method;
     const route = routes.find((r) => r.method === method && r.pattern.test(path));
     if (!route || route.access === "public") return;
-    const principal = local.has(request) ? LOCAL_PRINCIPAL : deps.tokens.authenticate(request.headers.get("authorization"));
+    const authorization = request.headers.get("authorization");
+    const cookie = authorization === null && !local.has(request) ? readCookie(request.headers.get("cookie"), SESSION_COOKIE) : null;
+    const principal = local.has(request)
+      ? LOCAL_PRINCIPAL
+      : cookie !== null
+        ? authenticateCookie(request, method, cookie)
+        : deps.tokens.authenticate(authorization);
     if (!roleMay(principal.role, route.access)) {
       throw new AppError("forbidden", `a ${principal.role} token may not call ${route.key}`);
     }
@@ -121,7 +150,7 @@ export function createApi(deps: ApiDeps): Api {
     },
   };
 
-  const app = buildApp(deps, ctx, { onRequest, requestIds });
+  const app = buildApp(deps, ctx, { onRequest, requestIds, sessions });
   const declared = new Set(app.routes.filter((r) => r.method !== "HEAD" && r.method !== "OPTIONS").map((r) => `${r.method} ${r.path}`));
   const missing = [...declared].filter((key) => !(key in ROUTE_ACCESS));
   const stale = Object.keys(ROUTE_ACCESS).filter((key) => !declared.has(key));

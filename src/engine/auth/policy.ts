@@ -44,6 +44,18 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "POST /api/databases/:name/restore": "write",
   "POST /api/daemon/restart": "admin",
   "PUT /api/link/vcs-token": "admin",
+  // The web UI (src/engine/ui): its page and files are public; it then calls the routes above
+  // with its session cookie. Signing in checks the token itself; a session is read or ended
+  // with its own cookie, which the handler checks (ending it needs the CSRF token); login
+  // links are minted by admins.
+  "GET /": "public",
+  "GET /ui/app.js": "public",
+  "GET /ui/app.css": "public",
+  "GET /ui/login": "public",
+  "POST /ui/session": "public",
+  "GET /ui/session": "public",
+  "DELETE /ui/session": "public",
+  "POST /api/ui/login-links": "admin",
 };
 
 export function roleMay(role: Role, access: Access): boolean {

@@ -77,5 +77,6 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
       },
       adminStatus: 200,
     },
+    { key: "POST /api/ui/login-links", method: "POST", path: "/api/ui/login-links", adminStatus: 201 },
   ];
 }

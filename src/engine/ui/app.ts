@@ -1,0 +1,1052 @@
+/**
+ * app.ts is the engine's web UI: a small single-page app in plain TypeScript and DOM, bundled
+ * into the binary (see assets.ts). It calls the same /api routes as the CLI, authenticated by
+ * the session cookie, and sends the session's CSRF token on every state change.
+ */
+
+type Child = Node | string | number | null | undefined | false;
+type Attrs = Record<string, string | number | boolean | EventListener | null | undefined>;
+
+/** h creates an element; `on…` attributes become listeners, booleans toggle attributes. */
+function h(tag: string, attrs: Attrs = {}, ...children: (Child | Child[])[]): HTMLElement {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") element.addEventListener(name.slice(2), value);
+    else if (value === true) element.setAttribute(name, "");
+    else element.setAttribute(name, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return element;
+}
+
+/** fill replaces an element's children, with the same child rules as h. */
+function fill(element: HTMLElement, ...children: (Child | Child[])[]): HTMLElement {
+  element.replaceChildren(...Array.from(h("div", {}, ...children).childNodes));
+  return element;
+}
+
+interface Session {
+  role: string;
+  name: string;
+  csrf: string;
+}
+
+interface ApiFailure {
+  status: number;
+  message: string;
+}
+
+let session: Session | null = null;
+/** cleanups run when the page changes: timers and log streams of the previous page. */
+let cleanups: (() => void)[] = [];
+
+const main = () => document.getElementById("main") as HTMLElement;
+
+/** announce tells screen readers (and the status line) what just happened. */
+function announce(message: string): void {
+  const live = document.getElementById("live");
+  if (live) live.textContent = message;
+}
+
+async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
+  const headers: Record<string, string> = { accept: "application/json" };
+  if (body !== undefined) headers["content-type"] = "application/json";
+  if (method !== "GET" && session) headers["x-engine-csrf"] = session.csrf;
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+  });
+  const text = await response.text();
+  const parsed = text ? (JSON.parse(text) as unknown) : undefined;
+  if (response.status === 401 && path !== "/ui/session") {
+    session = null;
+    renderLogin("Your session has ended: sign in again.");
+  }
+  if (!response.ok) {
+    const failure = parsed as { error?: { message?: string }; detail?: { msg?: string; loc?: unknown[] }[] } | undefined;
+    const message =
+      failure?.error?.message ??
+      failure?.detail?.map((d) => `${(d.loc ?? []).join(".")}: ${d.msg}`).join("; ") ??
+      `the engine answered ${response.status}`;
+    throw { status: response.status, message } satisfies ApiFailure;
+  }
+  return parsed as T;
+}
+
+const messageOf = (error: unknown) => (error as ApiFailure).message ?? String(error);
+
+function errorBox(message: string): HTMLElement {
+  return h("p", { class: "error", role: "alert" }, message);
+}
+
+function since(iso: string | null | undefined): string {
+  if (!iso) return "—";
+  const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+  if (seconds < 60) return `${seconds}s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m ${seconds % 60}s`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)}h ${Math.floor((seconds % 3600) / 60)}m`;
+  return `${Math.floor(seconds / 86400)}d ${Math.floor((seconds % 86400) / 3600)}h`;
+}
+
+function when(iso: string | null | undefined): string {
+  return iso ? new Date(iso).toLocaleString() : "—";
+}
+
+function badge(status: string): HTMLElement {
+  return h("span", { class: `badge status-${status}` }, status);
+}
+
+/** dl renders label/value pairs as a description list, skipping empty values. */
+function dl(pairs: [string, Child][]): HTMLElement {
+  return h(
+    "dl",
+    {},
+    pairs
+      .filter(([, value]) => value !== null && value !== undefined && value !== "")
+      .flatMap(([label, value]) => [h("dt", {}, label), h("dd", {}, value)]),
+  );
+}
+
+function table(caption: string, headers: string[], rows: Child[][]): HTMLElement {
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h(
+      "table",
+      {},
+      h("caption", { class: "visually-hidden" }, caption),
+      h(
+        "thead",
+        {},
+        h(
+          "tr",
+          {},
+          headers.map((label) => h("th", { scope: "col" }, label)),
+        ),
+      ),
+      h(
+        "tbody",
+        {},
+        rows.length === 0
+          ? h("tr", {}, h("td", { colspan: headers.length, class: "muted" }, "None yet."))
+          : rows.map((cells) =>
+              h(
+                "tr",
+                {},
+                cells.map((c) => h("td", {}, c)),
+              ),
+            ),
+      ),
+    ),
+  );
+}
+
+/** field makes a labelled input; the label's `for` ties it to the input for assistive tech. */
+function field(label: string, input: HTMLElement, hint?: string): HTMLElement {
+  const id = input.id || `f-${Math.random().toString(36).slice(2, 9)}`;
+  input.id = id;
+  const hintId = hint ? `${id}-hint` : undefined;
+  if (hintId) input.setAttribute("aria-describedby", hintId);
+  return h(
+    "div",
+    { class: "field" },
+    h("label", { for: id }, label),
+    input,
+    hint ? h("small", { id: hintId, class: "muted" }, hint) : null,
+  );
+}
+
+/** confirmDialog asks before a destructive action, in a modal <dialog> (focus-trapped, Esc closes). */
+function confirmDialog(title: string, text: string, confirmLabel: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const dialog = h(
+      "dialog",
+      { "aria-labelledby": "confirm-title" },
+      h(
+        "form",
+        { method: "dialog" },
+        h("h2", { id: "confirm-title" }, title),
+        h("p", {}, text),
+        h(
+          "div",
+          { class: "actions" },
+          h("button", { value: "cancel", class: "secondary" }, "Cancel"),
+          h("button", { value: "confirm", class: "danger" }, confirmLabel),
+        ),
+      ),
+    ) as HTMLDialogElement;
+    dialog.addEventListener("close", () => {
+      resolve(dialog.returnValue === "confirm");
+      dialog.remove();
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}
+
+// ---------------------------------------------------------------- sign-in
+
+function renderNav(route: string): void {
+  const nav = document.getElementById("nav");
+  if (!nav) return;
+  nav.replaceChildren();
+  if (!session) return;
+  const links: [string, string][] = [
+    ["#/", "Services"],
+    ["#/templates", "Templates"],
+    ["#/gpus", "GPUs"],
+    ["#/tokens", "Tokens"],
+    ["#/proxy", "Proxy"],
+    ["#/databases", "Databases"],
+    ["#/link", "Link"],
+  ];
+  const current = route.split("/")[1] ?? "";
+  nav.append(
+    h(
+      "ul",
+      {},
+      links.map(([href, label]) => {
+        const section = href.split("/")[1] ?? "";
+        const active = section === current || (section === "" && current === "services");
+        return h("li", {}, h("a", { href, "aria-current": active ? "page" : null }, label));
+      }),
+      h(
+        "li",
+        { class: "who" },
+        h("span", { class: "muted" }, `${session?.name} (${session?.role})`),
+        h("button", { class: "link-button", type: "button", onclick: () => void signOut() }, "Sign out"),
+      ),
+    ),
+  );
+}
+
+async function signOut(): Promise<void> {
+  try {
+    await api("DELETE", "/ui/session");
+  } catch {
+    // signed out either way
+  }
+  session = null;
+  renderLogin("Signed out.");
+}
+
+function renderLogin(notice?: string): void {
+  for (const cleanup of cleanups) cleanup();
+  cleanups = [];
+  renderNav("");
+  const token = h("input", { type: "password", name: "token", autocomplete: "current-password", required: true, spellcheck: "false" });
+  const status = h("div", {});
+  const form = h(
+    "form",
+    {
+      class: "card narrow",
+      onsubmit: async (event: Event) => {
+        event.preventDefault();
+        status.replaceChildren();
+        try {
+          session = await api<Session>("POST", "/ui/session", { token: (token as HTMLInputElement).value });
+          (token as HTMLInputElement).value = "";
+          route();
+        } catch (error) {
+          status.append(errorBox(messageOf(error)));
+        }
+      },
+    },
+    h("h1", {}, "Sign in"),
+    notice ? h("p", { class: "muted" }, notice) : null,
+    field(
+      "Access token",
+      token,
+      "An engine token (admin.token in the data dir, or one from `engine tokens create`). Or run `engine ui` for a one-time login link.",
+    ),
+    h("button", { type: "submit" }, "Sign in"),
+    status,
+  );
+  fill(main(), form);
+  (token as HTMLInputElement).focus();
+}
+
+// ---------------------------------------------------------------- services
+
+interface ServiceRecord {
+  id: string;
+  name: string;
+  kind: string;
+  status: string;
+  status_message: string | null;
+  gpus: number;
+  gpu_devices: string[];
+  port: number | null;
+  restarts: number;
+  started_at: string | null;
+  template_id: string | null;
+  command: string[];
+}
+
+interface ProxyDomain {
+  domain: string;
+  path_prefix: string;
+  service: string;
+  url: string;
+  kind: string;
+  certificate: { issuer: string | null; source: string | null; not_after: string | null };
+}
+
+async function renderServices(): Promise<void> {
+  const list = h("div", { "aria-busy": "true" }, h("p", { class: "muted" }, "Loading services…"));
+  const deployStatus = h("div", {});
+  const name = h("input", { name: "name", required: true, pattern: "[a-z0-9][a-z0-9-]*", autocomplete: "off" });
+  const command = h("input", { name: "command", required: true, autocomplete: "off" });
+  const kind = h(
+    "select",
+    { name: "kind" },
+    h("option", { value: "service" }, "service (kept running)"),
+    h("option", { value: "batch" }, "batch (runs once)"),
+  );
+  const canWrite = session?.role !== "readonly";
+  fill(
+    main(),
+    h("h1", {}, "Services"),
+    list,
+    canWrite
+      ? h(
+          "section",
+          { class: "card", "aria-labelledby": "deploy-command" },
+          h("h2", { id: "deploy-command" }, "Deploy a command"),
+          h(
+            "form",
+            {
+              class: "inline-form",
+              onsubmit: async (event: Event) => {
+                event.preventDefault();
+                deployStatus.replaceChildren();
+                const serviceName = (name as HTMLInputElement).value;
+                try {
+                  await api("POST", "/api/services", {
+                    name: serviceName,
+                    kind: (kind as HTMLSelectElement).value,
+                    command: (command as HTMLInputElement).value,
+                  });
+                  announce(`${serviceName} deployed`);
+                  location.hash = `#/services/${encodeURIComponent(serviceName)}`;
+                } catch (error) {
+                  deployStatus.append(errorBox(messageOf(error)));
+                }
+              },
+            },
+            field("Name", name),
+            field("Command", command, "Run by /bin/sh, e.g. python serve.py"),
+            field("Kind", kind),
+            h("button", { type: "submit" }, "Deploy"),
+          ),
+          deployStatus,
+        )
+      : null,
+  );
+  const refresh = async () => {
+    try {
+      const [services, proxy] = await Promise.all([
+        api<ServiceRecord[]>("GET", "/api/services"),
+        api<{ domains: ProxyDomain[] }>("GET", "/api/proxy/status").catch(() => ({ domains: [] as ProxyDomain[] })),
+      ]);
+      const domainsOf = (service: string) => proxy.domains.filter((d) => d.service === service);
+      list.replaceChildren(
+        table(
+          "Services",
+          ["Name", "Kind", "Status", "GPUs", "Port", "Domains", "Uptime", "Restarts"],
+          services.map((s) => [
+            h("a", { href: `#/services/${encodeURIComponent(s.name)}` }, s.name),
+            s.kind,
+            badge(s.status),
+            s.gpu_devices.length > 0 ? `${s.gpus} (${s.gpu_devices.join(", ")})` : String(s.gpus),
+            s.port ?? "—",
+            domainsOf(s.name).length > 0
+              ? h(
+                  "span",
+                  {},
+                  domainsOf(s.name).map((d) =>
+                    h("a", { href: d.url, class: "domain" }, d.domain + (d.path_prefix === "/" ? "" : d.path_prefix)),
+                  ),
+                )
+              : "—",
+            s.status === "running" ? since(s.started_at) : "—",
+            s.restarts,
+          ]),
+        ),
+      );
+      list.setAttribute("aria-busy", "false");
+    } catch (error) {
+      list.replaceChildren(errorBox(messageOf(error)));
+    }
+  };
+  await refresh();
+  const timer = setInterval(() => void refresh(), 3000);
+  cleanups.push(() => clearInterval(timer));
+}
+
+interface Diagnosis {
+  service_name: string;
+  kind: string;
+  status: string;
+  error: { class: string; message: string } | null;
+  forensics: { last_exit_code: number | null; oom_killed: boolean; gpu_oom: boolean; priv_denied: boolean; last_crash_at: string | null };
+  restarts: {
+    max_restarts: number;
+    window_seconds: number;
+    policy: string;
+    count: number;
+    window_start: string | null;
+    last_exit_at: string | null;
+    backoff_s: number;
+    next_retry_in_s: number | null;
+  };
+  health: { spec: Record<string, unknown> | null; probe: Record<string, unknown> | null; observations: string[] };
+  bindings: { waiting: boolean; messages: string[] };
+  build: { last_result: string | null; version: number; reason: string | null };
+  remediation: { code: string; detail: string } | null;
+  desired_state: string;
+  last_dump: Record<string, unknown> | null;
+  injected_env_keys: string[];
+  pending_env_keys: string[];
+}
+
+const yesNo = (value: boolean) => (value ? "yes" : "no");
+
+/** diagnosisReport renders a Diagnosis cause-and-remedy first, then the evidence. */
+function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
+  const healthy = !d.error && !d.remediation;
+  return h(
+    "section",
+    { class: "card", "aria-labelledby": "diagnosis-title" },
+    h("h2", { id: "diagnosis-title" }, "Diagnosis"),
+    h(
+      "div",
+      { class: healthy ? "verdict ok" : "verdict problem" },
+      h("h3", {}, "Cause"),
+      h(
+        "p",
+        { class: "cause" },
+        d.error
+          ? `${d.error.class}: ${d.error.message}`
+          : (record.status_message ?? `The service is ${d.status}; nothing is wrong that the engine can see.`),
+      ),
+      d.remediation
+        ? [h("h3", {}, "Remediation"), h("p", { class: "remediation" }, h("code", {}, d.remediation.code), " ", d.remediation.detail)]
+        : null,
+    ),
+    h("h3", {}, "Forensics"),
+    dl([
+      ["Last exit code", d.forensics.last_exit_code ?? "—"],
+      ["Killed for memory (OOM)", yesNo(d.forensics.oom_killed)],
+      ["GPU out of memory", yesNo(d.forensics.gpu_oom)],
+      ["Privilege denied", yesNo(d.forensics.priv_denied)],
+      ["Last crash", when(d.forensics.last_crash_at)],
+    ]),
+    h("h3", {}, "Restart window"),
+    dl([
+      ["Policy", d.restarts.policy],
+      ["Restarts in window", `${d.restarts.count} of ${d.restarts.max_restarts} within ${d.restarts.window_seconds}s`],
+      ["Window started", when(d.restarts.window_start)],
+      ["Last exit", when(d.restarts.last_exit_at)],
+      ["Backoff", `${d.restarts.backoff_s}s`],
+      ["Next retry in", d.restarts.next_retry_in_s === null ? "—" : `${d.restarts.next_retry_in_s}s`],
+    ]),
+    h("h3", {}, "Health"),
+    d.health.spec ? h("p", {}, h("code", {}, JSON.stringify(d.health.spec))) : h("p", { class: "muted" }, "No health probe."),
+    d.health.observations.length > 0
+      ? h(
+          "ul",
+          {},
+          d.health.observations.map((o) => h("li", {}, o)),
+        )
+      : null,
+    h("h3", {}, "Bindings"),
+    d.bindings.messages.length > 0
+      ? h(
+          "ul",
+          {},
+          d.bindings.messages.map((m) => h("li", {}, m)),
+        )
+      : h("p", { class: "muted" }, d.bindings.waiting ? "Waiting for bindings." : "No bindings pending."),
+    h("h3", {}, "Build"),
+    dl([
+      ["Last result", d.build.last_result ?? "no build"],
+      ["Version", d.build.version],
+      ["Reason", d.build.reason ?? ""],
+    ]),
+    d.last_dump ? [h("h3", {}, "Last dump"), h("pre", { class: "json" }, JSON.stringify(d.last_dump, null, 2))] : null,
+    d.injected_env_keys.length + d.pending_env_keys.length > 0
+      ? [
+          h("h3", {}, "Environment"),
+          dl([
+            ["Injected", d.injected_env_keys.join(", ")],
+            ["Pending", d.pending_env_keys.join(", ")],
+          ]),
+        ]
+      : null,
+  );
+}
+
+async function renderService(name: string): Promise<void> {
+  const header = h("div", { class: "service-head" }, h("h1", {}, name));
+  const actions = h("div", { class: "actions", role: "group", "aria-label": "Service actions" });
+  const notice = h("div", {});
+  const report = h("div", {}, h("p", { class: "muted" }, "Diagnosing…"));
+  const logs = h("pre", { class: "logs", role: "log", "aria-label": `Logs of ${name}`, tabindex: "0" });
+  const logState = h("span", { class: "muted" }, "connecting…");
+  fill(
+    main(),
+    h("p", {}, h("a", { href: "#/" }, "← Services")),
+    header,
+    actions,
+    notice,
+    h("section", { class: "card", "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs ", logState), logs),
+    report,
+  );
+
+  const act = async (action: string) => {
+    notice.replaceChildren();
+    try {
+      await api("POST", `/api/services/${encodeURIComponent(name)}/${action}`);
+      announce(`${name}: ${action} requested`);
+      await refresh();
+    } catch (error) {
+      notice.append(errorBox(messageOf(error)));
+    }
+  };
+  const remove = async () => {
+    if (!(await confirmDialog(`Delete ${name}?`, "The service is stopped and removed. Its data directory is kept.", "Delete"))) return;
+    try {
+      await api("DELETE", `/api/services/${encodeURIComponent(name)}`);
+      announce(`${name} deleted`);
+      location.hash = "#/";
+    } catch (error) {
+      notice.append(errorBox(messageOf(error)));
+    }
+  };
+
+  const refresh = async () => {
+    try {
+      const [record, diagnosis] = await Promise.all([
+        api<ServiceRecord>("GET", `/api/services/${encodeURIComponent(name)}`),
+        api<Diagnosis>("GET", `/api/services/${encodeURIComponent(name)}/diagnose`),
+      ]);
+      header.replaceChildren(
+        h("h1", {}, name, " ", badge(record.status)),
+        h("p", { class: "muted" }, `${record.kind} · ${record.command.join(" ")}`),
+      );
+      if (session?.role !== "readonly") {
+        const paused = record.status === "paused";
+        actions.replaceChildren(
+          h("button", { type: "button", onclick: () => void act("start") }, "Start"),
+          h("button", { type: "button", onclick: () => void act("stop") }, "Stop"),
+          h("button", { type: "button", onclick: () => void act("restart") }, "Restart"),
+          h("button", { type: "button", onclick: () => void act(paused ? "resume" : "pause") }, paused ? "Resume" : "Pause"),
+          h("button", { type: "button", class: "danger", onclick: () => void remove() }, "Delete…"),
+        );
+      }
+      report.replaceChildren(diagnosisReport(diagnosis, record));
+    } catch (error) {
+      if ((error as ApiFailure).status === 404) report.replaceChildren(errorBox(`No service named ${name}.`));
+      else report.replaceChildren(errorBox(messageOf(error)));
+    }
+  };
+  await refresh();
+  const timer = setInterval(() => void refresh(), 3000);
+  cleanups.push(() => clearInterval(timer));
+
+  // Live logs: the API's SSE stream, sent with the session cookie (a GET needs no CSRF token).
+  const source = new EventSource(`/api/services/${encodeURIComponent(name)}/logs?follow=true&tail=200`);
+  source.addEventListener("open", () => {
+    logState.textContent = "live";
+  });
+  source.addEventListener("error", () => {
+    logState.textContent = "reconnecting…";
+  });
+  source.addEventListener("line", (event) => {
+    const line = JSON.parse((event as MessageEvent<string>).data) as { ts: string; stream: string; line: string };
+    const stick = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
+    logs.append(h("span", { class: `line ${line.stream}` }, line.line, "\n"));
+    while (logs.childNodes.length > 2000) logs.firstChild?.remove();
+    if (stick) logs.scrollTop = logs.scrollHeight;
+  });
+  cleanups.push(() => source.close());
+}
+
+// ---------------------------------------------------------------- templates
+
+interface AppTemplate {
+  id: string;
+  name: string;
+  icon: string;
+  category: string;
+  repo_url: string;
+  ai_hint: string;
+  deploy_defaults: { port: number; gpus: number; start: string };
+  env_schema: { name: string; required: boolean; secret: boolean }[];
+}
+
+async function renderTemplates(): Promise<void> {
+  const gallery = h("div", { class: "gallery" }, h("p", { class: "muted" }, "Loading templates…"));
+  const panel = h("div", {});
+  fill(main(), h("h1", {}, "Templates"), panel, gallery);
+  let templates: AppTemplate[];
+  try {
+    templates = await api<AppTemplate[]>("GET", "/api/app-templates");
+  } catch (error) {
+    gallery.replaceChildren(errorBox(messageOf(error)));
+    return;
+  }
+  gallery.replaceChildren(
+    ...templates.map((template) =>
+      h(
+        "article",
+        { class: "card template", "aria-labelledby": `t-${template.id}` },
+        h("h2", { id: `t-${template.id}` }, h("span", { "aria-hidden": "true" }, template.icon, " "), template.name),
+        h(
+          "p",
+          { class: "muted" },
+          `${template.category} · ${template.deploy_defaults.gpus} GPU${template.deploy_defaults.gpus === 1 ? "" : "s"}`,
+        ),
+        h("p", { class: "hint" }, template.ai_hint.length > 180 ? `${template.ai_hint.slice(0, 180)}…` : template.ai_hint),
+        session?.role !== "readonly"
+          ? h("button", { type: "button", "aria-label": `Deploy ${template.name}`, onclick: () => deployForm(template, panel) }, "Deploy")
+          : null,
+      ),
+    ),
+  );
+}
+
+/** deployForm builds the one-click deploy form from a template's env_schema and defaults. */
+function deployForm(template: AppTemplate, panel: HTMLElement): void {
+  const name = h("input", { name: "name", required: true, value: template.id, pattern: "[a-z0-9][a-z0-9-]*" }) as HTMLInputElement;
+  const gpus = h("input", { name: "gpus", type: "number", min: 0, max: 64, value: template.deploy_defaults.gpus }) as HTMLInputElement;
+  const domain = h("input", { name: "domain", placeholder: `${template.id}.local`, autocomplete: "off" }) as HTMLInputElement;
+  const envInputs = template.env_schema.map((entry) => ({
+    entry,
+    input: h("input", {
+      name: entry.name,
+      type: entry.secret ? "password" : "text",
+      required: entry.required,
+      autocomplete: entry.secret ? "new-password" : "off",
+    }) as HTMLInputElement,
+  }));
+  const status = h("div", {});
+  const form = h(
+    "form",
+    {
+      class: "card",
+      "aria-labelledby": "deploy-title",
+      onsubmit: async (event: Event) => {
+        event.preventDefault();
+        status.replaceChildren(h("p", { class: "muted" }, "Deploying…"));
+        const env: Record<string, string> = {};
+        const secrets: Record<string, string> = {};
+        for (const { entry, input } of envInputs) {
+          if (input.value === "") continue;
+          (entry.secret ? secrets : env)[entry.name] = input.value;
+        }
+        try {
+          await api("POST", "/api/services", { name: name.value, template_id: template.id, gpus: Number(gpus.value), env, secrets });
+          if (domain.value.trim() !== "") {
+            await api("POST", `/api/services/${encodeURIComponent(name.value)}/domains`, { domain: domain.value.trim() });
+          }
+          announce(`${name.value} deployed from ${template.name}`);
+          location.hash = `#/services/${encodeURIComponent(name.value)}`;
+        } catch (error) {
+          status.replaceChildren(errorBox(messageOf(error)));
+        }
+      },
+    },
+    h("h2", { id: "deploy-title" }, `Deploy ${template.name}`),
+    field("Service name", name),
+    field("GPUs", gpus),
+    field("Domain (optional)", domain, "e.g. app.local: served by the proxy with a local-CA certificate"),
+    envInputs.length > 0
+      ? h(
+          "fieldset",
+          {},
+          h("legend", {}, "Environment"),
+          envInputs.map(({ entry, input }) =>
+            field(`${entry.name}${entry.required ? " (required)" : ""}${entry.secret ? " — secret" : ""}`, input),
+          ),
+        )
+      : null,
+    h(
+      "div",
+      { class: "actions" },
+      h("button", { type: "submit" }, "Deploy"),
+      h("button", { type: "button", class: "secondary", onclick: () => panel.replaceChildren() }, "Cancel"),
+    ),
+    status,
+  );
+  panel.replaceChildren(form);
+  name.focus();
+}
+
+// ---------------------------------------------------------------- tokens
+
+interface TokenRecord {
+  id: string;
+  name: string;
+  role: string;
+  created_at: string;
+  last_used_at: string | null;
+  revoked: boolean;
+  expires_at: string | null;
+  max_gpus: number | null;
+  scope_services: string[];
+}
+
+async function renderTokens(): Promise<void> {
+  const list = h("div", {});
+  const created = h("div", {});
+  const isAdmin = session?.role === "admin";
+  const name = h("input", { name: "name", required: true, autocomplete: "off" }) as HTMLInputElement;
+  const role = h(
+    "select",
+    { name: "role" },
+    h("option", { value: "readonly" }, "readonly"),
+    h("option", { value: "submitter" }, "submitter"),
+    h("option", { value: "admin" }, "admin"),
+  ) as HTMLSelectElement;
+  const maxGpus = h("input", { name: "max_gpus", type: "number", min: 0 }) as HTMLInputElement;
+  fill(
+    main(),
+    h("h1", {}, "Tokens"),
+    created,
+    isAdmin
+      ? h(
+          "section",
+          { class: "card", "aria-labelledby": "create-token" },
+          h("h2", { id: "create-token" }, "Create a token"),
+          h(
+            "form",
+            {
+              class: "inline-form",
+              onsubmit: async (event: Event) => {
+                event.preventDefault();
+                created.replaceChildren();
+                try {
+                  const body: Record<string, unknown> = { name: name.value, role: role.value };
+                  if (maxGpus.value !== "") body.max_gpus = Number(maxGpus.value);
+                  const token = await api<TokenRecord & { token: string }>("POST", "/api/tokens", body);
+                  name.value = "";
+                  const secret = h("input", {
+                    readonly: true,
+                    value: token.token,
+                    "aria-label": "New token",
+                    class: "secret",
+                    id: "new-token",
+                  }) as HTMLInputElement;
+                  created.replaceChildren(
+                    h(
+                      "div",
+                      { class: "card notice", role: "status" },
+                      h("h2", {}, `Token ${token.name} created`),
+                      h("p", {}, "Copy it now: it is shown once and cannot be read again."),
+                      secret,
+                      h(
+                        "button",
+                        { type: "button", onclick: () => void navigator.clipboard?.writeText(token.token).then(() => announce("Copied")) },
+                        "Copy",
+                      ),
+                    ),
+                  );
+                  secret.select();
+                  await refresh();
+                } catch (error) {
+                  created.append(errorBox(messageOf(error)));
+                }
+              },
+            },
+            field("Name", name),
+            field("Role", role),
+            field("Max GPUs (optional)", maxGpus),
+            h("button", { type: "submit" }, "Create"),
+          ),
+        )
+      : null,
+    list,
+  );
+  const revoke = async (token: TokenRecord) => {
+    if (!(await confirmDialog(`Revoke ${token.name}?`, "Anything using this token loses access at once.", "Revoke"))) return;
+    try {
+      await api("DELETE", `/api/tokens/${encodeURIComponent(token.id)}`);
+      announce(`${token.name} revoked`);
+      await refresh();
+    } catch (error) {
+      list.prepend(errorBox(messageOf(error)));
+    }
+  };
+  const refresh = async () => {
+    try {
+      const tokens = await api<TokenRecord[]>("GET", "/api/tokens");
+      list.replaceChildren(
+        table(
+          "Tokens",
+          ["Name", "Role", "Created", "Last used", "Expires", "State", ""],
+          tokens.map((t) => [
+            t.name,
+            t.role,
+            when(t.created_at),
+            when(t.last_used_at),
+            when(t.expires_at),
+            t.revoked ? badge("revoked") : badge("active"),
+            isAdmin && !t.revoked
+              ? h(
+                  "button",
+                  { type: "button", class: "danger small", "aria-label": `Revoke ${t.name}`, onclick: () => void revoke(t) },
+                  "Revoke",
+                )
+              : "",
+          ]),
+        ),
+      );
+    } catch (error) {
+      list.replaceChildren(errorBox(messageOf(error)));
+    }
+  };
+  await refresh();
+}
+
+// ---------------------------------------------------------------- GPUs, proxy, link, databases
+
+interface GpuInventory {
+  source: string;
+  warnings: string[];
+  devices: {
+    index: number;
+    name: string;
+    uuid: string;
+    memory_total_mb: number;
+    memory_used_mb: number | null;
+    utilization_pct: number | null;
+    reserved_mb: number;
+    holders: { service: string; whole: boolean; memory_mb: number }[];
+  }[];
+}
+
+async function renderGpus(): Promise<void> {
+  fill(main(), h("h1", {}, "GPUs"), h("p", { class: "muted" }, "Loading…"));
+  try {
+    const inventory = await api<GpuInventory>("GET", "/api/gpus");
+    fill(
+      main(),
+      h("h1", {}, "GPUs"),
+      h("p", { class: "muted" }, `Source: ${inventory.source}`),
+      inventory.warnings.map((w) => h("p", { class: "warning" }, w)),
+      table(
+        "GPUs",
+        ["#", "Name", "Memory used / total", "Utilization", "Reserved", "Held by"],
+        inventory.devices.map((d) => [
+          d.index,
+          d.name,
+          `${d.memory_used_mb ?? "?"} / ${d.memory_total_mb} MB`,
+          d.utilization_pct === null ? "—" : `${d.utilization_pct}%`,
+          `${d.reserved_mb} MB`,
+          d.holders.length === 0 ? "free" : d.holders.map((x) => `${x.service}${x.whole ? " (whole)" : ` (${x.memory_mb} MB)`}`).join(", "),
+        ]),
+      ),
+    );
+  } catch (error) {
+    fill(main(), h("h1", {}, "GPUs"), errorBox(messageOf(error)));
+  }
+}
+
+interface ProxyStatus {
+  state: string;
+  mode: string;
+  hostname: string;
+  https_port: number;
+  ca: { fingerprint_sha256?: string; subject: string; not_after?: string; trusted_in_system?: boolean };
+  mdns: { enabled: boolean; backend: string; published: boolean; names: string[] };
+  domains: ProxyDomain[];
+}
+
+async function renderProxy(): Promise<void> {
+  try {
+    const status = await api<ProxyStatus>("GET", "/api/proxy/status");
+    fill(
+      main(),
+      h("h1", {}, "Proxy"),
+      h(
+        "section",
+        { class: "card" },
+        dl([
+          ["State", badge(status.state)],
+          ["Mode", status.mode],
+          ["Host name", status.hostname],
+          ["HTTPS port", status.https_port],
+          ["CA", status.ca.subject],
+          ["CA fingerprint (SHA-256)", h("code", { class: "wrap" }, status.ca.fingerprint_sha256 ?? "—")],
+          ["CA expires", when(status.ca.not_after)],
+          ["CA trusted by the system", status.ca.trusted_in_system === undefined ? "—" : yesNo(status.ca.trusted_in_system)],
+          [
+            "mDNS",
+            `${status.mdns.backend}${status.mdns.published ? ", published" : ""}${status.mdns.names.length ? `: ${status.mdns.names.join(", ")}` : ""}`,
+          ],
+        ]),
+      ),
+      h("h2", {}, "Domains"),
+      table(
+        "Domains",
+        ["Domain", "Service", "Kind", "Certificate", "Expires"],
+        status.domains.map((d) => [
+          h("a", { href: d.url }, d.domain + (d.path_prefix === "/" ? "" : d.path_prefix)),
+          d.service,
+          d.kind,
+          d.certificate.issuer ?? d.certificate.source ?? "—",
+          when(d.certificate.not_after),
+        ]),
+      ),
+    );
+  } catch (error) {
+    fill(main(), h("h1", {}, "Proxy"), errorBox(messageOf(error)));
+  }
+}
+
+function renderLink(): void {
+  fill(
+    main(),
+    h("h1", {}, "Link to the cloud console"),
+    h(
+      "section",
+      { class: "card" },
+      h("p", {}, "Linking lets you manage this machine from the cloud console and authorize assistants to reach it."),
+      h(
+        "ol",
+        {},
+        h("li", {}, "On this machine, run ", h("code", {}, "engine link"), "."),
+        h("li", {}, "Open the address it prints and enter the code it shows; check the host name before approving."),
+        h("li", {}, "Or, with a pre-authorized key: ", h("code", {}, "engine link --key <key>"), "."),
+      ),
+      h("p", { class: "muted" }, "The linked account is shown by `engine link status` on this machine."),
+    ),
+  );
+}
+
+async function renderDatabases(): Promise<void> {
+  const panel = h("div", {});
+  fill(main(), h("h1", {}, "Databases"), panel);
+  let services: ServiceRecord[];
+  try {
+    services = (await api<ServiceRecord[]>("GET", "/api/services")).filter((s) => s.kind === "database");
+  } catch (error) {
+    panel.replaceChildren(errorBox(messageOf(error)));
+    return;
+  }
+  if (services.length === 0) {
+    panel.replaceChildren(
+      h("p", { class: "muted" }, "No database services. Deploy PostgreSQL, MariaDB, Redis or SQLite from the templates."),
+    );
+    return;
+  }
+  const target = h(
+    "select",
+    { name: "database" },
+    services.map((s) => h("option", { value: s.name }, `${s.name} (${s.status})`)),
+  ) as HTMLSelectElement;
+  const dump = h("input", { name: "dump", required: true, placeholder: "/path/to/dump.sql.gz or https://…" }) as HTMLInputElement;
+  const timeout = h("input", { name: "timeout_s", type: "number", min: 1, value: 600 }) as HTMLInputElement;
+  const progress = h("div", { "aria-live": "polite" });
+  panel.replaceChildren(
+    h(
+      "form",
+      {
+        class: "card",
+        "aria-labelledby": "restore-title",
+        onsubmit: async (event: Event) => {
+          event.preventDefault();
+          const started = Date.now();
+          const bar = h("progress", { "aria-label": "Restore in progress" });
+          const elapsed = h("span", {}, "0 s");
+          progress.replaceChildren(h("p", {}, bar, " Restoring… ", elapsed));
+          const timer = setInterval(() => {
+            elapsed.textContent = `${Math.round((Date.now() - started) / 1000)} s`;
+          }, 500);
+          try {
+            const result = await api<{ engine: string; duration_s: number }>(
+              "POST",
+              `/api/databases/${encodeURIComponent(target.value)}/restore`,
+              {
+                dump: dump.value,
+                timeout_s: Number(timeout.value),
+              },
+            );
+            progress.replaceChildren(
+              h(
+                "p",
+                { class: "ok", role: "status" },
+                `Restored into ${target.value} (${result.engine}) in ${result.duration_s.toFixed(1)} s.`,
+              ),
+            );
+          } catch (error) {
+            progress.replaceChildren(errorBox(messageOf(error)));
+          } finally {
+            clearInterval(timer);
+          }
+        },
+      },
+      h("h2", { id: "restore-title" }, "Restore a dump"),
+      field("Database", target),
+      field("Dump", dump, "A path on this machine or an https:// URL; the database is replaced only when the restore succeeds."),
+      field("Timeout (seconds)", timeout),
+      h("button", { type: "submit" }, "Restore"),
+      progress,
+    ),
+  );
+}
+
+// ---------------------------------------------------------------- router
+
+async function route(): Promise<void> {
+  for (const cleanup of cleanups) cleanup();
+  cleanups = [];
+  if (!session) {
+    try {
+      session = await api<Session>("GET", "/ui/session");
+    } catch {
+      renderLogin();
+      return;
+    }
+  }
+  const hash = location.hash.replace(/^#/, "") || "/";
+  renderNav(hash);
+  const [, section = "", param] = hash.split("/");
+  const titles: Record<string, string> = {
+    "": "Services",
+    services: "Services",
+    templates: "Templates",
+    gpus: "GPUs",
+    tokens: "Tokens",
+    proxy: "Proxy",
+    databases: "Databases",
+    link: "Link",
+  };
+  document.title = `${param ? decodeURIComponent(param) : (titles[section] ?? "engine")} · engine`;
+  if (section === "services" && param) await renderService(decodeURIComponent(param));
+  else if (section === "templates") await renderTemplates();
+  else if (section === "tokens") await renderTokens();
+  else if (section === "gpus") await renderGpus();
+  else if (section === "proxy") await renderProxy();
+  else if (section === "databases") await renderDatabases();
+  else if (section === "link") renderLink();
+  else await renderServices();
+}
+
+window.addEventListener("hashchange", () => {
+  // Move focus to the new page's content so keyboard and screen-reader users land there.
+  void route().then(() => {
+    if (session) main().focus({ preventScroll: true });
+  });
+});
+void route();
+
+export {};
