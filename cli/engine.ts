@@ -12,6 +12,7 @@ import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
 import { registerTls } from "./commands/tls";
 import { registerTokens } from "./commands/tokens";
+import { registerUi } from "./commands/ui";
 import { emit, type Output } from "./output";
 
 /** buildProgram assembles the `engine` command line. */
@@ -38,6 +39,7 @@ export function buildProgram(): Command {
   registerDaemon(program, client, output);
   registerTls(program, output);
   registerLink(program, output);
+  registerUi(program, client, output);
 
   program
     .command("version")

@@ -22,6 +22,8 @@ export interface ApiDeps {
   proxy: Pick<ProxyController, "status" | "addDomain" | "removeDomain">;
   services: ServiceDirectory;
   daemon: DaemonControl;
+  /** baseUrl is where browsers reach this engine (the web UI's login links); unset before it listens. */
+  baseUrl?: () => string | undefined;
 }
 
 /** RequestContext resolves per-request facts the auth hook established. */

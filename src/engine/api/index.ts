@@ -92,7 +92,7 @@ function buildApp(
     .use(serviceRoutes(deps, ctx))
     .use(workloadRoutes(deps, ctx))
     .use(daemonRoutes(deps))
-    .use(uiRoutes({ sessions: hooks.sessions, log: deps.log }));
+    .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }));
 }
 
 /**

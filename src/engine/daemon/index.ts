@@ -226,7 +226,10 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       if (!proxyHolder.controller) throw new AppError("draining", "the proxy is starting; try again in a moment");
       return proxyHolder.controller;
     };
+    // Where browsers reach the engine, known once the listener is up (port 0 in tests).
+    let browserUrl: string | undefined;
     const api = createApi({
+      baseUrl: () => browserUrl,
       log,
       version: VERSION,
       startedAt,
@@ -243,6 +246,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     });
 
     const tcp = listen(config, (request) => api.app.handle(withRoutableUrl(request)));
+    const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
+    browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${tcp.port ?? config.port}`;
     cleanups.push(() => tcp.stop(true));
     // The data dir is 0700, so the socket is private from the moment it exists; chmod makes it explicit.
     const unix = Bun.serve({

@@ -31,6 +31,8 @@ const PAGE_HEADERS = {
 export interface UiRouteDeps {
   sessions: UiSessions;
   log: { info(fields: Record<string, unknown>, message: string): void };
+  /** baseUrl is where browsers reach the engine, for the login link's full address. */
+  baseUrl?: () => string | undefined;
 }
 
 const SessionInfo = t.Object({
@@ -136,10 +138,16 @@ export function uiRoutes(deps: UiRouteDeps) {
         const { code, expiresAt } = deps.sessions.mintLoginCode();
         set.status = 201;
         set.headers["cache-control"] = "no-store";
-        return { code, path: `/ui/login?code=${encodeURIComponent(code)}`, expires_at: new Date(expiresAt).toISOString() };
+        const path = `/ui/login?code=${encodeURIComponent(code)}`;
+        const base = deps.baseUrl?.();
+        return { code, path, url: base ? `${base}${path}` : null, expires_at: new Date(expiresAt).toISOString() };
       },
       {
-        response: { 201: t.Object({ code: t.String(), path: t.String(), expires_at: t.String() }), 401: ErrorBody, 403: ErrorBody },
+        response: {
+          201: t.Object({ code: t.String(), path: t.String(), url: t.Union([t.String(), t.Null()]), expires_at: t.String() }),
+          401: ErrorBody,
+          403: ErrorBody,
+        },
         detail: { tags: ["ui"], summary: "Mint a one-time web UI login link (admin; `engine ui` prints it)" },
       },
     );
