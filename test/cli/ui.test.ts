@@ -14,7 +14,7 @@ test("engine ui prints a one-time login link that opens a web session once", asy
   expect(url?.startsWith(`${engine.url}/ui/login?code=`)).toBe(true);
   const first = await fetch(url ?? "", { redirect: "manual" });
   expect(first.status).toBe(303);
-  expect(first.headers.get("set-cookie")).toContain("engine_session=");
+  expect(first.headers.get("set-cookie")).toContain("engine_ui_session=");
   expect((await fetch(url ?? "", { redirect: "manual" })).status).toBe(401);
 
   const json = await runCli(["--data-dir", engine.dataDir, "--json", "ui"]);

@@ -3,8 +3,8 @@ import { constantTimeEqual, digestSecret, generateToken } from "../../lib/crypto
 import { AppError } from "../../lib/errors";
 import type { Principal, TokenStore } from "../auth";
 
-/** SESSION_COOKIE names the web UI's session cookie. */
-export const SESSION_COOKIE = "engine_session";
+/** SESSION_COOKIE names the web UI's session cookie; it differs from the console's `engine_session`, since cookies are shared across the ports of one host. */
+export const SESSION_COOKIE = "engine_ui_session";
 /** CSRF_HEADER is the header a cookie-authenticated state change must carry. */
 export const CSRF_HEADER = "x-engine-csrf";
 /** SESSION_TTL_MS bounds a web session: twelve hours, then sign in again. */

@@ -19,13 +19,13 @@ async function signIn(token: string): Promise<{ cookie: string; csrf: string; se
   });
   expect(response.status).toBe(201);
   const setCookie = response.headers.get("set-cookie") ?? "";
-  const cookie = /engine_session=([^;]+)/.exec(setCookie)?.[1] ?? "";
+  const cookie = /engine_ui_session=([^;]+)/.exec(setCookie)?.[1] ?? "";
   const body = (await response.json()) as { csrf: string };
   return { cookie, csrf: body.csrf, setCookie };
 }
 
 function withCookie(cookie: string, extra: Record<string, string> = {}): Record<string, string> {
-  return { cookie: `engine_session=${cookie}`, ...extra };
+  return { cookie: `engine_ui_session=${cookie}`, ...extra };
 }
 
 describe("web UI sessions", () => {
@@ -167,7 +167,7 @@ describe("web UI sessions", () => {
     expect(first.status).toBe(303);
     expect(first.headers.get("location")).toBe("/");
     expect(first.headers.get("referrer-policy")).toBe("no-referrer");
-    const cookie = /engine_session=([^;]+)/.exec(first.headers.get("set-cookie") ?? "")?.[1] ?? "";
+    const cookie = /engine_ui_session=([^;]+)/.exec(first.headers.get("set-cookie") ?? "")?.[1] ?? "";
     const me = await fetch(`${engine.url}/ui/session`, { headers: withCookie(cookie) });
     expect(((await me.json()) as { role: string }).role).toBe("admin");
 

@@ -1,0 +1,234 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { type Browser, chromium, type Page } from "playwright-core";
+import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { buildBinaries } from "./binaries";
+
+/**
+ * The engine's web UI in headless Chromium against the compiled dist/engine: sign in with the
+ * one-time link of `engine ui` and with a token, deploy a template from the gallery and watch
+ * its logs arrive, see a crashed service's diagnosis, create a token (shown once) and revoke
+ * it, delete a service after confirming. Each main page is saved under test/e2e/screenshots/
+ * (ignored by git) to be looked at.
+ */
+
+const CHROMIUM = "/usr/bin/chromium";
+const SCREENSHOTS = join(import.meta.dir, "screenshots");
+const STEP_MS = 15_000;
+
+/** HELLO_TEMPLATE runs without network or GPU: a template whose start command prints and waits. */
+const HELLO_TEMPLATE = {
+  id: "hello",
+  name: "Hello",
+  icon: "👋",
+  category: "tool",
+  repo_url: "",
+  ref: "",
+  subdir: "",
+  ai_hint: "Prints a greeting and waits: the web UI's end-to-end test deploys it from the gallery.",
+  deploy_defaults: { port: 0, gpus: 0, start: 'echo "hello $GREETING"; exec sleep 300', health: "" },
+  env_schema: [
+    { name: "GREETING", required: true, secret: false },
+    { name: "API_KEY", required: false, secret: true },
+  ],
+};
+
+let workDir: string;
+let binary: string;
+let engine: SpawnedEngine;
+let adminToken: string;
+let browser: Browser | undefined;
+let page: Page;
+
+const shot = (name: string) => page.screenshot({ path: join(SCREENSHOTS, `engine-${name}.png`), fullPage: true });
+
+beforeAll(async () => {
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  workDir = tempDir("engine-e2e-ui-");
+  const built = (await buildBinaries()).engine;
+  binary = join(workDir, "bin", "engine");
+  mkdirSync(join(workDir, "bin"), { recursive: true });
+  copyFileSync(built, binary);
+  Bun.spawnSync(["chmod", "755", binary]);
+  const templates = join(workDir, "templates");
+  mkdirSync(templates, { recursive: true });
+  writeFileSync(join(templates, "hello.json"), JSON.stringify(HELLO_TEMPLATE));
+  engine = await spawnEngine(join(workDir, "data"), {
+    command: [binary],
+    env: { ENGINE_SHIM: "", ENGINE_PROXY: "off", ENGINE_TEMPLATES_DIR: templates },
+  });
+  adminToken = readFileSync(join(workDir, "data", "admin.token"), "utf8").trim();
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--no-first-run",
+      "--disable-sync",
+    ],
+  });
+  page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
+  page.setDefaultTimeout(STEP_MS);
+}, 240_000);
+
+afterAll(async () => {
+  await browser?.close();
+  await engine?.stop();
+  if (workDir) {
+    reapWorkloads(join(workDir, "data"));
+    rmSync(workDir, { recursive: true, force: true });
+  }
+});
+
+const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+
+describe("the engine's web UI in a browser (compiled dist/engine, headless Chromium)", () => {
+  test("`engine ui` prints a link that signs the browser in once; signing out returns to the token form", async () => {
+    const { code, stdout } = await runCli(["--data-dir", join(workDir, "data"), "ui"], {}, [binary]);
+    expect(code).toBe(0);
+    const link = /(http:\/\/\S+\/ui\/login\?code=\S+)/.exec(stdout)?.[1] ?? "";
+    expect(link).toStartWith(`${engine.url}/ui/login?code=`);
+    await page.goto(link);
+    await page.getByRole("heading", { name: "Services" }).waitFor();
+    // The spent code left the address bar.
+    expect(page.url()).toBe(`${engine.url}/`);
+    const cookies = await page.context().cookies(engine.url);
+    const session = cookies.find((cookie) => cookie.name === "engine_ui_session");
+    expect(session?.httpOnly).toBe(true);
+    expect(session?.sameSite).toBe("Strict");
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByRole("heading", { name: "Sign in" }).waitFor();
+    await shot("signin");
+    // The same link again: refused.
+    const again = await page.goto(link);
+    expect(again?.status()).toBe(401);
+  }, 60_000);
+
+  test("signing in with a token opens the services list", async () => {
+    await page.goto(`${engine.url}/`);
+    await page.getByLabel("Access token").fill("eng_notARealTokenAtAll0123456789");
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.getByRole("alert").waitFor();
+    await page.getByLabel("Access token").fill(adminToken);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.getByRole("heading", { name: "Services" }).waitFor();
+    await page.getByRole("navigation", { name: "Main" }).getByText("(admin)").waitFor();
+  }, 60_000);
+
+  test("a template deploys from the gallery with its env form, and its logs arrive live", async () => {
+    await page.getByRole("link", { name: "Templates" }).click();
+    await page.getByRole("heading", { name: "Hello" }).waitFor();
+    await shot("templates");
+    await page.getByRole("button", { name: "Deploy Hello" }).click();
+    await page.getByRole("heading", { name: "Deploy Hello" }).waitFor();
+    // The form follows env_schema: a required field, a secret one as a password input.
+    expect(await page.getByLabel("GREETING (required)").getAttribute("required")).not.toBeNull();
+    expect(await page.getByLabel("API_KEY — secret").getAttribute("type")).toBe("password");
+    await page.getByLabel("GREETING (required)").fill("from-the-gallery");
+    await page.getByLabel("API_KEY — secret").fill("s3cret-value");
+    await page.getByRole("button", { name: "Deploy", exact: true }).click();
+    await page.waitForURL(`${engine.url}/#/services/hello`);
+    await page.getByRole("log", { name: "Logs of hello" }).getByText("hello from-the-gallery").waitFor();
+    await page.locator(".badge", { hasText: "running" }).first().waitFor();
+    await shot("service");
+    // The secret went in as a secret: its name is listed, its value never is.
+    const record = (await (await fetch(`${engine.url}/api/services/hello`, { headers: bearer(adminToken) })).json()) as {
+      secret_keys: string[];
+      env: Record<string, string>;
+    };
+    expect(record.secret_keys).toContain("API_KEY");
+    expect(record.env.GREETING).toBe("from-the-gallery");
+
+    // More lines arrive over the open stream, not on reload.
+    await page.getByRole("button", { name: "Restart" }).click();
+    await eventually(async () => ((await page.getByRole("log").textContent()) ?? "").split("hello from-the-gallery").length > 2, {
+      timeoutMs: STEP_MS,
+    });
+
+    await page.getByRole("link", { name: "Services" }).first().click();
+    const row = page.getByRole("row", { name: /hello/ });
+    await row.getByText("running").waitFor();
+    await shot("services");
+  }, 90_000);
+
+  test("a crashed service shows its diagnosis: cause and remediation first, then forensics", async () => {
+    await page.goto(`${engine.url}/#/`);
+    await page.getByLabel("Name", { exact: true }).fill("crasher");
+    await page.getByLabel("Command", { exact: true }).fill("echo about to fail >&2; exit 1");
+    await page.getByLabel("Kind", { exact: true }).selectOption("batch");
+    await page.getByRole("button", { name: "Deploy", exact: true }).click();
+    await page.waitForURL(`${engine.url}/#/services/crasher`);
+    const report = page.getByRole("region", { name: "Diagnosis" });
+    await report.locator(".verdict.problem").waitFor();
+    await page.locator(".badge", { hasText: "failed" }).first().waitFor();
+    const text = (await report.textContent()) ?? "";
+    expect(text.indexOf("Cause")).toBeLessThan(text.indexOf("Forensics"));
+    expect(text).toContain("Restart window");
+    const exitCode = report.locator("dt", { hasText: "Last exit code" }).locator("xpath=following-sibling::dd[1]");
+    await eventually(async () => (await exitCode.textContent()) === "1", { timeoutMs: STEP_MS });
+    await page.getByRole("log", { name: "Logs of crasher" }).getByText("about to fail").first().waitFor();
+    await shot("diagnosis");
+  }, 60_000);
+
+  test("a token is created with its secret shown once, and revoked", async () => {
+    await page.getByRole("link", { name: "Tokens" }).click();
+    await page.getByRole("heading", { name: "Create a token" }).waitFor();
+    await page.getByLabel("Name", { exact: true }).fill("e2e-ui");
+    await page.getByLabel("Role", { exact: true }).selectOption("submitter");
+    await page.getByRole("button", { name: "Create" }).click();
+    const secret = await page.getByLabel("New token").inputValue();
+    expect(secret.length).toBeGreaterThan(20);
+    expect((await fetch(`${engine.url}/api/services`, { headers: bearer(secret) })).status).toBe(200);
+    await shot("tokens");
+    // Shown once: the page never has it again.
+    await page.reload();
+    await page.getByRole("row", { name: /e2e-ui/ }).waitFor();
+    expect(await page.getByLabel("New token").count()).toBe(0);
+    expect(await page.content()).not.toContain(secret);
+
+    await page.getByRole("button", { name: "Revoke e2e-ui" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Revoke" }).click();
+    await page
+      .getByRole("row", { name: /e2e-ui/ })
+      .getByText("revoked")
+      .waitFor();
+    expect((await fetch(`${engine.url}/api/services`, { headers: bearer(secret) })).status).toBe(401);
+  }, 60_000);
+
+  test("deleting a service asks first", async () => {
+    await page.goto(`${engine.url}/#/services/crasher`);
+    await page.getByRole("button", { name: "Delete…" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Cancel" }).click();
+    expect((await fetch(`${engine.url}/api/services/crasher`, { headers: bearer(adminToken) })).status).toBe(200);
+    await page.getByRole("button", { name: "Delete…" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Delete" }).click();
+    await page.waitForURL(`${engine.url}/#/`);
+    await eventually(async () => (await fetch(`${engine.url}/api/services/crasher`, { headers: bearer(adminToken) })).status === 404, {
+      timeoutMs: STEP_MS,
+    });
+  }, 60_000);
+
+  test("the other pages render: GPUs, proxy, databases, link", async () => {
+    for (const [link, heading, name] of [
+      ["GPUs", "GPUs", "gpus"],
+      ["Proxy", "Proxy", "proxy"],
+      ["Databases", "Databases", "databases"],
+      ["Link", "Link to the cloud console", "link"],
+    ] as const) {
+      await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: link }).click();
+      await page.getByRole("heading", { name: heading, exact: true }).waitFor();
+      expect(await page.getByRole("alert").count()).toBe(0);
+      await shot(name);
+    }
+    // Narrow screens: the same page without horizontal scrolling of the page itself.
+    await page.setViewportSize({ width: 390, height: 800 });
+    await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Services" }).click();
+    await page.getByRole("heading", { name: "Services" }).waitFor();
+    expect(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth + 1)).toBe(true);
+    await shot("services-narrow");
+  }, 60_000);
+});
