@@ -1,0 +1,190 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import type { Subprocess } from "bun";
+import { type Browser, chromium, type Page } from "playwright-core";
+import { startTestIdp, type TestIdp } from "../fixtures/cloud/idp";
+import { eventually, tempDir } from "../helpers";
+import { type Binaries, buildBinaries } from "./binaries";
+
+/**
+ * The console's pages in headless Chromium against the compiled engine-cloud: sign in through
+ * the test OpenID provider's form, approve a device code that a real `engine link` is polling,
+ * mint a link code, mint and revoke a pre-authorized key. Each main page is saved under
+ * test/e2e/screenshots/ (ignored by git) to be looked at.
+ */
+
+const CHROMIUM = "/usr/bin/chromium";
+const SCREENSHOTS = join(import.meta.dir, "screenshots");
+const ENV = { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" };
+const STEP_MS = 15_000;
+
+interface Running {
+  proc: Subprocess<"ignore", "pipe", "pipe">;
+  stdout(): string;
+  stderr(): string;
+}
+
+const children: Subprocess[] = [];
+function start(command: string[], env: Record<string, string> = {}): Running {
+  const proc = Bun.spawn(command, { env: { ...ENV, ...env }, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+  children.push(proc);
+  const out = { stdout: "", stderr: "" };
+  const pump = async (stream: ReadableStream<Uint8Array>, key: "stdout" | "stderr") => {
+    const decoder = new TextDecoder();
+    const reader = stream.getReader();
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read())
+      out[key] += decoder.decode(chunk.value, { stream: true });
+  };
+  void pump(proc.stdout, "stdout");
+  void pump(proc.stderr, "stderr");
+  return { proc, stdout: () => out.stdout, stderr: () => out.stderr };
+}
+
+/** userCodeIn reads the user code out of the box `engine link` prints: the line after "enter the code:". */
+function userCodeIn(stdout: string): string | undefined {
+  const lines = stdout.split("\n").map((line) => line.replace(/[│┌┐└┘─]/g, "").trim());
+  const at = lines.indexOf("and enter the code:");
+  return at >= 0 ? lines.slice(at + 1).find((line) => line.length > 0) : undefined;
+}
+
+let binaries: Binaries;
+let workDir: string;
+let idp: TestIdp;
+let cloud: Running;
+let cloudUrl: string;
+let browser: Browser | undefined;
+let page: Page;
+
+const shot = (name: string) => page.screenshot({ path: join(SCREENSHOTS, `console-${name}.png`), fullPage: true });
+
+beforeAll(async () => {
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  [binaries, idp] = await Promise.all([buildBinaries(), startTestIdp({ tls: false })]);
+  workDir = tempDir("engine-e2e-console-");
+  cloud = start([binaries.cloud, "--data-dir", join(workDir, "cloud"), "serve", "--port", "0", "--log-level", "info"], {
+    ENGINE_CLOUD_OIDC_ISSUER: idp.issuer,
+    ENGINE_CLOUD_OIDC_CLIENT_ID: idp.clientId,
+    ENGINE_CLOUD_OIDC_CLIENT_SECRET: idp.clientSecret,
+    ENGINE_CLOUD_OIDC_PROVIDER_PARAM: idp.providerHintParam,
+  });
+  const listening = await eventually(
+    () => {
+      if (cloud.proc.exitCode !== null) throw new Error(`engine-cloud exited: ${cloud.stdout()} ${cloud.stderr()}`);
+      const line = cloud
+        .stdout()
+        .split("\n")
+        .find((l) => l.includes('"engine-cloud listening"'));
+      return line ? (JSON.parse(line) as { public_url: string }) : null;
+    },
+    { timeoutMs: 30_000 },
+  );
+  cloudUrl = listening.public_url;
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--no-first-run",
+      "--disable-sync",
+    ],
+  });
+  page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
+  page.setDefaultTimeout(STEP_MS);
+}, 240_000);
+
+afterAll(async () => {
+  await browser?.close();
+  for (const child of children) if (child.exitCode === null) child.kill("SIGTERM");
+  await Promise.all(children.map((child) => Promise.race([child.exited, Bun.sleep(5000)])));
+  for (const child of children) if (child.exitCode === null) child.kill("SIGKILL");
+  await idp?.close();
+  if (workDir) rmSync(workDir, { recursive: true, force: true });
+});
+
+describe("the console in a browser (compiled engine-cloud, headless Chromium)", () => {
+  test("a page asks for sign-in; signing in through the IdP's form lands back on that page", async () => {
+    await page.goto(`${cloudUrl}/nodes`);
+    await page.waitForURL(/\/signin\?return_to=%2Fnodes/);
+    await expect(page.getByRole("button", { name: "Continue with GitHub" }).isVisible()).resolves.toBe(true);
+    await expect(page.getByRole("button", { name: "Continue with Google" }).isVisible()).resolves.toBe(true);
+    await shot("signin");
+    await page.getByRole("button", { name: "Sign in", exact: true }).click();
+    // The test IdP's own login page: a one-field email form (wait for it: the console's page has an email field too).
+    await page.waitForURL((url) => url.href.startsWith(`${idp.issuer}/interaction/`));
+    await page.getByLabel("Email").fill("ada@example.com");
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.waitForURL(`${cloudUrl}/nodes`);
+    await page.getByRole("heading", { name: "Nodes" }).waitFor();
+    expect(await page.getByTestId("account-email").textContent()).toBe("ada@example.com");
+    const cookies = await page.context().cookies(cloudUrl);
+    const session = cookies.find((cookie) => cookie.name === "engine_session");
+    expect(session?.httpOnly).toBe(true);
+    expect(session?.sameSite).toBe("Lax");
+  }, 60_000);
+
+  test("a device code that `engine link` is polling is shown unverified with its source, then approved", async () => {
+    const dataDir = join(workDir, "device");
+    const linking = start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
+    const userCode = await eventually(() => userCodeIn(linking.stdout()), { timeoutMs: 20_000 });
+    // verification_uri_complete brings the code in the query; the page looks it up at once.
+    await page.goto(`${cloudUrl}/link?user_code=${encodeURIComponent(userCode)}`);
+    const request = page.getByTestId("device-request");
+    await request.waitFor();
+    const text = (await request.textContent()) ?? "";
+    expect(text).toContain("unverified");
+    expect(text).toContain("Requested from address");
+    expect(text).toContain("127.0.0.1");
+    expect(await page.locator(".badge").count()).toBe(3);
+    await shot("link");
+    await page.getByRole("button", { name: "Approve" }).click();
+    await page.getByText(/Approved\. The machine is linked as/).waitFor();
+    const code = await Promise.race([linking.proc.exited, Bun.sleep(30_000).then(() => null)]);
+    expect(code).toBe(0);
+
+    await page.goto(`${cloudUrl}/nodes`);
+    await page.getByTestId("nodes").waitFor();
+    expect(await page.getByTestId("nodes").locator("tbody tr").count()).toBe(1);
+    await shot("nodes");
+  }, 90_000);
+
+  test("a link code is minted and shown once", async () => {
+    await page.goto(`${cloudUrl}/link-codes`);
+    await page.getByRole("button", { name: "Mint a link code" }).click();
+    const code = await page.getByTestId("link-code").inputValue();
+    expect(code).toStartWith("NL-");
+    await shot("link-codes");
+  }, 30_000);
+
+  test("a pre-authorized key is minted (shown once), listed, and revoked", async () => {
+    await page.goto(`${cloudUrl}/keys`);
+    await page.getByText("No keys yet.").waitFor();
+    await page.getByLabel("Description").fill("fleet");
+    await page.getByLabel("Uses").fill("5");
+    await page.getByRole("button", { name: "Mint key" }).click();
+    const key = await page.getByTestId("new-key").inputValue();
+    expect(key.length).toBeGreaterThan(20);
+    const row = page.getByTestId("keys").locator("tbody tr");
+    await row.getByText("active").waitFor();
+    expect(await row.count()).toBe(1);
+    await shot("keys");
+    await row.getByRole("button", { name: "Revoke" }).click();
+    await row.getByRole("button", { name: "Confirm revoke" }).click();
+    await row.getByTestId("key-state").getByText("revoked").waitFor();
+    await shot("keys-revoked");
+    // A reload shows only metadata: the key itself is gone from the page.
+    await page.reload();
+    await page.getByTestId("keys").waitFor();
+    expect(await page.content()).not.toContain(key);
+  }, 30_000);
+
+  test("the consent entry point says what it will be", async () => {
+    await page.goto(`${cloudUrl}/oauth/authorize?rid=example`);
+    await page.getByRole("heading", { name: "Authorize an assistant" }).waitFor();
+    expect(await page.getByRole("status").textContent()).toContain("nothing has been granted");
+    await shot("consent");
+  }, 30_000);
+});
