@@ -8,10 +8,25 @@ export const CSRF_HEADER = "x-engine-csrf";
 const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
 
 /**
+ * NO_SESSION_ROUTES never act as a session, so a session cookie riding along cannot be
+ * abused through them: the machine routes authenticate by what is in the body, and logout
+ * answers 204 in every case (the contract lists no other status for it; a cross-site post
+ * carries no SameSite=Lax cookie anyway).
+ */
+const NO_SESSION_ROUTES = new Set([
+  "/api/auth/logout",
+  "/api/link/claim",
+  "/api/link/device",
+  "/api/link/device/poll",
+  "/api/link/preauth",
+]);
+
+/**
  * assertNotCrossSite refuses a state-changing /api request that a browser could have been
  * tricked into sending with the console's session cookie. It applies only when the cookie is
  * what would authenticate the call (a session cookie and no `Authorization` header), so
- * bearer-token callers and unauthenticated machine routes are unaffected. Such a request must
+ * bearer-token callers and the routes that never use a session (NO_SESSION_ROUTES) are
+ * unaffected. Such a request must
  *
  * 1. carry `X-Engine-CSRF: 1`: a cross-site form cannot set a header, and a cross-site
  *    `fetch` with one needs a CORS preflight the console never grants; and
@@ -25,7 +40,8 @@ export function assertNotCrossSite(request: Request, publicOrigin: string): void
   if (request.headers.has("authorization")) return;
   const cookies = request.headers.get("cookie");
   if (!cookies || !new RegExp(`(?:^|;\\s*)${SESSION_COOKIE}=`).test(cookies)) return;
-  if (!new URL(request.url).pathname.startsWith("/api/")) return;
+  const path = new URL(request.url).pathname;
+  if (!path.startsWith("/api/") || NO_SESSION_ROUTES.has(path)) return;
   if (request.headers.get(CSRF_HEADER) !== "1") {
     throw new AppError("csrf_rejected", `a state-changing call with the session cookie must send ${CSRF_HEADER}: 1`);
   }
