@@ -187,4 +187,29 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
     expect(await page.getByRole("status").textContent()).toContain("nothing has been granted");
     await shot("consent");
   }, 30_000);
+
+  test("signing out ends the session; a social sign-in in a fresh browser comes back signed in", async () => {
+    await page.goto(`${cloudUrl}/nodes`);
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.waitForURL(`${cloudUrl}/signin`);
+    await page.goto(`${cloudUrl}/keys`);
+    await page.waitForURL(/\/signin\?return_to=%2Fkeys/);
+
+    const context = await (browser as Browser).newContext();
+    try {
+      const fresh = await context.newPage();
+      fresh.setDefaultTimeout(STEP_MS);
+      await fresh.goto(`${cloudUrl}/link-codes`);
+      await fresh.getByRole("button", { name: "Continue with Google" }).click();
+      await fresh.waitForURL((url) => url.href.startsWith(`${idp.issuer}/interaction/`));
+      await fresh.getByLabel("Email").fill("grace@example.com");
+      await fresh.getByRole("button", { name: "Sign in" }).click();
+      await fresh.waitForURL(`${cloudUrl}/link-codes`);
+      await fresh.getByRole("heading", { name: "Link codes" }).waitFor();
+      expect(await fresh.getByTestId("account-email").textContent()).toBe("grace@example.com");
+      expect(idp.authorizationRequests.at(-1)?.get(idp.providerHintParam)).toBe("google");
+    } finally {
+      await context.close();
+    }
+  }, 60_000);
 });
