@@ -491,6 +491,22 @@ export const VcsTokenPush = t.Object({
   repos: t.Array(t.String({ minLength: 1, maxLength: 200 }), { maxItems: 10000 }),
 });
 export type VcsTokenPush = Static<typeof VcsTokenPush>;
+
+/** LinkStatus says whether the engine is linked to a cloud console, and as which node; never the credential. */
+export const LinkStatus = t.Object(
+  {
+    linked: t.Boolean(),
+    cloud_url: t.Union([t.String(), t.Null()]),
+    node_id: t.Union([t.String(), t.Null()]),
+    slug: t.Union([t.String(), t.Null()]),
+    account_id: t.Union([t.String(), t.Null()]),
+    hosted_base_domain: t.Union([t.String(), t.Null()]),
+    linked_at: t.Union([t.String(), t.Null()]),
+    metadata_refreshed_at: t.Union([t.String(), t.Null()]),
+  },
+  { $id: "LinkStatus" },
+);
+export type LinkStatus = Static<typeof LinkStatus>;
 export const VcsTokenPushResult = t.Object(
   { applied: t.Boolean(), installation_id: t.Integer(), expires_at: DateTime, repos_count: t.Integer() },
   { $id: "VcsTokenPushResult" },

@@ -1,9 +1,9 @@
 import { Elysia } from "elysia";
-import { DaemonRestartRequest, Empty, Health, VcsTokenPush, VcsTokenPushResult } from "../../contract/engine";
+import { DaemonRestartRequest, Empty, Health, LinkStatus, VcsTokenPush, VcsTokenPushResult } from "../../contract/engine";
 import type { ApiDeps } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
-/** daemonRoutes serves the daemon's own routes: health, restart, and the link's vcs-token push. */
+/** daemonRoutes serves the daemon's own routes: health, restart, the link's status and its vcs-token push. */
 export function daemonRoutes(deps: ApiDeps) {
   return new Elysia({ name: "daemon" })
     .get(
@@ -25,6 +25,26 @@ export function daemonRoutes(deps: ApiDeps) {
         body: DaemonRestartRequest,
         response: { 202: Empty, ...errorResponses(...AUTHED, 422, 503) },
         detail: { tags: ["daemon"], summary: "Drain for at most drain_timeout_s, then restart the daemon; answers 202 at once" },
+      },
+    )
+    .get(
+      "/api/link/status",
+      (): LinkStatus => {
+        const identity = deps.linkIdentity?.() ?? null;
+        return {
+          linked: identity !== null,
+          cloud_url: identity?.cloud_url ?? null,
+          node_id: identity?.node_id ?? null,
+          slug: identity?.slug ?? null,
+          account_id: identity?.account_id ?? null,
+          hosted_base_domain: identity?.hosted_base_domain ?? null,
+          linked_at: identity?.linked_at ?? null,
+          metadata_refreshed_at: identity?.metadata_refreshed_at ?? null,
+        };
+      },
+      {
+        response: { 200: LinkStatus, ...errorResponses(...AUTHED) },
+        detail: { tags: ["link"], summary: "Whether this engine is linked to a cloud console, and as which node (never the credential)" },
       },
     )
     .put(

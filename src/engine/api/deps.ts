@@ -1,6 +1,6 @@
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
-import type { VcsTokenStore } from "../link";
+import type { NodeIdentity, VcsTokenStore } from "../link";
 import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
 import type { TemplateCatalog } from "../templates";
@@ -22,6 +22,8 @@ export interface ApiDeps {
   proxy: Pick<ProxyController, "status" | "addDomain" | "removeDomain">;
   services: ServiceDirectory;
   daemon: DaemonControl;
+  /** linkIdentity reads the cloud link's identity (null when unlinked); unset: always unlinked. */
+  linkIdentity?: () => NodeIdentity | null;
   /** baseUrl is where browsers reach this engine (the web UI's login links); unset before it listens. */
   baseUrl?: () => string | undefined;
 }

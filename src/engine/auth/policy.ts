@@ -44,6 +44,7 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "POST /api/databases/:name/restore": "write",
   "POST /api/daemon/restart": "admin",
   "PUT /api/link/vcs-token": "admin",
+  "GET /api/link/status": "read",
   // The web UI (src/engine/ui): its page and files are public; it then calls the routes above
   // with its session cookie. Signing in checks the token itself; a session is read or ended
   // with its own cookie, which the handler checks (ending it needs the CSRF token); login

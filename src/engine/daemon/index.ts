@@ -228,8 +228,10 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     };
     // Where browsers reach the engine, known once the listener is up (port 0 in tests).
     let browserUrl: string | undefined;
+    const linkIdentity = new IdentityStore(config.dataDir, clock);
     const api = createApi({
       baseUrl: () => browserUrl,
+      linkIdentity: () => linkIdentity.read(),
       log,
       version: VERSION,
       startedAt,

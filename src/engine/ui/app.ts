@@ -914,24 +914,70 @@ async function renderProxy(): Promise<void> {
   }
 }
 
-function renderLink(): void {
-  fill(
-    main(),
-    h("h1", {}, "Link to the cloud console"),
+interface LinkStatus {
+  linked: boolean;
+  cloud_url: string | null;
+  node_id: string | null;
+  slug: string | null;
+  account_id: string | null;
+  hosted_base_domain: string | null;
+  linked_at: string | null;
+  metadata_refreshed_at: string | null;
+}
+
+async function renderLink(): Promise<void> {
+  const steps = h(
+    "ol",
+    {},
+    h("li", {}, "On this machine, run ", h("code", {}, "engine link"), "."),
+    h("li", {}, "Open the address it prints and enter the code it shows; check the host name before approving."),
     h(
-      "section",
-      { class: "card" },
-      h("p", {}, "Linking lets you manage this machine from the cloud console and authorize assistants to reach it."),
-      h(
-        "ol",
-        {},
-        h("li", {}, "On this machine, run ", h("code", {}, "engine link"), "."),
-        h("li", {}, "Open the address it prints and enter the code it shows; check the host name before approving."),
-        h("li", {}, "Or, with a pre-authorized key: ", h("code", {}, "engine link --key <key>"), "."),
-      ),
-      h("p", { class: "muted" }, "The linked account is shown by `engine link status` on this machine."),
+      "li",
+      {},
+      "Or, with a pre-authorized key: ",
+      h("code", {}, "engine link --key <key>"),
+      "; with a link code: ",
+      h("code", {}, "engine link --code <code>"),
+      ".",
     ),
   );
+  let status: HTMLElement;
+  try {
+    const link = await api<LinkStatus>("GET", "/api/link/status");
+    status = link.linked
+      ? h(
+          "section",
+          { class: "card", "aria-labelledby": "linked-title" },
+          h("h2", { id: "linked-title" }, "Linked ", badge("active")),
+          dl([
+            ["Cloud console", link.cloud_url ? h("a", { href: link.cloud_url }, link.cloud_url) : "—"],
+            ["Node", `${link.slug ?? "—"} (${link.node_id ?? "—"})`],
+            ["Account", link.account_id ?? "—"],
+            ["Hosted base domain", link.hosted_base_domain ?? "—"],
+            ["Linked at", when(link.linked_at)],
+            ["Metadata refreshed", when(link.metadata_refreshed_at)],
+          ]),
+          h(
+            "p",
+            { class: "muted" },
+            "To link elsewhere, run ",
+            h("code", {}, "engine unlink"),
+            " and then ",
+            h("code", {}, "engine link"),
+            " again.",
+          ),
+        )
+      : h(
+          "section",
+          { class: "card", "aria-labelledby": "linked-title" },
+          h("h2", { id: "linked-title" }, "Not linked"),
+          h("p", {}, "Linking lets you manage this machine from the cloud console and authorize assistants to reach it."),
+          steps,
+        );
+  } catch (error) {
+    status = errorBox(messageOf(error));
+  }
+  fill(main(), h("h1", {}, "Link to the cloud console"), status);
 }
 
 async function renderDatabases(): Promise<void> {
@@ -967,12 +1013,25 @@ async function renderDatabases(): Promise<void> {
         onsubmit: async (event: Event) => {
           event.preventDefault();
           const started = Date.now();
-          const bar = h("progress", { "aria-label": "Restore in progress" });
+          const bar = h("progress", { "aria-label": "Restore progress", max: 100 }) as HTMLProgressElement;
+          bar.removeAttribute("value");
           const elapsed = h("span", {}, "0 s");
-          progress.replaceChildren(h("p", {}, bar, " Restoring… ", elapsed));
+          const read = h("span", {}, "");
+          progress.replaceChildren(h("p", {}, bar, " Restoring… ", read, " ", elapsed));
           const timer = setInterval(() => {
             elapsed.textContent = `${Math.round((Date.now() - started) / 1000)} s`;
           }, 500);
+          // The engine writes `restore: read N of M bytes (P%)` to the database's log as it reads.
+          const source = new EventSource(`/api/services/${encodeURIComponent(target.value)}/logs?tail=0&follow=true`);
+          source.addEventListener("line", (message) => {
+            const line = (JSON.parse((message as MessageEvent<string>).data) as { line: string }).line;
+            const match = /^restore: read (\d+) of (\d+|\?) bytes/.exec(line);
+            if (!match) return;
+            const bytesRead = Number(match[1]);
+            const total = match[2] === "?" ? null : Number(match[2]);
+            if (total) bar.value = Math.min(100, (bytesRead / total) * 100);
+            read.textContent = `${(bytesRead / 1048576).toFixed(1)}${total ? ` of ${(total / 1048576).toFixed(1)}` : ""} MiB`;
+          });
           try {
             const result = await api<{ engine: string; duration_s: number }>(
               "POST",
@@ -993,6 +1052,7 @@ async function renderDatabases(): Promise<void> {
             progress.replaceChildren(errorBox(messageOf(error)));
           } finally {
             clearInterval(timer);
+            source.close();
           }
         },
       },
@@ -1039,7 +1099,7 @@ async function route(): Promise<void> {
   else if (section === "gpus") await renderGpus();
   else if (section === "proxy") await renderProxy();
   else if (section === "databases") await renderDatabases();
-  else if (section === "link") renderLink();
+  else if (section === "link") await renderLink();
   else await renderServices();
 }
 

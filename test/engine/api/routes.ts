@@ -78,5 +78,6 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
       adminStatus: 200,
     },
     { key: "POST /api/ui/login-links", method: "POST", path: "/api/ui/login-links", adminStatus: 201 },
+    { key: "GET /api/link/status", method: "GET", path: "/api/link/status", adminStatus: 200 },
   ];
 }
