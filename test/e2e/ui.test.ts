@@ -212,11 +212,40 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     });
   }, 60_000);
 
-  test("the other pages render: GPUs, proxy, databases, link", async () => {
+  test("a dump is restored into a SQLite database service from the databases page", async () => {
+    const deployed = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers: { ...bearer(adminToken), "content-type": "application/json" },
+      body: JSON.stringify({ name: "notes", engine: "sqlite" }),
+    });
+    expect(deployed.status).toBe(201);
+    await eventually(
+      async () =>
+        ((await (await fetch(`${engine.url}/api/services/notes`, { headers: bearer(adminToken) })).json()) as { status: string }).status ===
+        "running",
+      { timeoutMs: 30_000 },
+    );
+    const dump = join(workDir, "notes.sql");
+    writeFileSync(
+      dump,
+      "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE notes (id INTEGER, body TEXT);\nINSERT INTO notes VALUES (1, 'restored');\nCOMMIT;\n",
+    );
+    await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Databases" }).click();
+    await page.getByRole("heading", { name: "Restore a dump" }).waitFor();
+    await page.getByLabel("Database", { exact: true }).selectOption("notes");
+    await page.getByLabel("Dump", { exact: true }).fill(dump);
+    await page.getByRole("button", { name: "Restore" }).click();
+    await page
+      .getByRole("status")
+      .getByText(/Restored into notes \(sqlite\)/)
+      .waitFor({ timeout: 30_000 });
+    await shot("databases");
+  }, 60_000);
+
+  test("the other pages render: GPUs, proxy, link", async () => {
     for (const [link, heading, name] of [
       ["GPUs", "GPUs", "gpus"],
       ["Proxy", "Proxy", "proxy"],
-      ["Databases", "Databases", "databases"],
       ["Link", "Link to the cloud console", "link"],
     ] as const) {
       await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: link }).click();
