@@ -212,4 +212,43 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
       await context.close();
     }
   }, 60_000);
+  test("following verification_uri_complete signed out: sign in, land on the prefilled code, deny it", async () => {
+    const linking = start([binaries.engine, "--data-dir", join(workDir, "denied"), "--json", "link", "--cloud", cloudUrl]);
+    const device = await eventually(
+      () =>
+        linking
+          .stdout()
+          .split("\n")
+          .filter((line) => line.startsWith("{"))
+          .map((line) => JSON.parse(line) as { event: string; verification_uri_complete?: string })
+          .find((event) => event.event === "device"),
+      { timeoutMs: 20_000 },
+    );
+    const context = await (browser as Browser).newContext();
+    try {
+      const fresh = await context.newPage();
+      fresh.setDefaultTimeout(STEP_MS);
+      await fresh.goto(device.verification_uri_complete as string);
+      await fresh.waitForURL(/\/signin\?return_to=%2Flink%3Fuser_code%3D/);
+      await fresh.getByRole("button", { name: "Sign in", exact: true }).click();
+      await fresh.waitForURL((url) => url.href.startsWith(`${idp.issuer}/interaction/`));
+      await fresh.getByLabel("Email").fill("ada@example.com");
+      await fresh.getByRole("button", { name: "Sign in" }).click();
+      await fresh.waitForURL(device.verification_uri_complete as string);
+      await fresh.getByTestId("device-request").waitFor();
+      await fresh.getByRole("button", { name: "Deny" }).click();
+      await fresh.getByText(/^Denied\./).waitFor();
+    } finally {
+      await context.close();
+    }
+    const code = await Promise.race([linking.proc.exited, Bun.sleep(30_000).then(() => null)]);
+    expect(code).not.toBe(0);
+    expect(code).not.toBeNull();
+    // The pipe may still hold the last line when the process has exited: wait for it.
+    const last = await eventually(() => {
+      const line = linking.stdout().trim().split("\n").at(-1) ?? "";
+      return line.includes('"failed"') ? (JSON.parse(line) as Record<string, unknown>) : null;
+    });
+    expect(last).toMatchObject({ event: "failed", code: "access_denied" });
+  }, 90_000);
 });
