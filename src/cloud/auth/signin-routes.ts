@@ -30,6 +30,11 @@ function seeOther(location: string, set: { headers: Record<string, unknown> }): 
   return new Response(null, { status: 303, headers });
 }
 
+/** NAVIGATION_NOTE documents the callbacks' answer to a browser, beside their JSON answer to an API client. */
+const NAVIGATION_NOTE =
+  "An API client gets 200 `SignedIn` or 401. A browser's top-level navigation (Sec-Fetch-Mode: navigate) gets 303 to the " +
+  "sign-in's return_to with the session cookie set, or 303 to /signin?error=<code> on any failure.";
+
 /** SIGNIN_PAGE is the console page a failed browser sign-in lands on, with the error code in its query. */
 const SIGNIN_PAGE = "/signin";
 
@@ -137,12 +142,15 @@ export function signinRoutes(deps: CloudDeps) {
     .get("/api/auth/callback", ({ request, set }) => callbackRoute(request, set, "login"), {
       query: CallbackQuery,
       response: callbackResponses,
-      detail: { summary: "The IdP's redirect back: redeem the code and sign in (sets the session cookie)" },
+      detail: {
+        summary: "The IdP's redirect back: redeem the code and sign in (sets the session cookie)",
+        description: NAVIGATION_NOTE,
+      },
     })
     .get("/api/auth/social/callback", ({ request, set }) => callbackRoute(request, set, "social"), {
       query: CallbackQuery,
       response: callbackResponses,
-      detail: { summary: "The IdP's redirect back from a social sign-in" },
+      detail: { summary: "The IdP's redirect back from a social sign-in", description: NAVIGATION_NOTE },
     })
     .get(
       "/api/auth/provider-config",
