@@ -242,6 +242,27 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await shot("databases");
   }, 60_000);
 
+  test("every form control on the main pages has an accessible name", async () => {
+    for (const hash of ["#/", "#/tokens", "#/databases"]) {
+      await page.goto(`${engine.url}/${hash}`);
+      await page.locator("main h1").waitFor();
+      await page.locator("main input, main select").first().waitFor();
+      const unnamed = await page.evaluate(() =>
+        Array.from(document.querySelectorAll("main input, main select"))
+          .filter((element) => (element as HTMLInputElement).labels?.length === 0 && !element.getAttribute("aria-label"))
+          .map((element) => element.outerHTML),
+      );
+      expect({ hash, unnamed }).toEqual({ hash, unnamed: [] });
+    }
+    // The page has its landmarks and a skip link to the content.
+    expect(await page.getByRole("banner").count()).toBe(1);
+    expect(await page.getByRole("main").count()).toBe(1);
+    await page.reload();
+    await page.locator("main h1").waitFor();
+    await page.keyboard.press("Tab");
+    expect(await page.evaluate(() => document.activeElement?.textContent)).toBe("Skip to content");
+  }, 60_000);
+
   test("the other pages render: GPUs, proxy, link", async () => {
     for (const [link, heading, name] of [
       ["GPUs", "GPUs", "gpus"],

@@ -566,6 +566,8 @@ async function renderService(name: string): Promise<void> {
   // Live logs: the API's SSE stream, sent with the session cookie (a GET needs no CSRF token).
   const source = new EventSource(`/api/services/${encodeURIComponent(name)}/logs?follow=true&tail=200`);
   source.addEventListener("open", () => {
+    // A (re)connected stream starts with the tail again: start the view over with it.
+    logs.replaceChildren();
     logState.textContent = "live";
   });
   source.addEventListener("error", () => {
@@ -719,6 +721,8 @@ async function renderTokens(): Promise<void> {
     h("option", { value: "admin" }, "admin"),
   ) as HTMLSelectElement;
   const maxGpus = h("input", { name: "max_gpus", type: "number", min: 0 }) as HTMLInputElement;
+  const expiresDays = h("input", { name: "expires_in_days", type: "number", min: 1 }) as HTMLInputElement;
+  const scope = h("input", { name: "scope_services", autocomplete: "off", placeholder: "web, db" }) as HTMLInputElement;
   fill(
     main(),
     h("h1", {}, "Tokens"),
@@ -738,6 +742,13 @@ async function renderTokens(): Promise<void> {
                 try {
                   const body: Record<string, unknown> = { name: name.value, role: role.value };
                   if (maxGpus.value !== "") body.max_gpus = Number(maxGpus.value);
+                  if (expiresDays.value !== "")
+                    body.expires_at = new Date(Date.now() + Number(expiresDays.value) * 86_400_000).toISOString();
+                  const services = scope.value
+                    .split(",")
+                    .map((name) => name.trim())
+                    .filter((name) => name !== "");
+                  if (services.length > 0) body.scope_services = services;
                   const token = await api<TokenRecord & { token: string }>("POST", "/api/tokens", body);
                   name.value = "";
                   const secret = h("input", {
@@ -771,6 +782,8 @@ async function renderTokens(): Promise<void> {
             field("Name", name),
             field("Role", role),
             field("Max GPUs (optional)", maxGpus),
+            field("Expires in days (optional)", expiresDays),
+            field("Scope (optional)", scope, "Services this token may touch, comma-separated; empty: all"),
             h("button", { type: "submit" }, "Create"),
           ),
         )
@@ -793,10 +806,11 @@ async function renderTokens(): Promise<void> {
       list.replaceChildren(
         table(
           "Tokens",
-          ["Name", "Role", "Created", "Last used", "Expires", "State", ""],
+          ["Name", "Role", "Scope", "Created", "Last used", "Expires", "State", ""],
           tokens.map((t) => [
             t.name,
             t.role,
+            t.scope_services.length > 0 ? t.scope_services.join(", ") : "all services",
             when(t.created_at),
             when(t.last_used_at),
             when(t.expires_at),

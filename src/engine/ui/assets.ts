@@ -27,6 +27,7 @@ export function pageShell(): string {
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>engine</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="/ui/app.css">
 <script type="module" src="/ui/app.js"></script>
 </head>
