@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type Browser, chromium, type Page } from "playwright-core";
-import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { eventually, freePort, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { buildBinaries } from "./binaries";
 
 /**
@@ -27,6 +27,7 @@ const HELLO_TEMPLATE = {
   ref: "",
   subdir: "",
   ai_hint: "Prints a greeting and waits: the web UI's end-to-end test deploys it from the gallery.",
+  // The port is set to a free one at start-up, so the proxy can route a domain to it.
   deploy_defaults: { port: 0, gpus: 0, start: 'echo "hello $GREETING"; exec sleep 300', health: "" },
   env_schema: [
     { name: "GREETING", required: true, secret: false },
@@ -53,10 +54,23 @@ beforeAll(async () => {
   Bun.spawnSync(["chmod", "755", binary]);
   const templates = join(workDir, "templates");
   mkdirSync(templates, { recursive: true });
-  writeFileSync(join(templates, "hello.json"), JSON.stringify(HELLO_TEMPLATE));
+  const port = await freePort();
+  writeFileSync(
+    join(templates, "hello.json"),
+    JSON.stringify({ ...HELLO_TEMPLATE, deploy_defaults: { ...HELLO_TEMPLATE.deploy_defaults, port } }),
+  );
   engine = await spawnEngine(join(workDir, "data"), {
     command: [binary],
-    env: { ENGINE_SHIM: "", ENGINE_PROXY: "off", ENGINE_TEMPLATES_DIR: templates },
+    // The proxy runs (one process, free ports, no mDNS) so a domain can be added from the deploy form.
+    env: {
+      ENGINE_SHIM: "",
+      ENGINE_PROXY: "on",
+      ENGINE_HTTPS_PORT: "0",
+      ENGINE_HTTP_PORT: "0",
+      ENGINE_MDNS: "off",
+      ENGINE_PROXY_PROCESSES: "1",
+      ENGINE_TEMPLATES_DIR: templates,
+    },
   });
   adminToken = readFileSync(join(workDir, "data", "admin.token"), "utf8").trim();
   browser = await chromium.launch({
@@ -130,6 +144,7 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     expect(await page.getByLabel("API_KEY — secret").getAttribute("type")).toBe("password");
     await page.getByLabel("GREETING (required)").fill("from-the-gallery");
     await page.getByLabel("API_KEY — secret").fill("s3cret-value");
+    await page.getByLabel("Domain (optional)").fill("hello-ui.localhost");
     await page.getByRole("button", { name: "Deploy", exact: true }).click();
     await page.waitForURL(`${engine.url}/#/services/hello`);
     await page.getByRole("log", { name: "Logs of hello" }).getByText("hello from-the-gallery").waitFor();
@@ -152,6 +167,7 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await page.getByRole("link", { name: "Services" }).first().click();
     const row = page.getByRole("row", { name: /hello/ });
     await row.getByText("running").waitFor();
+    await row.getByRole("link", { name: "hello-ui.localhost" }).waitFor();
     await shot("services");
   }, 90_000);
 
@@ -272,6 +288,13 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
       await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: link }).click();
       await page.getByRole("heading", { name: heading, exact: true }).waitFor();
       expect(await page.getByRole("alert").count()).toBe(0);
+      if (name === "proxy") {
+        // The CA's fingerprint, and the domain added at deploy with its certificate's expiry.
+        await page.getByText(/^([0-9A-F]{2}:){31}[0-9A-F]{2}$/i).waitFor();
+        const row = page.getByRole("row", { name: /hello-ui\.localhost/ });
+        await row.waitFor();
+        expect(await row.textContent()).toMatch(/\d{4}/);
+      }
       await shot(name);
     }
     // Narrow screens: the same page without horizontal scrolling of the page itself.

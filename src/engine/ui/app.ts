@@ -658,14 +658,25 @@ function deployForm(template: AppTemplate, panel: HTMLElement): void {
         }
         try {
           await api("POST", "/api/services", { name: name.value, template_id: template.id, gpus: Number(gpus.value), env, secrets });
-          if (domain.value.trim() !== "") {
-            await api("POST", `/api/services/${encodeURIComponent(name.value)}/domains`, { domain: domain.value.trim() });
-          }
-          announce(`${name.value} deployed from ${template.name}`);
-          location.hash = `#/services/${encodeURIComponent(name.value)}`;
         } catch (error) {
           status.replaceChildren(errorBox(messageOf(error)));
+          return;
         }
+        const page = `#/services/${encodeURIComponent(name.value)}`;
+        if (domain.value.trim() !== "") {
+          try {
+            await api("POST", `/api/services/${encodeURIComponent(name.value)}/domains`, { domain: domain.value.trim() });
+          } catch (error) {
+            // The service runs; only the domain is missing: say so, and link to the service.
+            status.replaceChildren(
+              errorBox(`${name.value} is deployed, but the domain could not be added: ${messageOf(error)}`),
+              h("p", {}, h("a", { href: page }, `Open ${name.value}`)),
+            );
+            return;
+          }
+        }
+        announce(`${name.value} deployed from ${template.name}`);
+        location.hash = page;
       },
     },
     h("h2", { id: "deploy-title" }, `Deploy ${template.name}`),
