@@ -29,6 +29,27 @@ function fill(element: HTMLElement, ...children: (Child | Child[])[]): HTMLEleme
   return element;
 }
 
+/**
+ * update replaces a region's content only when `key` (what it shows) changed, and keeps the
+ * keyboard focus on the same control across the swap, so a periodic refresh neither moves a
+ * keyboard user nor makes a screen reader start over.
+ */
+const shownKeys = new WeakMap<HTMLElement, string>();
+function update(container: HTMLElement, key: string, render: () => (Child | Child[])[]): void {
+  if (shownKeys.get(container) === key) return;
+  shownKeys.set(container, key);
+  const active = document.activeElement;
+  const focusKey = active && container.contains(active) ? `${active.tagName}|${active.getAttribute("href")}|${active.textContent}` : null;
+  fill(container, ...render());
+  if (focusKey === null) return;
+  for (const candidate of Array.from(container.querySelectorAll<HTMLElement>("a, button, input, select"))) {
+    if (`${candidate.tagName}|${candidate.getAttribute("href")}|${candidate.textContent}` === focusKey) {
+      candidate.focus();
+      return;
+    }
+  }
+}
+
 interface Session {
   role: string;
   name: string;
@@ -356,7 +377,11 @@ async function renderServices(): Promise<void> {
         api<{ domains: ProxyDomain[] }>("GET", "/api/proxy/status").catch(() => ({ domains: [] as ProxyDomain[] })),
       ]);
       const domainsOf = (service: string) => proxy.domains.filter((d) => d.service === service);
-      list.replaceChildren(
+      const key = JSON.stringify([
+        services.map((x) => [x.name, x.status, x.gpus, x.gpu_devices, x.port, x.restarts, since(x.started_at)]),
+        proxy.domains,
+      ]);
+      update(list, key, () => [
         table(
           "Services",
           ["Name", "Kind", "Status", "GPUs", "Port", "Domains", "Uptime", "Restarts"],
@@ -379,12 +404,12 @@ async function renderServices(): Promise<void> {
             s.restarts,
           ]),
         ),
-      );
+      ]);
       list.setAttribute("aria-busy", "false");
       // bench/ui.ts reads this mark: navigation start to the services table in the page.
       if (performance.getEntriesByName("engine:services-rendered").length === 0) performance.mark("engine:services-rendered");
     } catch (error) {
-      list.replaceChildren(errorBox(messageOf(error)));
+      update(list, `error:${messageOf(error)}`, () => [errorBox(messageOf(error))]);
     }
   };
   await refresh();
@@ -539,24 +564,25 @@ async function renderService(name: string): Promise<void> {
         api<ServiceRecord>("GET", `/api/services/${encodeURIComponent(name)}`),
         api<Diagnosis>("GET", `/api/services/${encodeURIComponent(name)}/diagnose`),
       ]);
-      header.replaceChildren(
+      update(header, JSON.stringify([record.status, record.kind, record.command]), () => [
         h("h1", {}, name, " ", badge(record.status)),
         h("p", { class: "muted" }, `${record.kind} · ${record.command.join(" ")}`),
-      );
+      ]);
       if (session?.role !== "readonly") {
         const paused = record.status === "paused";
-        actions.replaceChildren(
+        update(actions, String(paused), () => [
           h("button", { type: "button", onclick: () => void act("start") }, "Start"),
           h("button", { type: "button", onclick: () => void act("stop") }, "Stop"),
           h("button", { type: "button", onclick: () => void act("restart") }, "Restart"),
           h("button", { type: "button", onclick: () => void act(paused ? "resume" : "pause") }, paused ? "Resume" : "Pause"),
           h("button", { type: "button", class: "danger", onclick: () => void remove() }, "Delete…"),
-        );
+        ]);
       }
-      report.replaceChildren(diagnosisReport(diagnosis, record));
+      // The report's own logs are left out of the comparison: the live log panel shows them.
+      update(report, JSON.stringify([{ ...diagnosis, logs: [] }, record.status_message]), () => [diagnosisReport(diagnosis, record)]);
     } catch (error) {
-      if ((error as ApiFailure).status === 404) report.replaceChildren(errorBox(`No service named ${name}.`));
-      else report.replaceChildren(errorBox(messageOf(error)));
+      const message = (error as ApiFailure).status === 404 ? `No service named ${name}.` : messageOf(error);
+      update(report, `error:${message}`, () => [errorBox(message)]);
     }
   };
   await refresh();
