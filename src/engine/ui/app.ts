@@ -50,6 +50,11 @@ function update(container: HTMLElement, key: string, render: () => (Child | Chil
   }
 }
 
+/** safeHref lets only http(s) addresses become links, so no data can smuggle in a `javascript:` URL. */
+function safeHref(url: string): string | null {
+  return /^https?:\/\//i.test(url) ? url : null;
+}
+
 interface Session {
   role: string;
   name: string;
@@ -396,7 +401,7 @@ async function renderServices(): Promise<void> {
                   "span",
                   {},
                   domainsOf(s.name).map((d) =>
-                    h("a", { href: d.url, class: "domain" }, d.domain + (d.path_prefix === "/" ? "" : d.path_prefix)),
+                    h("a", { href: safeHref(d.url), class: "domain" }, d.domain + (d.path_prefix === "/" ? "" : d.path_prefix)),
                   ),
                 )
               : "—",
@@ -952,7 +957,7 @@ async function renderProxy(): Promise<void> {
         "Domains",
         ["Domain", "Service", "Kind", "Certificate", "Expires"],
         status.domains.map((d) => [
-          h("a", { href: d.url }, d.domain + (d.path_prefix === "/" ? "" : d.path_prefix)),
+          h("a", { href: safeHref(d.url) }, d.domain + (d.path_prefix === "/" ? "" : d.path_prefix)),
           d.service,
           d.kind,
           d.certificate.issuer ?? d.certificate.source ?? "—",
@@ -1001,7 +1006,7 @@ async function renderLink(): Promise<void> {
           { class: "card", "aria-labelledby": "linked-title" },
           h("h2", { id: "linked-title" }, "Linked ", badge("active")),
           dl([
-            ["Cloud console", link.cloud_url ? h("a", { href: link.cloud_url }, link.cloud_url) : "—"],
+            ["Cloud console", link.cloud_url ? h("a", { href: safeHref(link.cloud_url) }, link.cloud_url) : "—"],
             ["Node", `${link.slug ?? "—"} (${link.node_id ?? "—"})`],
             ["Account", link.account_id ?? "—"],
             ["Hosted base domain", link.hosted_base_domain ?? "—"],
