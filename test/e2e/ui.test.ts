@@ -258,6 +258,33 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await shot("databases");
   }, 60_000);
 
+  test("a readonly token's session sees no deploy, action or token-creation controls", async () => {
+    const created = await fetch(`${engine.url}/api/tokens`, {
+      method: "POST",
+      headers: { ...bearer(adminToken), "content-type": "application/json" },
+      body: JSON.stringify({ name: "e2e-readonly", role: "readonly" }),
+    });
+    const { token } = (await created.json()) as { token: string };
+    const context = await (browser as Browser).newContext();
+    try {
+      const readonly = await context.newPage();
+      readonly.setDefaultTimeout(STEP_MS);
+      await readonly.goto(`${engine.url}/`);
+      await readonly.getByLabel("Access token").fill(token);
+      await readonly.getByRole("button", { name: "Sign in" }).click();
+      await readonly.getByRole("row", { name: /hello/ }).waitFor();
+      expect(await readonly.getByRole("heading", { name: "Deploy a command" }).count()).toBe(0);
+      await readonly.goto(`${engine.url}/#/services/hello`);
+      await readonly.getByRole("heading", { name: "Diagnosis" }).waitFor();
+      expect(await readonly.getByRole("button", { name: "Restart" }).count()).toBe(0);
+      await readonly.goto(`${engine.url}/#/tokens`);
+      await readonly.getByRole("row", { name: /e2e-readonly/ }).waitFor();
+      expect(await readonly.getByRole("heading", { name: "Create a token" }).count()).toBe(0);
+    } finally {
+      await context.close();
+    }
+  }, 60_000);
+
   test("every form control on the main pages has an accessible name", async () => {
     for (const hash of ["#/", "#/tokens", "#/databases"]) {
       await page.goto(`${engine.url}/${hash}`);
