@@ -14,7 +14,7 @@ let rootFile = "";
 
 async function deployUpstream(name: string, extra: Record<string, unknown> = {}): Promise<number> {
   const port = await freePort();
-  const { status, body } = await engine.json("POST", "/api/services", {
+  const { status } = await engine.json("POST", "/api/services", {
     body: { name, port, command: [process.execPath, UPSTREAM], env: { SERVICE_NAME: name }, ...extra },
   });
   expect(status).toBe(201);

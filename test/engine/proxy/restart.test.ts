@@ -1,9 +1,8 @@
 import { afterAll, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
-import { eventually, REPO_ROOT, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+import { eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
-const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
 const cleanups: (() => unknown)[] = [];
 afterAll(async () => {
   for (const cleanup of cleanups.reverse()) await cleanup();
