@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
+import { VERSION } from "../../src/lib/version";
 import { runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 
 let engine: SpawnedEngine;
@@ -78,7 +79,7 @@ describe("engine CLI", () => {
 
   test("version reports the CLI and the daemon", async () => {
     const version = await cli("--json", "version");
-    expect(JSON.parse(version.stdout)).toEqual({ cli: "0.6.0", daemon: "0.6.0" });
+    expect(JSON.parse(version.stdout)).toEqual({ cli: VERSION, daemon: VERSION });
   });
 
   test.each([
