@@ -14,7 +14,8 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type Browser, chromium } from "playwright-core";
+import type { Browser } from "playwright-core";
+import { launchChromium } from "../test/e2e/processes";
 import { reapWorkloads } from "../test/helpers";
 import { fmt, numericArg, printRows, waitForHttp } from "./lib";
 
@@ -83,18 +84,7 @@ try {
   anchor.reload({ fetch: () => new Response(html, { headers: { "content-type": "text/html; charset=utf-8" } }) });
   const anchorUrl = `http://127.0.0.1:${anchor.port}/`;
 
-  browser = await chromium.launch({
-    executablePath: "/usr/bin/chromium",
-    args: [
-      "--headless",
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--no-first-run",
-      "--disable-sync",
-    ],
-  });
+  browser = await launchChromium();
 
   /** measure opens `target` in a fresh context and returns FCP and the time `selector` appeared, in ms. */
   const measure = async (target: string, selector: string, withCookie: boolean) => {

@@ -1,11 +1,11 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import type { Subprocess } from "bun";
-import { type Browser, chromium, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import { startTestIdp, type TestIdp } from "../fixtures/cloud/idp";
 import { eventually, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
+import { Children, cloudListening, launchChromium, type Running, userCodeIn } from "./processes";
 
 /**
  * The console's pages in headless Chromium against the compiled engine-cloud: sign in through
@@ -14,39 +14,10 @@ import { type Binaries, buildBinaries } from "./binaries";
  * test/e2e/screenshots/ (ignored by git) to be looked at.
  */
 
-const CHROMIUM = "/usr/bin/chromium";
 const SCREENSHOTS = join(import.meta.dir, "screenshots");
-const ENV = { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" };
 const STEP_MS = 15_000;
 
-interface Running {
-  proc: Subprocess<"ignore", "pipe", "pipe">;
-  stdout(): string;
-  stderr(): string;
-}
-
-const children: Subprocess[] = [];
-function start(command: string[], env: Record<string, string> = {}): Running {
-  const proc = Bun.spawn(command, { env: { ...ENV, ...env }, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-  children.push(proc);
-  const out = { stdout: "", stderr: "" };
-  const pump = async (stream: ReadableStream<Uint8Array>, key: "stdout" | "stderr") => {
-    const decoder = new TextDecoder();
-    const reader = stream.getReader();
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read())
-      out[key] += decoder.decode(chunk.value, { stream: true });
-  };
-  void pump(proc.stdout, "stdout");
-  void pump(proc.stderr, "stderr");
-  return { proc, stdout: () => out.stdout, stderr: () => out.stderr };
-}
-
-/** userCodeIn reads the user code out of the box `engine link` prints: the line after "enter the code:". */
-function userCodeIn(stdout: string): string | undefined {
-  const lines = stdout.split("\n").map((line) => line.replace(/[│┌┐└┘─]/g, "").trim());
-  const at = lines.indexOf("and enter the code:");
-  return at >= 0 ? lines.slice(at + 1).find((line) => line.length > 0) : undefined;
-}
+const children = new Children();
 
 let binaries: Binaries;
 let workDir: string;
@@ -62,45 +33,21 @@ beforeAll(async () => {
   mkdirSync(SCREENSHOTS, { recursive: true });
   [binaries, idp] = await Promise.all([buildBinaries(), startTestIdp({ tls: false })]);
   workDir = tempDir("engine-e2e-console-");
-  cloud = start([binaries.cloud, "--data-dir", join(workDir, "cloud"), "serve", "--port", "0", "--log-level", "info"], {
+  cloud = children.start([binaries.cloud, "--data-dir", join(workDir, "cloud"), "serve", "--port", "0", "--log-level", "info"], {
     ENGINE_CLOUD_OIDC_ISSUER: idp.issuer,
     ENGINE_CLOUD_OIDC_CLIENT_ID: idp.clientId,
     ENGINE_CLOUD_OIDC_CLIENT_SECRET: idp.clientSecret,
     ENGINE_CLOUD_OIDC_PROVIDER_PARAM: idp.providerHintParam,
   });
-  const listening = await eventually(
-    () => {
-      if (cloud.proc.exitCode !== null) throw new Error(`engine-cloud exited: ${cloud.stdout()} ${cloud.stderr()}`);
-      const line = cloud
-        .stdout()
-        .split("\n")
-        .find((l) => l.includes('"engine-cloud listening"'));
-      return line ? (JSON.parse(line) as { public_url: string }) : null;
-    },
-    { timeoutMs: 30_000 },
-  );
-  cloudUrl = listening.public_url;
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      "--headless",
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--no-first-run",
-      "--disable-sync",
-    ],
-  });
+  cloudUrl = await cloudListening(cloud);
+  browser = await launchChromium();
   page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
   page.setDefaultTimeout(STEP_MS);
 }, 240_000);
 
 afterAll(async () => {
   await browser?.close();
-  for (const child of children) if (child.exitCode === null) child.kill("SIGTERM");
-  await Promise.all(children.map((child) => Promise.race([child.exited, Bun.sleep(5000)])));
-  for (const child of children) if (child.exitCode === null) child.kill("SIGKILL");
+  await children.stopAll();
   await idp?.close();
   if (workDir) rmSync(workDir, { recursive: true, force: true });
 });
@@ -128,7 +75,7 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
 
   test("a device code that `engine link` is polling is shown unverified with its source, then approved", async () => {
     const dataDir = join(workDir, "device");
-    const linking = start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
+    const linking = children.start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
     const userCode = await eventually(() => userCodeIn(linking.stdout()), { timeoutMs: 20_000 });
     // verification_uri_complete brings the code in the query; the page looks it up at once.
     await page.goto(`${cloudUrl}/link?user_code=${encodeURIComponent(userCode)}`);
@@ -213,7 +160,7 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
     }
   }, 60_000);
   test("following verification_uri_complete signed out: sign in, land on the prefilled code, deny it", async () => {
-    const linking = start([binaries.engine, "--data-dir", join(workDir, "denied"), "--json", "link", "--cloud", cloudUrl]);
+    const linking = children.start([binaries.engine, "--data-dir", join(workDir, "denied"), "--json", "link", "--cloud", cloudUrl]);
     const device = await eventually(
       () =>
         linking

@@ -1,39 +1,15 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { Subprocess } from "bun";
 import { eventually, runCli, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
+import { Children, cloudListening, type Running, userCodeIn } from "./processes";
 
 /**
  * The compiled `engine` links to a compiled `engine-cloud` by each route a user has: the
  * device flow (the code shown, approved over the console's API), a pre-authorized key and a
  * link code; a denial and Ctrl-C end the device flow cleanly.
  */
-
-const ENV = { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" };
-
-/** Running is a child process whose output the test reads while it runs. */
-interface Running {
-  proc: Subprocess<"ignore", "pipe", "pipe">;
-  stdout(): string;
-  stderr(): string;
-}
-
-function start(command: string[]): Running {
-  const proc = Bun.spawn(command, { env: ENV, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-  children.push(proc);
-  const out = { stdout: "", stderr: "" };
-  const pump = async (stream: ReadableStream<Uint8Array>, key: "stdout" | "stderr") => {
-    const decoder = new TextDecoder();
-    const reader = stream.getReader();
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read())
-      out[key] += decoder.decode(chunk.value, { stream: true });
-  };
-  void pump(proc.stdout, "stdout");
-  void pump(proc.stderr, "stderr");
-  return { proc, stdout: () => out.stdout, stderr: () => out.stderr };
-}
 
 /** finish waits for a child to exit (at most `timeoutMs`) and lets its output drain. */
 async function finish(running: Running, timeoutMs = 60_000): Promise<number> {
@@ -43,7 +19,7 @@ async function finish(running: Running, timeoutMs = 60_000): Promise<number> {
   return code;
 }
 
-const children: Subprocess[] = [];
+const children = new Children();
 let binaries: Binaries;
 let workDir: string;
 let cloud: Running;
@@ -62,13 +38,6 @@ async function api(method: string, path: string, body?: unknown) {
   return { status: response.status, body: (await response.json().catch(() => null)) as any };
 }
 
-/** userCodeIn reads the user code out of the box `engine link` prints: the line after "enter the code:". */
-function userCodeIn(stdout: string): string | undefined {
-  const lines = stdout.split("\n").map((line) => line.replace(/[│┌┐└┘─]/g, "").trim());
-  const at = lines.indexOf("and enter the code:");
-  return at >= 0 ? lines.slice(at + 1).find((line) => line.length > 0) : undefined;
-}
-
 async function status(dataDir: string) {
   const shown = await engine(dataDir, "link", "status", "--json");
   expect(shown.code).toBe(0);
@@ -79,19 +48,8 @@ beforeAll(async () => {
   binaries = await buildBinaries();
   workDir = tempDir("engine-e2e-link-");
   const cloudDir = join(workDir, "cloud");
-  cloud = start([binaries.cloud, "--data-dir", cloudDir, "serve", "--port", "0", "--log-level", "info"]);
-  const listening = await eventually(
-    () => {
-      if (cloud.proc.exitCode !== null) throw new Error(`engine-cloud exited: ${cloud.stdout()} ${cloud.stderr()}`);
-      const line = cloud
-        .stdout()
-        .split("\n")
-        .find((l) => l.includes('"engine-cloud listening"'));
-      return line ? (JSON.parse(line) as { public_url: string }) : null;
-    },
-    { timeoutMs: 30_000 },
-  );
-  cloudUrl = listening.public_url;
+  cloud = children.start([binaries.cloud, "--data-dir", cloudDir, "serve", "--port", "0", "--log-level", "info"]);
+  cloudUrl = await cloudListening(cloud);
   const minted = await runCli(["--data-dir", cloudDir, "sessions", "mint", "--email", "e2e@example.com", "--create"], {}, [binaries.cloud]);
   expect(minted.code).toBe(0);
   session = minted.stdout.trim().split("\n").at(-1) ?? "";
@@ -99,16 +57,14 @@ beforeAll(async () => {
 }, 240_000);
 
 afterAll(async () => {
-  for (const child of children) if (child.exitCode === null) child.kill("SIGTERM");
-  await Promise.all(children.map((child) => Promise.race([child.exited, Bun.sleep(5000)])));
-  for (const child of children) if (child.exitCode === null) child.kill("SIGKILL");
+  await children.stopAll();
   if (workDir) rmSync(workDir, { recursive: true, force: true });
 });
 
 describe("engine link against engine-cloud (compiled)", () => {
   test("device flow: the code is shown, approved over the API, and the engine is linked", async () => {
     const dataDir = join(workDir, "device");
-    const linking = start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
+    const linking = children.start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
     const userCode = await eventually(() => userCodeIn(linking.stdout()), { timeoutMs: 20_000 });
     expect(linking.stdout()).toContain(`${cloudUrl}`);
     expect(linking.stdout()).toMatch(/user_code=|Or open this link/);
@@ -174,7 +130,7 @@ describe("engine link against engine-cloud (compiled)", () => {
 
   test("a denied request ends `engine link --json` with a failed line and a non-zero exit", async () => {
     const dataDir = join(workDir, "denied");
-    const linking = start([binaries.engine, "--data-dir", dataDir, "--json", "link", "--cloud", cloudUrl]);
+    const linking = children.start([binaries.engine, "--data-dir", dataDir, "--json", "link", "--cloud", cloudUrl]);
     const device = await eventually(
       () =>
         linking
@@ -196,7 +152,7 @@ describe("engine link against engine-cloud (compiled)", () => {
 
   test("Ctrl-C while waiting stops `engine link` cleanly, linking nothing", async () => {
     const dataDir = join(workDir, "interrupted");
-    const linking = start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
+    const linking = children.start([binaries.engine, "--data-dir", dataDir, "link", "--cloud", cloudUrl]);
     await eventually(() => userCodeIn(linking.stdout()), { timeoutMs: 20_000 });
     linking.proc.kill("SIGINT");
     expect(await finish(linking, 10_000)).not.toBe(0);

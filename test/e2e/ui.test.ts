@@ -1,9 +1,10 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type Browser, chromium, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import { eventually, freePort, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { buildBinaries } from "./binaries";
+import { launchChromium } from "./processes";
 
 /**
  * The engine's web UI in headless Chromium against the compiled dist/engine: sign in with the
@@ -13,7 +14,6 @@ import { buildBinaries } from "./binaries";
  * (ignored by git) to be looked at.
  */
 
-const CHROMIUM = "/usr/bin/chromium";
 const SCREENSHOTS = join(import.meta.dir, "screenshots");
 const STEP_MS = 15_000;
 
@@ -73,18 +73,7 @@ beforeAll(async () => {
     },
   });
   adminToken = readFileSync(join(workDir, "data", "admin.token"), "utf8").trim();
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      "--headless",
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--no-first-run",
-      "--disable-sync",
-    ],
-  });
+  browser = await launchChromium();
   page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
   page.setDefaultTimeout(STEP_MS);
 }, 240_000);
