@@ -1,6 +1,5 @@
-import { homedir } from "node:os";
 import { join, resolve } from "node:path";
-import { invalid, type LogLevel, positiveInteger } from "../lib/config";
+import { defaultDataDir, invalid, LOG_LEVELS, type LogLevel, positiveInteger } from "../lib/config";
 
 /** CloudRole decides which modules a process starts: the API, the background worker, or both. */
 export type CloudRole = "api" | "worker" | "all";
@@ -75,13 +74,6 @@ export interface CloudConfigInput {
 }
 
 export const DEFAULT_CLOUD_PORT = 8787;
-const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info", "debug", "trace", "silent"];
-
-/** defaultCloudDataDir is `$XDG_DATA_HOME/engine-cloud`, else `~/.local/share/engine-cloud`. */
-export function defaultCloudDataDir(env: Record<string, string | undefined> = process.env): string {
-  const base = env.XDG_DATA_HOME && env.XDG_DATA_HOME.length > 0 ? env.XDG_DATA_HOME : join(homedir(), ".local", "share");
-  return join(base, "engine-cloud");
-}
 
 const truthy = (raw: string | undefined) => (raw ? !["0", "off", "false", "no"].includes(raw.toLowerCase()) : undefined);
 
@@ -151,7 +143,7 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
   const merged: CloudConfigInput = { ...env };
   for (const [key, value] of Object.entries(flags)) if (value !== undefined) (merged as Record<string, unknown>)[key] = value;
 
-  const dataDir = resolve(merged.dataDir ?? defaultCloudDataDir());
+  const dataDir = resolve(merged.dataDir ?? defaultDataDir(process.env, "engine-cloud"));
   const port = positiveInteger("port", merged.port ?? DEFAULT_CLOUD_PORT, 0, 65535);
   const host = merged.host ?? "127.0.0.1";
   if (!/^[A-Za-z0-9.:[\]-]+$/.test(host)) throw invalid("host", "must be a host name or an IP address", host);

@@ -4,7 +4,7 @@ import { AppError } from "./errors";
 
 /** LogLevel is one of pino's level names. */
 export type LogLevel = "fatal" | "error" | "warn" | "info" | "debug" | "trace" | "silent";
-const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info", "debug", "trace", "silent"];
+export const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info", "debug", "trace", "silent"];
 
 /** EngineConfig is the daemon's whole configuration, validated once at start-up. */
 export interface EngineConfig {
@@ -100,10 +100,13 @@ export interface ConfigInput {
 
 export const DEFAULT_PORT = 9321;
 
-/** defaultDataDir follows the XDG base directory rules: `$XDG_DATA_HOME/engine`, else `~/.local/share/engine`. */
-export function defaultDataDir(env: Record<string, string | undefined> = process.env): string {
+/**
+ * defaultDataDir follows the XDG base directory rules: `$XDG_DATA_HOME/<name>`, else
+ * `~/.local/share/<name>` (`engine` for the daemon, `engine-cloud` for the console).
+ */
+export function defaultDataDir(env: Record<string, string | undefined> = process.env, name = "engine"): string {
   const base = env.XDG_DATA_HOME && env.XDG_DATA_HOME.length > 0 ? env.XDG_DATA_HOME : join(homedir(), ".local", "share");
-  return join(base, "engine");
+  return join(base, name);
 }
 
 /** configFromEnv reads the ENGINE_* variables. It is the only place that reads process.env for the daemon. */

@@ -4,7 +4,7 @@ import { AppError } from "../../lib/errors";
 import { type Account, type AccountStore, assertStanding } from "../accounts";
 import type { AuditLog } from "../audit";
 import { type Database, num, optionalNum } from "../db";
-import type { Enrollment, NodeStore, Reported } from "../nodes";
+import { cleanText, type Enrollment, type NodeStore, type Reported } from "../nodes";
 
 /** PREAUTH_KEY_PREFIX marks pre-authorized link keys for secret scanners and humans. */
 export const PREAUTH_KEY_PREFIX = "epk_";
@@ -61,10 +61,7 @@ export function isWellFormedKey(key: string): boolean {
 
 /** cleanDescription strips control and bidi-override characters and bounds the text, so a list shows what was meant. */
 export function cleanDescription(raw: string | undefined): string {
-  return (raw ?? "")
-    .replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, "")
-    .trim()
-    .slice(0, PREAUTH_KEY_BOUNDS.descriptionMax);
+  return cleanText(raw ?? "", PREAUTH_KEY_BOUNDS.descriptionMax);
 }
 
 /**

@@ -41,19 +41,23 @@ export interface Enrollment {
 export const REPORTED_MAX = { hostname: 253, os: 128, version: 64 } as const;
 
 /**
- * cleanReported strips control characters (C0, DEL, C1, and the bidi overrides that can
- * disguise text) and bounds each string, so what an approver reads is what was stored.
+ * cleanText strips control characters (C0, DEL, C1, and the bidi overrides that can disguise
+ * text), trims, and bounds the result to `max` characters, so what a person reads is what was
+ * stored. Every string a machine or user labels something with goes through it.
  */
+export function cleanText(value: string, max: number): string {
+  return value
+    .replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, "")
+    .trim()
+    .slice(0, max);
+}
+
+/** cleanReported cleans and bounds each reported string with cleanText. */
 export function cleanReported(raw: Reported): Reported {
-  const clean = (value: string, max: number) =>
-    value
-      .replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, "")
-      .trim()
-      .slice(0, max);
   return {
-    hostname: clean(raw.hostname, REPORTED_MAX.hostname),
-    os: clean(raw.os, REPORTED_MAX.os),
-    version: clean(raw.version, REPORTED_MAX.version),
+    hostname: cleanText(raw.hostname, REPORTED_MAX.hostname),
+    os: cleanText(raw.os, REPORTED_MAX.os),
+    version: cleanText(raw.version, REPORTED_MAX.version),
   };
 }
 

@@ -17,8 +17,14 @@ export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
  */
 async function readiness(deps: CloudDeps): Promise<Record<string, boolean | number | string>> {
   const names = Object.keys(deps.readyChecks);
-  const bounded = (check: () => Promise<boolean>) =>
-    Promise.race([check().catch(() => false), new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 3000))]);
+  const bounded = async (check: () => Promise<boolean>) => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(false), 3000);
+    });
+    // The timer is cleared once the check answers, so a ready probe leaves nothing pending.
+    return Promise.race([check().catch(() => false), late]).finally(() => clearTimeout(timer));
+  };
   const results = await Promise.all(names.map((name) => bounded(deps.readyChecks[name] as () => Promise<boolean>)));
   const answer: Record<string, boolean | number | string> = {
     ready: results.every(Boolean),
