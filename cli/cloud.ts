@@ -150,7 +150,7 @@ export function buildCloudProgram(): Command {
         const store = new AccountStore(db);
         const account = (await store.byEmail(options.email)) ?? (options.create ? await store.add(options.email) : null);
         if (!account) throw new AppError("account_not_found", `no account for ${options.email} (add it, or pass --create)`);
-        const sessions = new SessionStore(db, store, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs });
+        const sessions = new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs });
         const { token, session } = await sessions.mint(account.id, "minted");
         return { token, session, account };
       });

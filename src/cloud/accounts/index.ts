@@ -33,7 +33,8 @@ export interface AccountChanges {
 /** DEFAULT_NODE_LIMIT is a new account's node limit (decision: five machines, raised by an operator). */
 export const DEFAULT_NODE_LIMIT = 5;
 
-function rowToAccount(row: Record<string, unknown>): Account {
+/** accountFromRow reads an `accounts` row (or a join that keeps its column names) into an Account. */
+export function accountFromRow(row: Record<string, unknown>): Account {
   return {
     id: row.id as string,
     email: row.email as string,
@@ -70,16 +71,16 @@ export class AccountStore {
 
   async byId(id: string, tx?: Sql): Promise<Account | null> {
     const [row] = await (tx ?? this.db.sql)`SELECT * FROM accounts WHERE id = ${id}`;
-    return row ? rowToAccount(row) : null;
+    return row ? accountFromRow(row) : null;
   }
 
   async byEmail(email: string): Promise<Account | null> {
     const [row] = await this.db.sql`SELECT * FROM accounts WHERE email = ${normalizeEmail(email)}`;
-    return row ? rowToAccount(row) : null;
+    return row ? accountFromRow(row) : null;
   }
 
   async list(): Promise<Account[]> {
-    return (await this.db.sql`SELECT * FROM accounts ORDER BY created_at`).map(rowToAccount);
+    return (await this.db.sql`SELECT * FROM accounts ORDER BY created_at`).map(accountFromRow);
   }
 
   /** add creates an account; an email already taken is `conflict`. */
@@ -120,7 +121,7 @@ export class AccountStore {
     name?: string;
   }): Promise<Account> {
     const [known] = await this.db.sql`SELECT * FROM accounts WHERE idp_issuer = ${identity.issuer} AND idp_subject = ${identity.subject}`;
-    if (known) return rowToAccount(known);
+    if (known) return accountFromRow(known);
     const email = normalizeEmail(identity.email);
     const now = Date.now();
     return this.db.transaction(async (tx) => {
@@ -131,13 +132,13 @@ export class AccountStore {
           throw new AppError("login_failed", "this email belongs to another sign-in identity");
         }
         await tx`UPDATE accounts SET idp_issuer = ${identity.issuer}, idp_subject = ${identity.subject}, updated_at = ${now} WHERE id = ${byEmail.id}`;
-        return rowToAccount(byEmail);
+        return accountFromRow(byEmail);
       }
       const id = randomId("acct");
       await tx`INSERT INTO accounts (id, email, name, node_limit, idp_issuer, idp_subject, created_at, updated_at)
         VALUES (${id}, ${email}, ${identity.name ?? ""}, ${DEFAULT_NODE_LIMIT}, ${identity.issuer}, ${identity.subject}, ${now}, ${now})`;
       const [row] = await tx`SELECT * FROM accounts WHERE id = ${id}`;
-      return rowToAccount(row);
+      return accountFromRow(row);
     });
   }
 }

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
-import type { Account, AccountStore } from "../accounts";
+import { type Account, accountFromRow } from "../accounts";
 import { type Database, num } from "../db";
 
 /** SESSION_PREFIX marks console session tokens for secret scanners and humans. */
@@ -40,7 +40,6 @@ const RENEW_AFTER_FRACTION = 0.1;
 export class SessionStore {
   constructor(
     private readonly db: Database,
-    private readonly accounts: AccountStore,
     private readonly options: SessionOptions,
   ) {}
 
@@ -74,16 +73,18 @@ export class SessionStore {
   async authenticate(token: string | undefined | null): Promise<{ session: Session; account: Account }> {
     if (!token) throw new AppError("unauthenticated", "sign in first: no session cookie or bearer token");
     if (!token.startsWith(SESSION_PREFIX) || token.length > 128) throw new AppError("invalid_session", "the session is not valid");
-    const [row] = await this.db.sql`SELECT * FROM sessions WHERE digest = ${digestSecret(token)}`;
+    // One read: the session and its account together (an account's sessions go with it, ON DELETE CASCADE).
+    const [row] = await this.db.sql`SELECT accounts.*, sessions.id AS session_id, sessions.kind AS session_kind,
+        sessions.created_at AS session_created_at, sessions.last_seen_at, sessions.expires_at, sessions.absolute_expires_at
+      FROM sessions JOIN accounts ON accounts.id = sessions.account_id WHERE sessions.digest = ${digestSecret(token)}`;
     const now = Date.now();
     if (!row || num(row.expires_at) <= now) throw new AppError("invalid_session", "the session has ended; sign in again");
-    const account = await this.accounts.byId(row.account_id as string);
-    if (!account) throw new AppError("invalid_session", "the session's account is gone");
+    const account = accountFromRow(row);
     const session: Session = {
-      id: row.id as string,
-      accountId: row.account_id as string,
-      kind: row.kind as SessionKind,
-      createdAt: num(row.created_at),
+      id: row.session_id as string,
+      accountId: account.id,
+      kind: row.session_kind as SessionKind,
+      createdAt: num(row.session_created_at),
       expiresAt: num(row.expires_at),
       absoluteExpiresAt: num(row.absolute_expires_at),
     };

@@ -92,7 +92,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       startedAt: Date.now(),
       db,
       accounts,
-      sessions: new SessionStore(db, accounts, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
+      sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
       nodes: new NodeStore(db),
       audit: new AuditLog(db),
       limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
