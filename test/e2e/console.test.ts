@@ -5,7 +5,7 @@ import type { Browser, Page } from "playwright-core";
 import { startTestIdp, type TestIdp } from "../fixtures/cloud/idp";
 import { eventually, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
-import { Children, cloudListening, launchChromium, type Running, userCodeIn } from "./processes";
+import { Children, cloudListening, launchChromium, linkEvent, type Running, userCodeIn } from "./processes";
 
 /**
  * The console's pages in headless Chromium against the compiled engine-cloud: sign in through
@@ -161,16 +161,7 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
   }, 60_000);
   test("following verification_uri_complete signed out: sign in, land on the prefilled code, deny it", async () => {
     const linking = children.start([binaries.engine, "--data-dir", join(workDir, "denied"), "--json", "link", "--cloud", cloudUrl]);
-    const device = await eventually(
-      () =>
-        linking
-          .stdout()
-          .split("\n")
-          .filter((line) => line.startsWith("{"))
-          .map((line) => JSON.parse(line) as { event: string; verification_uri_complete?: string })
-          .find((event) => event.event === "device"),
-      { timeoutMs: 20_000 },
-    );
+    const device = await linkEvent(linking, "device");
     const context = await (browser as Browser).newContext();
     try {
       const fresh = await context.newPage();

@@ -3,7 +3,7 @@ import { readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, runCli, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
-import { Children, cloudListening, type Running, userCodeIn } from "./processes";
+import { Children, cloudListening, linkEvent, type Running, userCodeIn } from "./processes";
 
 /**
  * The compiled `engine` links to a compiled `engine-cloud` by each route a user has: the
@@ -131,16 +131,7 @@ describe("engine link against engine-cloud (compiled)", () => {
   test("a denied request ends `engine link --json` with a failed line and a non-zero exit", async () => {
     const dataDir = join(workDir, "denied");
     const linking = children.start([binaries.engine, "--data-dir", dataDir, "--json", "link", "--cloud", cloudUrl]);
-    const device = await eventually(
-      () =>
-        linking
-          .stdout()
-          .split("\n")
-          .filter((line) => line.startsWith("{"))
-          .map((line) => JSON.parse(line) as { event: string; user_code?: string })
-          .find((event) => event.event === "device"),
-      { timeoutMs: 20_000 },
-    );
+    const device = await linkEvent(linking, "device");
     const denied = await api("POST", "/api/nodes/device-approvals/deny", { user_code: device.user_code });
     expect(denied.status).toBe(200);
     expect(await finish(linking)).not.toBe(0);

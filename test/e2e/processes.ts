@@ -78,3 +78,24 @@ export function userCodeIn(stdout: string): string | undefined {
   const at = lines.indexOf("and enter the code:");
   return at >= 0 ? lines.slice(at + 1).find((line) => line.length > 0) : undefined;
 }
+
+/** LinkEvent is one JSON line of `engine link --json`. */
+export interface LinkEvent {
+  event: string;
+  user_code?: string;
+  verification_uri_complete?: string;
+}
+
+/** linkEvent waits until a running `engine link --json` has printed the named event, and returns it. */
+export function linkEvent(linking: Running, name: string, timeoutMs = 20_000): Promise<LinkEvent> {
+  return eventually(
+    () =>
+      linking
+        .stdout()
+        .split("\n")
+        .filter((line) => line.startsWith("{"))
+        .map((line) => JSON.parse(line) as LinkEvent)
+        .find((event) => event.event === name),
+    { timeoutMs },
+  );
+}
