@@ -26,6 +26,24 @@ export function validationResponse(detail: unknown[], requestId: string): Respon
   return new Response(JSON.stringify({ detail }), { status: 422, headers: { ...JSON_HEADERS, "x-request-id": requestId } });
 }
 
+/**
+ * cookieValue returns one cookie's value from a Cookie header, or null when it is absent or
+ * not validly percent-encoded (a malformed cookie is no credential, never a 500).
+ */
+export function cookieValue(header: string | null, name: string): string | null {
+  if (!header) return null;
+  for (const part of header.split(";")) {
+    const eq = part.indexOf("=");
+    if (eq === -1 || part.slice(0, eq).trim() !== name) continue;
+    try {
+      return decodeURIComponent(part.slice(eq + 1).trim());
+    } catch {
+      return null;
+    }
+  }
+  return null;
+}
+
 /** pathOf returns a URL's path without its query, without the cost of a URL object. */
 export function pathOf(url: string): string {
   const start = url.indexOf("/", url.indexOf("//") + 2);

@@ -15,7 +15,6 @@ export { normalizeReturnTo } from "./return-to";
 export { accountView, sessionRoutes } from "./session-routes";
 export {
   clearedSessionCookie,
-  cookieValue,
   SESSION_COOKIE,
   SESSION_PREFIX,
   type Session,

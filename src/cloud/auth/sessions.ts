@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
+import { cookieValue } from "../../lib/http";
 import { type Account, accountFromRow } from "../accounts";
 import { type Database, num } from "../db";
 
@@ -123,17 +124,6 @@ export function sessionTokenOf(request: Request): string | null {
     return match?.[1] ?? null;
   }
   return cookieValue(request.headers.get("cookie"), SESSION_COOKIE);
-}
-
-/** cookieValue returns one cookie's value from a Cookie header, or null. */
-export function cookieValue(header: string | null, name: string): string | null {
-  if (!header) return null;
-  for (const part of header.split(";")) {
-    const eq = part.indexOf("=");
-    if (eq === -1) continue;
-    if (part.slice(0, eq).trim() === name) return decodeURIComponent(part.slice(eq + 1).trim());
-  }
-  return null;
 }
 
 /**

@@ -1,12 +1,13 @@
 import { Elysia } from "elysia";
 import { CallbackQuery, LoginQuery, LoginStart, ProviderConfigView, SignedIn, SocialQuery } from "../../contract/cloud";
 import { AppError } from "../../lib/errors";
+import { cookieValue } from "../../lib/http";
 import { LIMITS } from "../ratelimit";
 import type { CloudDeps } from "../server/deps";
 import { errorResponses } from "../server/responses";
 import { bindingCookieName, type CallbackKind, clearedBindingCookie, type LoginKind, RelyingParty } from "./oidc";
 import { normalizeReturnTo } from "./return-to";
-import { cookieValue, sessionCookie } from "./sessions";
+import { sessionCookie } from "./sessions";
 
 /** CALLBACK_PATHS are where the IdP sends the browser back: one per start, so a state cannot cross over. */
 const CALLBACK_PATHS = { login: "/api/auth/callback", social: "/api/auth/social/callback" } as const;

@@ -1,4 +1,5 @@
 import { AppError } from "../../lib/errors";
+import { cookieValue } from "../../lib/http";
 import { SESSION_COOKIE } from "../auth/sessions";
 
 /** CSRF_HEADER is the header the console's pages send on every state-changing call. */
@@ -38,8 +39,7 @@ const NO_SESSION_ROUTES = new Set([
 export function assertNotCrossSite(request: Request, publicOrigin: string): void {
   if (SAFE_METHODS.has(request.method)) return;
   if (request.headers.has("authorization")) return;
-  const cookies = request.headers.get("cookie");
-  if (!cookies || !new RegExp(`(?:^|;\\s*)${SESSION_COOKIE}=`).test(cookies)) return;
+  if (!cookieValue(request.headers.get("cookie"), SESSION_COOKIE)) return;
   const path = new URL(request.url).pathname;
   if (!path.startsWith("/api/") || NO_SESSION_ROUTES.has(path)) return;
   if (request.headers.get(CSRF_HEADER) !== "1") {

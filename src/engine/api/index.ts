@@ -1,9 +1,9 @@
 import { openapi } from "@elysiajs/openapi";
 import { Elysia } from "elysia";
 import { AppError } from "../../lib/errors";
-import { apiBasics, pathOf, RequestIds } from "../../lib/http";
+import { apiBasics, cookieValue, pathOf, RequestIds } from "../../lib/http";
 import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
-import { CSRF_HEADER, readCookie, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
+import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
 import { daemonRoutes } from "./daemon";
 import type { ApiDeps, RequestContext } from "./deps";
 import { docsPage } from "./docs-page";
@@ -130,7 +130,7 @@ export function createApi(deps: ApiDeps): Api {
     const route = routes.find((r) => r.method === method && r.pattern.test(path));
     if (!route || route.access === "public") return;
     const authorization = request.headers.get("authorization");
-    const cookie = authorization === null && !local.has(request) ? readCookie(request.headers.get("cookie"), SESSION_COOKIE) : null;
+    const cookie = authorization === null && !local.has(request) ? cookieValue(request.headers.get("cookie"), SESSION_COOKIE) : null;
     const principal = local.has(request)
       ? LOCAL_PRINCIPAL
       : cookie !== null

@@ -1,9 +1,8 @@
-export { bundleUiScript, readUiStylesheet, type UiAssets, uiAssets } from "./assets";
+export { bundleUiAssets, type UiAssets, uiAssets } from "./assets";
 export { uiRoutes } from "./routes";
 export {
   CSRF_HEADER,
   LOGIN_CODE_TTL_MS,
-  readCookie,
   SESSION_COOKIE,
   SESSION_TTL_MS,
   sameOrigin,

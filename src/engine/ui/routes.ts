@@ -1,12 +1,13 @@
 import { Elysia, t } from "elysia";
 import { ErrorBody, ValidationErrorBody } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
+import { cookieValue } from "../../lib/http";
 import { uiAssets } from "./assets";
-import { CSRF_HEADER, clearedSessionCookie, readCookie, SESSION_COOKIE, sameOrigin, sessionCookie, UiSessions } from "./sessions";
+import { CSRF_HEADER, clearedSessionCookie, SESSION_COOKIE, sameOrigin, sessionCookie, UiSessions } from "./sessions";
 
 /** cookieOf returns the request's session cookie, or throws 401 when it has none. */
 function cookieOf(request: Request): string {
-  const cookie = readCookie(request.headers.get("cookie"), SESSION_COOKIE);
+  const cookie = cookieValue(request.headers.get("cookie"), SESSION_COOKIE);
   if (cookie === null) throw new AppError("unauthenticated", "no web session: sign in");
   return cookie;
 }

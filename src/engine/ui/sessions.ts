@@ -145,17 +145,6 @@ export class UiSessions {
   }
 }
 
-/** readCookie returns one cookie's value from a Cookie header, or null. */
-export function readCookie(header: string | null, name: string): string | null {
-  if (!header) return null;
-  for (const part of header.split(";")) {
-    const eq = part.indexOf("=");
-    if (eq < 0) continue;
-    if (part.slice(0, eq).trim() === name) return decodeURIComponent(part.slice(eq + 1).trim());
-  }
-  return null;
-}
-
 /** sessionCookie is the Set-Cookie value for a new session: HttpOnly, SameSite=Strict, whole site. */
 export function sessionCookie(value: string, secure: boolean): string {
   return `${SESSION_COOKIE}=${value}; Path=/; HttpOnly; SameSite=Strict; Max-Age=${SESSION_TTL_MS / 1000}${secure ? "; Secure" : ""}`;

@@ -53,6 +53,9 @@ describeEachDialect("console basics", (dialect) => {
     expect(session.body.account).toMatchObject({ id: accountId, email: "ada@example.com", standing: "active" });
     const viaCookie = await cloud.api("GET", "/api/auth/session", { headers: { cookie: `engine_session=${token}` } });
     expect(viaCookie.status).toBe(200);
+    // A cookie that is not validly percent-encoded is no credential: 401, never a 500.
+    const malformed = await cloud.api("GET", "/api/auth/session", { headers: { cookie: "engine_session=%E0%A4%A" } });
+    expect(malformed.status).toBe(401);
   });
 
   test("logout ends this session and answers 204 always; logout-all ends every session and counts them", async () => {
