@@ -17,7 +17,7 @@ import { dirname, join, resolve } from "node:path";
 import { buildConsoleAssets } from "./src/cloud/ui";
 import { compileShim, shimSource } from "./src/engine/supervisor";
 import { readTemplateDir } from "./src/engine/templates";
-import { bundleUiScript, readUiStylesheet } from "./src/engine/ui";
+import { bundleUiAssets } from "./src/engine/ui";
 
 const root = import.meta.dir;
 const args = process.argv.slice(2);
@@ -63,15 +63,14 @@ if (only !== "engine-cloud") {
   const shim = readFileSync(shimFile).toString("base64");
   rmSync(shimFile, { force: true });
 
-  // The web UI travels inside the binary too: its script bundled for the browser, its stylesheet as is.
-  const uiScript = await bundleUiScript();
+  // The web UI travels inside the binary too: its script bundled for the browser, and its stylesheet.
+  const ui = await bundleUiAssets();
 
   const started = performance.now();
   await compile("engine.ts", outfile, {
     __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)),
     __ENGINE_EMBEDDED_SHIM__: JSON.stringify(shim),
-    __ENGINE_UI_JS__: JSON.stringify(uiScript),
-    __ENGINE_UI_CSS__: JSON.stringify(readUiStylesheet()),
+    __ENGINE_UI__: JSON.stringify(JSON.stringify(ui)),
     __ENGINE_COMPILED__: "true",
   });
   console.log(`built ${outfile} with ${templates.length} templates in ${Math.round(performance.now() - started)} ms`);

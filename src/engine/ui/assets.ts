@@ -1,5 +1,5 @@
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { type BrowserAssets, bundleBrowserAssets, lazyBrowserAssets } from "../../lib/browser-assets";
 
 /** UiAssets are the web UI's three files: the page shell, its script and its stylesheet. */
 export interface UiAssets {
@@ -8,10 +8,9 @@ export interface UiAssets {
   css: string;
 }
 
-// build.ts defines these as the bundled script and the stylesheet, so the compiled binary
-// carries the UI; from source they are built on first use.
-declare const __ENGINE_UI_JS__: string | undefined;
-declare const __ENGINE_UI_CSS__: string | undefined;
+// build.ts defines this as the bundled script and stylesheet (JSON), so the compiled binary
+// carries the UI; from source they are bundled on first use.
+declare const __ENGINE_UI__: string | undefined;
 
 /** uiSourceDir is where the UI's sources live in the repository. */
 export const uiSourceDir = import.meta.dir;
@@ -41,32 +40,15 @@ export function pageShell(): string {
 `;
 }
 
-/** bundleUiScript bundles src/engine/ui/app.ts for the browser (build.ts and the first request from source). */
-export async function bundleUiScript(): Promise<string> {
-  const result = await Bun.build({ entrypoints: [join(uiSourceDir, "app.ts")], target: "browser", minify: true, format: "esm" });
-  if (!result.success || !result.outputs[0]) {
-    throw new Error(`the web UI failed to bundle: ${result.logs.map((log) => String(log)).join("; ")}`);
-  }
-  return result.outputs[0].text();
+/** bundleUiAssets bundles src/engine/ui/app.ts for the browser and reads app.css (build.ts, and the first request from source). */
+export function bundleUiAssets(): Promise<BrowserAssets> {
+  return bundleBrowserAssets(join(uiSourceDir, "app.ts"), join(uiSourceDir, "app.css"), "the web UI");
 }
 
-/** readUiStylesheet reads the UI's stylesheet from the sources. */
-export function readUiStylesheet(): string {
-  return readFileSync(join(uiSourceDir, "app.css"), "utf8");
-}
-
-let loading: Promise<UiAssets> | undefined;
+const loadAssets = lazyBrowserAssets(typeof __ENGINE_UI__ === "string" ? __ENGINE_UI__ : undefined, bundleUiAssets);
 
 /** uiAssets returns the UI's files: embedded in the binary, else bundled once from the sources. */
-export function uiAssets(): Promise<UiAssets> {
-  loading ??= (async () => {
-    if (typeof __ENGINE_UI_JS__ === "string" && typeof __ENGINE_UI_CSS__ === "string") {
-      return { html: pageShell(), js: __ENGINE_UI_JS__, css: __ENGINE_UI_CSS__ };
-    }
-    return { html: pageShell(), js: await bundleUiScript(), css: readUiStylesheet() };
-  })();
-  loading.catch(() => {
-    loading = undefined;
-  });
-  return loading;
+export async function uiAssets(): Promise<UiAssets> {
+  const { js, css } = await loadAssets();
+  return { html: pageShell(), js, css };
 }
