@@ -1,13 +1,14 @@
 import { Database } from "bun:sqlite";
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { dumpArgument } from "../../cli/commands/restore";
 import { SqliteEngine } from "../../src/engine/databases";
+import { suiteWhen } from "../engine/databases/helpers";
 import { runCli, startTestEngine, type TestEngine, tempDir } from "../helpers";
 
 const toolsOk = new SqliteEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
-const suite = toolsOk ? describe : describe.skip;
+const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_SQLITE", "the sqlite3 program (Debian package sqlite3)");
 
 let engine: TestEngine;
 let scratch: string;

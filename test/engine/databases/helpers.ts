@@ -1,3 +1,4 @@
+import { describe } from "bun:test";
 import { chmodSync, mkdirSync, rmSync } from "node:fs";
 import { SQL } from "bun";
 import type { Diagnosis } from "../../../src/contract/engine";
@@ -6,6 +7,18 @@ import { startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "../services/harness";
 
 /** REFERENCE_URL is the machine's PostgreSQL (trust auth), where reference data is made and dumped. */
+/**
+ * suiteWhen returns `describe` when an engine's programs are here, else `describe.skip` with a
+ * note naming what is missing; where `requireVar` is set to 1 (CI installs every engine) a
+ * missing engine fails the run instead of skipping it.
+ */
+export function suiteWhen(available: boolean, requireVar: string, missing: string): typeof describe | typeof describe.skip {
+  if (available) return describe;
+  if (process.env[requireVar] === "1") throw new Error(`${missing} is required here (${requireVar}=1)`);
+  process.stderr.write(`note: ${missing} is missing; these database tests are skipped\n`);
+  return describe.skip;
+}
+
 export const REFERENCE_URL = process.env.ENGINE_TEST_POSTGRES_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 
 /** postgresTools says whether this host has the PostgreSQL server and client programs. */

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, expect, test } from "bun:test";
 import { chownSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
@@ -6,18 +6,12 @@ import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { lookupUser, MariaDbEngine, osUserName } from "../../../src/engine/databases";
 import { eventually, freePort } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine } from "./helpers";
+import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const engineAdapter = new MariaDbEngine();
 const tools = engineAdapter.detectTools({ PATH: process.env.PATH ?? "" });
 const toolsOk = tools.missing.length === 0 && Bun.which("mariadb-dump") !== null;
-if (!toolsOk) {
-  if (process.env.ENGINE_REQUIRE_MARIADB === "1") throw new Error("MariaDB (mariadb-server, mariadb-client) is required here");
-  process.stderr.write(
-    "note: MariaDB programs are missing (Debian packages mariadb-server, mariadb-client); the MariaDB tests are skipped\n",
-  );
-}
-const suite = toolsOk ? describe : describe.skip;
+const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_MARIADB", "MariaDB (Debian packages mariadb-server, mariadb-client)");
 
 const PASSWORD = "test-password-1";
 const PATH_ENV = { PATH: `${process.env.PATH ?? "/usr/bin:/bin"}:/usr/sbin` };

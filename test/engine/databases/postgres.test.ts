@@ -14,15 +14,12 @@ import {
   restore,
   run,
   startDatabaseEngine,
+  suiteWhen,
 } from "./helpers";
 
 const toolsOk = postgresTools();
 const referenceOk = toolsOk && (await referenceAvailable());
-if (!referenceOk) {
-  if (process.env.ENGINE_REQUIRE_POSTGRES === "1") throw new Error("PostgreSQL (tools and the reference server) is required here");
-  process.stderr.write("note: PostgreSQL tools or the reference server are missing; the PostgreSQL database tests are skipped\n");
-}
-const suite = referenceOk ? describe : describe.skip;
+const suite = suiteWhen(referenceOk, "ENGINE_REQUIRE_POSTGRES", "PostgreSQL (its programs and the reference server on 127.0.0.1:5432)");
 
 /** REFERENCE_DB is this test process's own database on the reference server, dropped at the end. */
 const REFERENCE_DB = `engine_restore_ref_${process.pid}`;

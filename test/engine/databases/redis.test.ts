@@ -6,15 +6,11 @@ import { RedisClient } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { RedisEngine } from "../../../src/engine/databases";
 import { eventually, freePort, tempDir } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine } from "./helpers";
+import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const adapter = new RedisEngine();
 const toolsOk = adapter.detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
-if (!toolsOk) {
-  if (process.env.ENGINE_REQUIRE_REDIS === "1") throw new Error("Redis (redis-server, redis-tools) is required here");
-  process.stderr.write("note: Redis programs are missing (Debian packages redis-server, redis-tools); the Redis tests are skipped\n");
-}
-const suite = toolsOk ? describe : describe.skip;
+const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_REDIS", "Redis (Debian packages redis-server, redis-tools)");
 
 const PASSWORD = "test-password-1";
 const REFERENCE_PASSWORD = "reference-password";

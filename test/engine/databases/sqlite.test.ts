@@ -1,16 +1,14 @@
 import { Database } from "bun:sqlite";
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { afterAll, beforeAll, expect, test } from "bun:test";
 import { copyFileSync, existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { SqliteEngine, sqliteFile } from "../../../src/engine/databases";
 import { LocalCa, pkiDirectory } from "../../../src/engine/tls";
 import { eventually } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine } from "./helpers";
+import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const toolsOk = new SqliteEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
-if (!toolsOk)
-  process.stderr.write("note: the sqlite3 program is missing (Debian package sqlite3); the SQLite database tests are skipped\n");
-const suite = toolsOk ? describe : describe.skip;
+const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_SQLITE", "the sqlite3 program (Debian package sqlite3)");
 
 const CHECKSUMS = `
   SELECT
