@@ -1,6 +1,6 @@
 import { randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
-import { type Database, num, type Sql } from "../db";
+import { type Database, isUniqueViolation, num, type Sql } from "../db";
 
 /** Standing is an account's good standing: only `active` accounts may mint keys or approve devices. */
 export type Standing = "active" | "suspended" | "closed";
@@ -88,10 +88,14 @@ export class AccountStore {
     const now = Date.now();
     const id = randomId("acct");
     const address = normalizeEmail(email);
-    const existing = await this.byEmail(address);
-    if (existing) throw new AppError("conflict", `an account for ${address} exists`);
-    await this.db.sql`INSERT INTO accounts (id, email, name, node_limit, created_at, updated_at)
-      VALUES (${id}, ${address}, ${changes.name ?? ""}, ${DEFAULT_NODE_LIMIT}, ${now}, ${now})`;
+    // The unique email decides, so two concurrent adds of one address give one account and one conflict.
+    try {
+      await this.db.sql`INSERT INTO accounts (id, email, name, node_limit, created_at, updated_at)
+        VALUES (${id}, ${address}, ${changes.name ?? ""}, ${DEFAULT_NODE_LIMIT}, ${now}, ${now})`;
+    } catch (error) {
+      if (isUniqueViolation(error)) throw new AppError("conflict", `an account for ${address} exists`);
+      throw error;
+    }
     return this.set(id, changes);
   }
 
