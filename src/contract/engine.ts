@@ -294,6 +294,10 @@ export const Diagnosis = t.Object(
     injected_env_keys: t.Array(t.String()),
     pending_env_keys: t.Array(t.String()),
     logs: t.Array(t.Record(t.String(), t.Unknown())),
+    user: t.Union([t.String(), t.Null()], {
+      description:
+        "The OS user the workload runs as (a root engine runs each service as its own user, eng-<name>, unless an admin chose one); null when the engine runs it as its own user, or a managed database as its adapter's.",
+    }),
   },
   { $id: "Diagnosis" },
 );
@@ -360,6 +364,15 @@ export const ServiceDeploy = t.Object(
     build: t.Optional(t.Union([BuildSpec, t.Null()])),
     bindings: t.Optional(t.Array(ServiceName, { maxItems: 64, uniqueItems: true })),
     engine: t.Optional(DatabaseEngineName),
+    user: t.Optional(
+      t.String({
+        minLength: 1,
+        maxLength: 32,
+        pattern: "^[A-Za-z0-9_][A-Za-z0-9_.-]*[$]?$",
+        description:
+          "Admin only: the existing OS user (name or numeric uid) the workload runs as instead of the service's own user, root included. 403 forbidden for other roles; 422 when the host has no such user.",
+      }),
+    ),
   },
   { additionalProperties: false, $id: "ServiceDeploy" },
 );
@@ -391,6 +404,9 @@ export const ServiceRecord = t.Object(
     build: t.Union([Obj("Build definition"), t.Null()]),
     bindings: t.Array(t.String()),
     restarts: t.Integer({ description: "Restarts counted in the current window." }),
+    user: t.Union([t.String(), t.Null()], {
+      description: "The OS user the workload runs as; null when the engine runs it as its own user (see Diagnosis.user).",
+    }),
     created_at: DateTime,
     updated_at: DateTime,
     started_at: NullableDateTime,

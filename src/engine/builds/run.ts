@@ -1,7 +1,8 @@
-import { mkdirSync, mkdtempSync, realpathSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chownSync, mkdirSync, mkdtempSync, realpathSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, sep } from "node:path";
 import { AppError } from "../../lib/errors";
+import { asWorkloadUser, type WorkloadUser } from "../users";
 import { BuildLog } from "./log";
 import { type BuildPlan, type BuildSpec, redactUrl, validateBuildSpec } from "./spec";
 import { runStep, type StepResult } from "./step";
@@ -28,6 +29,11 @@ export interface BuildOptions {
   timeoutMs?: number;
   /** signal aborts the build; the running step's process group is killed. */
   signal?: AbortSignal;
+  /**
+   * user runs git and the build command as that user (the service's), through setpriv, in a
+   * checkout it owns; null or absent: the engine's own user. The log stays the engine's.
+   */
+  user?: WorkloadUser | null;
 }
 
 /** BuildResult is how a build ended. */
@@ -106,16 +112,20 @@ export async function runBuild(spec: BuildSpec, options: BuildOptions): Promise<
     log.note(`build started at ${new Date().toISOString()}: ${redactUrl(plan.repoUrl)} at ${plan.ref ?? "the remote's HEAD"}`);
     if (options.credential && !credential) log.note("the credential is not used: only http and https URLs take one");
     if (stop.signal.aborted) return finish(stop.describe());
+    const user = options.user ?? null;
     mkdirSync(workDir, { recursive: true });
+    if (user) chownSync(workDir, user.uid, user.gid);
     const baseEnv = buildEnvironment(options.env);
     if (credential) {
       askpassDir = mkdtempSync(join(tmpdir(), "engine-askpass-"));
       writeFileSync(join(askpassDir, "askpass"), ASKPASS_SCRIPT, { mode: 0o700 });
+      // git runs as the build's user and must run the helper; the token itself travels in git's env only.
+      if (user) for (const path of [askpassDir, join(askpassDir, "askpass")]) chownSync(path, user.uid, user.gid);
     }
     const gitEnv = gitEnvironment(baseEnv, credential, askpassDir && join(askpassDir, "askpass"));
     const git = (args: string[], echo = true) => {
       if (echo) log.note(`git ${args.map((arg) => redactUrl(arg)).join(" ")}`);
-      return runStep(["git", ...args], { cwd: workDir, env: gitEnv, log, stop: stop.signal, echo });
+      return runStep(asWorkloadUser(user, ["git", ...args]), { cwd: workDir, env: gitEnv, log, stop: stop.signal, echo });
     };
 
     const cloneArgs = plan.refIsCommit
@@ -151,7 +161,12 @@ export async function runBuild(spec: BuildSpec, options: BuildOptions): Promise<
 
     if (plan.command !== null) {
       log.note(`/bin/sh -c ${plan.command}`);
-      const build = await runStep(["/bin/sh", "-c", plan.command], { cwd: dir, env: baseEnv, log, stop: stop.signal });
+      const build = await runStep(asWorkloadUser(user, ["/bin/sh", "-c", plan.command]), {
+        cwd: dir,
+        env: baseEnv,
+        log,
+        stop: stop.signal,
+      });
       if (stop.signal.aborted) return finish(stop.describe());
       if (build.spawnError !== null) return finish(`build command could not start: ${build.spawnError}`);
       if (build.exitCode !== 0) {

@@ -19,6 +19,7 @@ import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
+import { canSwitchUsers, firstClosedParent, secureDataDir } from "../users";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -69,6 +70,31 @@ function prepareDataDir(dataDir: string): void {
     throw new AppError(
       "data_dir_unwritable",
       `the data dir ${dataDir} is not usable (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}): choose another with --data-dir or ENGINE_DATA_DIR`,
+    );
+  }
+}
+
+/**
+ * isolateWorkloads runs before the first workload starts: it gives the data dir the modes that
+ * keep the engine's state from workloads (secureDataDir; also tightening an older engine's
+ * layout) and says, once, what isolation this engine can give.
+ */
+function isolateWorkloads(dataDir: string, log: Logger): void {
+  const switching = canSwitchUsers();
+  const changed = secureDataDir(dataDir, switching);
+  if (changed.length > 0) log.info({ changed }, "tightened the modes of the data dir");
+  if (!switching) {
+    log.warn(
+      { uid: process.geteuid?.() },
+      "the engine runs unprivileged, so every workload runs as the engine's own user and can read its data dir (admin.token, secret.key, engine.db): a submitter token means code execution as this user. Run the engine as root to run each service as a user of its own (docs/roles.md)",
+    );
+    return;
+  }
+  const closed = firstClosedParent(dataDir);
+  if (closed) {
+    log.warn(
+      { data_dir: dataDir, closed },
+      "service users cannot reach their data dirs: a directory above the data dir is not searchable by others (chmod o+x it, or choose a data dir such as /var/lib/engine)",
     );
   }
 }
@@ -166,6 +192,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     });
     // Workloads outlive the daemon: stopping it hands them over, it never kills them.
     cleanups.push(() => manager.handOver());
+    isolateWorkloads(config.dataDir, log);
     await manager.start();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
 

@@ -19,6 +19,8 @@ export interface DiagnosisInput {
   nowMs: number;
   /** lastDump is the last restore into a database service (null when none, and for other kinds). */
   lastDump?: LastDump | null;
+  /** user is the OS user the workload runs as; null when the engine does not switch users for it. */
+  user?: string | null;
 }
 
 type Remediation = { code: string; detail: string };
@@ -181,5 +183,6 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
     injected_env_keys: lastRun?.env_keys ?? [],
     pending_env_keys: input.pendingEnvKeys,
     logs: input.logs.map((line) => ({ ...line })),
+    user: input.user ?? null,
   };
 }

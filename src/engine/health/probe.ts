@@ -1,3 +1,4 @@
+import { asWorkloadUser } from "../users";
 import type { HealthSpec, ProbeResult, ProbeTarget } from "./spec";
 
 /** ProbeOptions lets a caller cancel a probe in flight. */
@@ -145,7 +146,7 @@ async function probeExec(spec: HealthSpec, target: ProbeTarget, deadline: Deadli
   if (deadline.signal.aborted) return { ok: false, detail: deadline.describe() };
   let proc: ReturnType<typeof Bun.spawn<"ignore", "pipe", "pipe">>;
   try {
-    proc = Bun.spawn(argv, {
+    proc = Bun.spawn(asWorkloadUser(target.user ?? null, argv), {
       cwd: target.cwd,
       env: { ...inheritedEnv(), ...target.env },
       stdin: "ignore",

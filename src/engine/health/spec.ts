@@ -1,4 +1,5 @@
 import { AppError } from "../../lib/errors";
+import type { WorkloadUser } from "../users";
 
 /** HealthSpec describes how and how often a service's health is probed. */
 export interface HealthSpec {
@@ -24,6 +25,8 @@ export interface ProbeTarget {
   cwd?: string;
   /** env is the environment of exec probes, on top of the daemon's PATH, HOME, USER, LOGNAME, LANG and TMPDIR. */
   env?: Record<string, string>;
+  /** user runs exec probes as the workload's user (through setpriv); null or absent: the engine's own user. */
+  user?: WorkloadUser | null;
 }
 
 /** ProbeResult is the outcome of one probe. */

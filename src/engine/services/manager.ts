@@ -1,4 +1,4 @@
-import { appendFileSync, existsSync, mkdirSync, rmSync } from "node:fs";
+import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
@@ -34,6 +34,7 @@ import { HealthMonitor, type HealthState } from "../health";
 import type { VcsTokenStore } from "../link";
 import type { ExitRecord, RunHandle, Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
+import { canSwitchUsers, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceDirectory } from "./index";
 import { followLog, tailLog } from "./logs";
@@ -75,6 +76,10 @@ export interface ManagerOptions {
   databases?: DatabaseEngines;
   /** trustedCas are PEM certificates trusted, besides the system's, for https:// dumps (the engine's local CA). */
   trustedCas?: () => string[];
+  /** users makes and finds the OS users workloads run as (default: the host's, through useradd). */
+  users?: ServiceUsers;
+  /** switchUsers runs each workload as a user of its own; it defaults to whether the engine is root (only root can). */
+  switchUsers?: boolean;
 }
 
 /** READY_POLL_MS bounds how often a starting database is asked whether it accepts connections. */
@@ -102,6 +107,8 @@ interface Runtime {
   stopMethod: string | null;
   /** setup aborts a database's initialization when the service is stopped or deleted meanwhile. */
   setup: AbortController | null;
+  /** user is who the live run (and so its exec probes) runs as; null: the engine's own user. */
+  user: WorkloadUser | null;
 }
 
 function newRuntime(): Runtime {
@@ -122,6 +129,7 @@ function newRuntime(): Runtime {
     forcedKill: false,
     stopMethod: null,
     setup: null,
+    user: null,
   };
 }
 
@@ -140,9 +148,13 @@ export class ServiceManager implements ServiceDirectory {
   private readonly o: ManagerOptions;
   private readonly databases: DatabaseEngines;
   private readonly restores: RestoreCoordinator;
+  private readonly users: ServiceUsers;
+  private readonly switchUsers: boolean;
 
   constructor(options: ManagerOptions) {
     this.o = options;
+    this.users = options.users ?? new ServiceUsers();
+    this.switchUsers = options.switchUsers ?? canSwitchUsers();
     this.databases = options.databases ?? new DatabaseEngines();
     this.restores = new RestoreCoordinator({
       engines: this.databases,
@@ -193,6 +205,7 @@ export class ServiceManager implements ServiceDirectory {
         if (adopted.state === "running") {
           runtime.handle = handle;
           runtime.gpuHold = run.gpus;
+          runtime.user = this.recordedUser(service);
           this.o.log.info({ service: service.name, pid: handle.pid }, "adopted a running service");
           const database = this.databaseOf(service);
           if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
@@ -316,6 +329,7 @@ export class ServiceManager implements ServiceDirectory {
       build: spec.build as Record<string, unknown> | null,
       bindings: spec.bindings,
       restarts: restartsInWindow(spec.restart, service.restart_state, this.now().getTime()).length,
+      user: this.userNameOf(service, spec),
       created_at: service.created_at,
       updated_at: service.updated_at,
       started_at: live ? run.started_at : null,
@@ -338,6 +352,7 @@ export class ServiceManager implements ServiceDirectory {
       logs: tailLog(this.logFile(service.id), DIAGNOSIS_LOG_LINES, this.o.logMaxFiles),
       nowMs: this.now().getTime(),
       lastDump: this.o.store.getLastDump(service.id),
+      user: this.userNameOf(service, version.spec),
     });
   }
 
@@ -463,6 +478,7 @@ export class ServiceManager implements ServiceDirectory {
 
   /** appendLog writes one line from the engine (stream `engine`) into a service's log, in the shim's format. */
   appendLog(serviceId: string, line: string): void {
+    this.ensureServiceDir(serviceId);
     this.ensureDir(join(this.serviceDir(serviceId), "logs"));
     const ts = new Date().toISOString().replace("Z", "000000Z");
     try {
@@ -567,7 +583,14 @@ export class ServiceManager implements ServiceDirectory {
   async deploy(body: ServiceDeploy, principal: Principal): Promise<{ record: ServiceRecord; created: boolean }> {
     if (this.draining) throw new AppError("draining", "the daemon is restarting and takes no deploys now; retry in a few seconds");
     assertServiceInScope(principal, body.name);
+    // A binding hands the bound service's credentials to this one: it is a use of that service.
+    for (const bound of body.bindings ?? []) assertServiceInScope(principal, bound);
+    // Choosing the OS user (root included) is choosing the workload's privileges: an admin's call.
+    if (body.user !== undefined && principal.role !== "admin") {
+      throw new AppError("forbidden", "only an admin may choose the user a workload runs as (user)");
+    }
     const { spec, secrets } = normalizeDeploy(body, this.o.templates);
+    if (spec.user) spec.user = this.checkChosenUser(spec.user);
     await this.prepareDatabaseSpec(spec, secrets, this.o.store.findService(spec.name));
     // A cycle through the new service needs one of its own bindings: none, no cycle to look for.
     if (spec.bindings.length > 0) {
@@ -612,6 +635,7 @@ export class ServiceManager implements ServiceDirectory {
           restart_state: EMPTY_RESTART_STATE,
           forensics: EMPTY_FORENSICS,
           current_run_id: null,
+          run_as: null,
         });
         this.o.store.insertVersion(this.versionRow(id, 1, spec, seal(id, 1), now));
       });
@@ -679,15 +703,35 @@ export class ServiceManager implements ServiceDirectory {
     runtime.build = controller;
     const workDir = join(this.serviceDir(serviceId), "builds", String(version));
     rmSync(workDir, { recursive: true, force: true });
-    this.ensureDir(join(this.serviceDir(serviceId), "builds"));
+    this.ensureServiceDir(serviceId);
+    const buildsDir = join(this.serviceDir(serviceId), "builds");
+    this.ensureDir(buildsDir);
     const credential = this.o.vcs.credentialFor(row.spec.build.repo_url);
-    const result = await runBuild(row.spec.build, {
-      workDir,
-      logPath: join(this.serviceDir(serviceId), "build.log"),
-      credential: credential ? { username: "x-access-token", password: credential.token } : null,
-      env: assembleRunEnv({ base: this.o.env, engine: {}, bindings: {}, env: row.spec.env, secrets: {}, gpu: {} }).env,
-      signal: controller.signal,
-    });
+    const env = assembleRunEnv({ base: this.o.env, engine: {}, bindings: {}, env: row.spec.env, secrets: {}, gpu: {} }).env;
+    let result: Awaited<ReturnType<typeof runBuild>>;
+    try {
+      // The build runs the repository's code: as the service's user, in a directory it owns.
+      const user = await this.workloadUser(serviceId);
+      if (user) chownSync(buildsDir, user.uid, user.gid);
+      for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in row.spec.env)) env[key] = value;
+      result = await runBuild(row.spec.build, {
+        workDir,
+        logPath: join(this.serviceDir(serviceId), "build.log"),
+        credential: credential ? { username: "x-access-token", password: credential.token } : null,
+        env,
+        signal: controller.signal,
+        user,
+      });
+    } catch (error) {
+      result = {
+        ok: false,
+        commit: null,
+        dir: workDir,
+        reason: `build could not start: ${(error as Error).message}`,
+        duration_ms: 0,
+        log_tail: [],
+      };
+    }
     if (runtime.build === controller) runtime.build = null;
     if (controller.signal.aborted || this.stopped) return;
     this.o.store.updateBuild(serviceId, version, {
@@ -1027,8 +1071,9 @@ export class ServiceManager implements ServiceDirectory {
       const bound = this.o.store.findService(name);
       if (bound) Object.assign(bindingEnv, bindingVariables(this.boundService(bound)));
     }
-    const dataDir = join(this.o.dataDir, "data", service.name);
+    const dataDir = this.serviceDataDir(service.name);
     this.ensureDir(dataDir);
+    this.ensureServiceDir(serviceId);
     this.ensureDir(join(this.serviceDir(serviceId), "logs"));
     this.ensureDir(join(this.serviceDir(serviceId), "runs"));
     const runId = randomId("run");
@@ -1094,7 +1139,12 @@ export class ServiceManager implements ServiceDirectory {
       });
     });
     let result: Awaited<ReturnType<Supervisor["launch"]>>;
+    let user: WorkloadUser | null = null;
     try {
+      user = await this.workloadUser(serviceId);
+      runtime.user = user;
+      // The user's own HOME, USER and LOGNAME replace the daemon's; the deploy's env may still set them.
+      for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in spec.env)) env[key] = value;
       if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
       let argv = spec.command;
       if (database) {
@@ -1118,6 +1168,7 @@ export class ServiceManager implements ServiceDirectory {
         env,
         cwd,
         memoryMb: spec.memory_mb,
+        user,
       });
     } catch (error) {
       result = {
@@ -1182,7 +1233,14 @@ export class ServiceManager implements ServiceDirectory {
     if (!spec.health) return;
     const monitor = new HealthMonitor(
       spec.health,
-      { host: "127.0.0.1", port: spec.health.port ?? spec.port, cwd: spec.cwd ?? undefined, env: {} },
+      {
+        host: "127.0.0.1",
+        port: spec.health.port ?? spec.port,
+        cwd: spec.cwd ?? undefined,
+        env: ServiceManager.userEnv(runtime.user),
+        // An exec probe is the service's code too: it runs as the workload's user.
+        user: runtime.user,
+      },
       { onChange: (state) => this.onHealth(serviceId, monitor, state) },
     );
     runtime.health = monitor;
@@ -1341,6 +1399,74 @@ export class ServiceManager implements ServiceDirectory {
     );
   }
 
+  // ---------------------------------------------------------------- users
+
+  /**
+   * checkChosenUser resolves the admin's `user` to a user name, or answers 422: the host has
+   * no such user, or the engine is not root and can run workloads only as itself.
+   */
+  private checkChosenUser(wanted: string): string {
+    const user = this.users.resolve(wanted);
+    const problem = !user
+      ? `this host has no user ${wanted}`
+      : !this.switchUsers && user.uid !== process.geteuid?.()
+        ? `the engine runs unprivileged (uid ${process.geteuid?.()}) and can run workloads only as itself, not as ${user.name}`
+        : null;
+    if (problem || !user) throw new InputError([{ loc: ["body", "user"], msg: problem ?? "", type: "value_error", input: wanted }]);
+    return user.name;
+  }
+
+  /** userNameOf is the user a service's workload runs (or will run) as, for its record and Diagnosis; null: the engine's own. */
+  private userNameOf(service: ServiceRow, spec: ServiceSpec): string | null {
+    if (!this.switchUsers || spec.database?.engine) return spec.user ?? null;
+    return spec.user ?? serviceUserName(service.name);
+  }
+
+  /** recordedUser rebuilds the identity of a run started by an earlier daemon from the service's row. */
+  private recordedUser(service: ServiceRow): WorkloadUser | null {
+    if (!this.switchUsers || !service.run_as) return null;
+    const { spec } = this.currentSpec(service);
+    const groups = spec.user ? (this.users.resolve(spec.user)?.groups ?? []) : this.users.gpuGroups();
+    const home = spec.user ? (this.users.resolve(spec.user)?.home ?? "/") : this.serviceDataDir(service.name);
+    return { ...service.run_as, groups, home };
+  }
+
+  /**
+   * workloadUser returns who a service's code (its run, build and exec probes) runs as: null
+   * (the engine's own user) when the engine cannot switch users or an adapter runs the
+   * database; the admin's choice; or the service's own user, made on first use. The service's
+   * data dir is given to that user (0700), and the row records it.
+   */
+  private async workloadUser(serviceId: string): Promise<WorkloadUser | null> {
+    const service = this.o.store.getService(serviceId);
+    if (!service || !this.switchUsers) return null;
+    const { spec } = this.currentSpec(service);
+    if (spec.database?.engine) return null;
+    const dataDir = this.serviceDataDir(service.name);
+    let user: WorkloadUser;
+    if (spec.user) {
+      const chosen = this.users.resolve(spec.user);
+      if (!chosen) throw new Error(`the user ${spec.user} chosen for this service no longer exists on this host`);
+      user = chosen;
+    } else {
+      user = await this.users.ensureServiceUser(service.name, dataDir, service.run_as);
+    }
+    this.ensureDir(dataDir, 0o700);
+    const owner = statSync(dataDir);
+    if (owner.uid !== user.uid || owner.gid !== user.gid) chownSync(dataDir, user.uid, user.gid);
+    const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };
+    const current = this.o.store.getService(serviceId);
+    if (current && JSON.stringify(current.run_as) !== JSON.stringify(recorded)) {
+      this.o.store.updateService({ ...current, run_as: recorded });
+    }
+    return user;
+  }
+
+  /** userEnv is HOME, USER and LOGNAME of the user a workload runs as (the daemon's own would name root). */
+  private static userEnv(user: WorkloadUser | null): Record<string, string> {
+    return user ? { HOME: user.home, USER: user.name, LOGNAME: user.name } : {};
+  }
+
   // ---------------------------------------------------------------- helpers
 
   private update(serviceId: string, patch: Partial<ServiceRow>): void {
@@ -1370,11 +1496,31 @@ export class ServiceManager implements ServiceDirectory {
 
   private readonly madeDirs = new Set<string>();
 
-  /** ensureDir makes a directory once per daemon: a recursive mkdir costs more than a launch's spawn. */
-  private ensureDir(dir: string): void {
+  /**
+   * ensureDir makes a directory with its mode once per daemon: a recursive mkdir costs more
+   * than a launch's spawn. Its parents must exist already (the data dir's layout, secureDataDir).
+   */
+  private ensureDir(dir: string, mode = 0o700): void {
     if (this.madeDirs.has(dir)) return;
-    mkdirSync(dir, { recursive: true, mode: 0o750 });
+    mkdirSync(dir, { recursive: true, mode });
+    // mkdir's mode passes through the umask, and an older engine may have made it with another.
+    chmodSync(dir, mode);
     this.madeDirs.add(dir);
+  }
+
+  /** serviceDataDir is a service's own directory, `<data-dir>/data/<name>`, kept when the service is deleted. */
+  serviceDataDir(name: string): string {
+    return join(this.o.dataDir, "data", name);
+  }
+
+  /**
+   * ensureServiceDir makes services/ and services/<id>: traversable (0711) when workloads run as
+   * users of their own, since a build checkout under services/<id>/builds is a run's cwd.
+   */
+  private ensureServiceDir(serviceId: string): void {
+    const mode = this.switchUsers ? 0o711 : 0o700;
+    this.ensureDir(join(this.o.dataDir, "services"), mode);
+    this.ensureDir(this.serviceDir(serviceId), mode);
   }
 
   serviceDir(serviceId: string): string {

@@ -34,6 +34,11 @@ export interface ServiceSpec {
    * for services that run their own command.
    */
   database?: { engine: DatabaseEngineName } | null;
+  /**
+   * user is the OS user an admin chose for the workload (checked to exist at deploy); null or
+   * absent: the service's own user when the engine runs as root, else the engine's user.
+   */
+  user?: string | null;
 }
 
 export const DEFAULT_STOP_TIMEOUT_S = 10;
@@ -90,6 +95,11 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
       );
     }
     if (body.build) problems.push(detail(["build"], `a ${engine} database is not built from a repository`, "value_error", body.build));
+    if (body.user !== undefined) {
+      problems.push(
+        detail(["user"], `a ${engine} database runs as the user its adapter chooses: leave out user`, "value_error", body.user),
+      );
+    }
   } else if (body.command !== undefined) command = typeof body.command === "string" ? shellCommand(body.command) : body.command;
   else if (template) command = shellCommand(template.deploy_defaults.start);
   else problems.push(detail(["command"], "give a command (string or argv), a template_id or a database engine", "missing", null));
@@ -152,6 +162,7 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
     build: body.build ?? null,
     bindings: body.bindings ?? [],
     database: engine ? { engine } : null,
+    user: body.user ?? null,
   };
   if (!spec.build && !engine) assertCommandExists(spec.command, spec.cwd, env.PATH ?? process.env.PATH ?? "");
   return { spec, secrets };

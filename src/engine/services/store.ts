@@ -1,6 +1,7 @@
 import type { Database } from "bun:sqlite";
 import type { LastDump } from "../databases";
 import type { ExitRecord, RunHandle } from "../supervisor";
+import type { RecordedUser } from "../users";
 import { EMPTY_RESTART_STATE, type RestartState } from "./restart-policy";
 import type { ServiceSpec } from "./spec";
 
@@ -51,6 +52,8 @@ export interface ServiceRow {
   restart_state: RestartState;
   forensics: Forensics;
   current_run_id: string | null;
+  /** run_as is the OS user the latest launch ran the workload as; null when the engine did not switch users. */
+  run_as: RecordedUser | null;
 }
 
 export interface VersionRow {
@@ -99,6 +102,7 @@ function parseService(raw: Raw<ServiceRow>): ServiceRow {
     owner: JSON.parse(raw.owner as string),
     restart_state: { ...EMPTY_RESTART_STATE, ...JSON.parse(raw.restart_state as string) },
     forensics: { ...EMPTY_FORENSICS, ...JSON.parse(raw.forensics as string) },
+    run_as: raw.run_as ? JSON.parse(raw.run_as as string) : null,
   };
 }
 
@@ -153,9 +157,9 @@ export class ServiceStore {
     this.db
       .query(
         `INSERT INTO services (id, name, kind, version, desired_state, status, status_message, owner, priority, submitted_at,
-           created_at, updated_at, restart_state, forensics, current_run_id)
+           created_at, updated_at, restart_state, forensics, current_run_id, run_as)
          VALUES ($id, $name, $kind, $version, $desired_state, $status, $status_message, $owner, $priority, $submitted_at,
-           $created_at, $updated_at, $restart_state, $forensics, $current_run_id)`,
+           $created_at, $updated_at, $restart_state, $forensics, $current_run_id, $run_as)`,
       )
       .run(serviceParams(row));
   }
@@ -165,7 +169,8 @@ export class ServiceStore {
       .query(
         `UPDATE services SET kind = $kind, version = $version, desired_state = $desired_state, status = $status,
            status_message = $status_message, owner = $owner, priority = $priority, submitted_at = $submitted_at,
-           updated_at = $updated_at, restart_state = $restart_state, forensics = $forensics, current_run_id = $current_run_id
+           updated_at = $updated_at, restart_state = $restart_state, forensics = $forensics, current_run_id = $current_run_id,
+           run_as = $run_as
          WHERE id = $id`,
       )
       .run(serviceParams(row));
@@ -325,5 +330,6 @@ function serviceParams(row: ServiceRow) {
     restart_state: JSON.stringify(row.restart_state),
     forensics: JSON.stringify(row.forensics),
     current_run_id: row.current_run_id,
+    run_as: row.run_as ? JSON.stringify(row.run_as) : null,
   };
 }

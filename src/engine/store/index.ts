@@ -1,4 +1,5 @@
 import { Database } from "bun:sqlite";
+import { chmodSync } from "node:fs";
 import { AppError } from "../../lib/errors";
 import { MIGRATIONS, type Migration } from "./migrations";
 
@@ -18,6 +19,13 @@ export function openStore(path: string, migrations: readonly Migration[] = MIGRA
     db = new Database(path, { create: true, strict: true });
   } catch (error) {
     throw new AppError("data_dir_unwritable", `cannot open the state database ${path}: ${(error as Error).message}`);
+  }
+  // The database holds token digests and sealed secrets: its owner's alone (SQLite gives the
+  // -wal and -shm files the database file's mode).
+  try {
+    chmodSync(path, 0o600);
+  } catch {
+    // ":memory:" and the like have no file
   }
   for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
   migrate(db, migrations);

@@ -117,4 +117,10 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    // The OS user a service's workload runs as ({name, uid, gid}, JSON; null until its first
+    // launch as root), so a relaunch needs no lookup and a remade user gets the same uid.
+    id: "2026-11-23-01-service-run-as",
+    sql: `ALTER TABLE services ADD COLUMN run_as TEXT;`,
+  },
 ];

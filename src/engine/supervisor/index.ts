@@ -1,6 +1,7 @@
-import { existsSync, mkdirSync, readFileSync, rmdirSync, unlinkSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmdirSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../../lib/logger";
+import { credentialsArg, type WorkloadUser } from "../users";
 import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
 import { isSameProcess, readProcessStat } from "./procfs";
 import { ensureShim } from "./shim";
@@ -18,6 +19,8 @@ export interface LaunchSpec {
   env: Record<string, string>;
   cwd: string;
   memoryMb: number | null;
+  /** user is who the workload runs as (the shim drops to it just before exec); null: the engine's own user. */
+  user: WorkloadUser | null;
 }
 
 /** RunHandle names a live run: the shim and the workload, each by pid and start time. */
@@ -120,6 +123,8 @@ export class Supervisor {
         },
       },
     });
+    // Only the shims (root) talk on it: no workload may fake an exit notice.
+    chmodSync(this.notifySocket, 0o600);
     this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
   }
 
@@ -167,6 +172,7 @@ export class Supervisor {
         String(this.options.logMaxBytes),
         String(this.options.logMaxFiles),
         procs,
+        credentialsArg(spec.user),
         "--",
         ...spec.argv,
       ],

@@ -8,19 +8,23 @@
  * to `exit.json` in the run directory, tells the daemon through its notify socket (best
  * effort: a daemon that is away reads exit.json when it comes back), and exits.
  *
- * Usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS -- ARGV...
+ * Usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...
  * LOG_FILE rotates to LOG_FILE.1 ... LOG_FILE.(LOG_MAX_FILES-1) when it would pass LOG_MAX_BYTES.
  * NOTIFY_SOCKET and CGROUP_PROCS may be "-" for none. CGROUP_PROCS is a `cgroup.procs` file
  * the workload joins before exec (so its memory limit applies from the first byte).
+ * CREDENTIALS is "-" (the workload runs as the shim's user) or "UID:GID:G1,G2,...": the workload
+ * drops to that user, group and supplementary groups just before exec, while the shim itself
+ * keeps its own (root's) to write the logs and exit.json the workload may not touch.
  *
  * The process the daemon spawned prints one line on stdout and exits:
  *   "ok SHIM_PID CHILD_PID\n"            the workload is running;
- *   "err ERRNO STAGE\n"                   it could not start (STAGE: exec, cgroup, chdir, setup).
+ *   "err ERRNO STAGE\n"                   it could not start (STAGE: exec, cgroup, user, chdir, setup).
  * The shim is written to stay small: no allocation in the loop, a few hundred KB of RSS.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,6 +40,7 @@
 #include <unistd.h>
 
 #define LINE_MAX_BYTES 16384
+#define MAX_GROUPS 64
 
 static const char *run_dir;
 static const char *log_path;
@@ -210,14 +215,47 @@ static void notify(void) {
   close(fd);
 }
 
+/* parse_credentials reads "UID:GID:G1,G2,..."; returns 0 when well formed. */
+static int parse_credentials(const char *text, uid_t *uid, gid_t *gid, gid_t *groups, size_t *ngroups) {
+  char *end;
+  unsigned long value = strtoul(text, &end, 10);
+  if (end == text || *end != ':') return -1;
+  *uid = (uid_t)value;
+  text = end + 1;
+  value = strtoul(text, &end, 10);
+  if (end == text || *end != ':') return -1;
+  *gid = (gid_t)value;
+  text = end + 1;
+  *ngroups = 0;
+  while (*text) {
+    value = strtoul(text, &end, 10);
+    if (end == text || *ngroups >= MAX_GROUPS) return -1;
+    groups[(*ngroups)++] = (gid_t)value;
+    if (*end == ',') end++;
+    else if (*end != '\0') return -1;
+    text = end;
+  }
+  return 0;
+}
+
 static void report(int fd, const char *line) {
   write_all(fd, line, strlen(line));
   close(fd);
 }
 
 int main(int argc, char **argv) {
-  if (argc < 9 || strcmp(argv[7], "--") != 0) {
-    fprintf(stderr, "usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS -- ARGV...\n");
+  if (argc < 10 || strcmp(argv[8], "--") != 0) {
+    fprintf(stderr, "usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...\n");
+    return 2;
+  }
+  const char *credentials = argv[7];
+  int switch_user = strcmp(credentials, "-") != 0;
+  uid_t run_uid = 0;
+  gid_t run_gid = 0;
+  gid_t run_groups[MAX_GROUPS];
+  size_t run_ngroups = 0;
+  if (switch_user && parse_credentials(credentials, &run_uid, &run_gid, run_groups, &run_ngroups) != 0) {
+    fprintf(stderr, "engine-shim: CREDENTIALS must be - or UID:GID:G1,G2,...\n");
     return 2;
   }
   run_dir = argv[1];
@@ -226,7 +264,7 @@ int main(int argc, char **argv) {
   log_max_bytes = atoll(argv[4]);
   log_max_files = atoi(argv[5]);
   const char *cgroup_procs = argv[6];
-  char **workload = argv + 8;
+  char **workload = argv + 9;
   if (log_max_bytes < 4096) log_max_bytes = 4096;
   if (log_max_files < 1) log_max_files = 1;
 
@@ -289,6 +327,14 @@ int main(int argc, char **argv) {
         stage = "cgroup";
       }
       if (fd >= 0) close(fd);
+    }
+    /* Groups first, then the gid, then the uid: once the uid is dropped the rest is no longer allowed.
+       An unprivileged uid also loses every capability, so the workload cannot switch back. */
+    if (code == 0 && switch_user) {
+      if (setgroups(run_ngroups, run_groups) != 0 || setgid(run_gid) != 0 || setuid(run_uid) != 0) {
+        code = errno;
+        stage = "user";
+      }
     }
     if (code == 0) {
       dup2(out[1], 1);

@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { isSameProcess, readProcessStat } from "../../../src/engine/supervisor";
 import { eventually, tempDir, testShim } from "../../helpers";
@@ -8,12 +8,13 @@ const dir = tempDir("engine-shim-");
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 /** runShim starts the shim as the supervisor does and returns its one-line report. */
-async function runShim(name: string, argv: string[], { maxBytes = 1 << 20, maxFiles = 3 } = {}) {
+async function runShim(name: string, argv: string[], { maxBytes = 1 << 20, maxFiles = 3, credentials = "-" } = {}) {
   const runDir = join(dir, name);
   Bun.spawnSync(["mkdir", "-p", runDir]);
-  const proc = Bun.spawn([testShim(), runDir, join(runDir, "out.log"), "-", String(maxBytes), String(maxFiles), "-", "--", ...argv], {
-    stdout: "pipe",
-  });
+  const proc = Bun.spawn(
+    [testShim(), runDir, join(runDir, "out.log"), "-", String(maxBytes), String(maxFiles), "-", credentials, "--", ...argv],
+    { stdout: "pipe" },
+  );
   const report = (await new Response(proc.stdout).text()).trim();
   await proc.exited;
   return { runDir, report, exit: () => JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8")) };
@@ -79,5 +80,31 @@ describe("engine-shim", () => {
       .split("\n")
       .at(-1);
     expect(last).toContain("line-1999-");
+  });
+
+  const asRoot = process.geteuid?.() === 0 ? test : test.skip;
+
+  asRoot("with CREDENTIALS the workload runs as that uid, gid and groups while the shim stays root", async () => {
+    const { runDir, report, exit } = await runShim(
+      "credentials",
+      ["/bin/sh", "-c", 'grep -E "^(Uid|Gid|Groups):" /proc/self/status; cat /proc/$PPID/status | grep "^Uid:"'],
+      { credentials: "65534:65534:44,65533" },
+    );
+    expect(report).toStartWith("ok ");
+    await eventually(() => existsSync(join(runDir, "exit.json")));
+    expect(exit()).toMatchObject({ exit_code: 0 });
+    const text = readFileSync(join(runDir, "out.log"), "utf8");
+    const fields = text.split("\n").map((line) => line.split(" ").slice(3).join(" ").replace(/\s+/g, " "));
+    expect(fields).toContain("Uid: 65534 65534 65534 65534");
+    expect(fields).toContain("Gid: 65534 65534 65534 65534");
+    expect(fields).toContain("Groups: 44 65533");
+    // The shim (the workload's parent) still runs as root: it keeps writing the log and exit.json.
+    expect(fields).toContain("Uid: 0 0 0 0");
+    expect(statSync(join(runDir, "exit.json")).uid).toBe(0);
+  });
+
+  test("malformed CREDENTIALS are refused before anything starts", async () => {
+    const { report } = await runShim("bad-credentials", ["true"], { credentials: "nobody" });
+    expect(report).toBe("");
   });
 });

@@ -1,0 +1,11 @@
+export {
+  canSwitchUsers,
+  type RecordedUser,
+  SERVICE_USER_COMMENT,
+  SERVICE_USER_PREFIX,
+  ServiceUsers,
+  serviceUserName,
+  type WorkloadUser,
+} from "./accounts";
+export { asWorkloadUser, credentialsArg } from "./exec";
+export { firstClosedParent, secureDataDir } from "./layout";

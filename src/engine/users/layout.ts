@@ -1,0 +1,77 @@
+import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync } from "node:fs";
+import { dirname, join } from "node:path";
+
+/** TRAVERSE is search without read: a workload may pass through to its own directory, never list or read. */
+const TRAVERSE = 0o711;
+const PRIVATE_DIR = 0o700;
+
+/**
+ * secureDataDir gives the data dir the modes that keep the engine's state from workloads, also
+ * when an older engine made it (an upgrade in place). With `switching` (a root engine whose
+ * workloads run as other users) the layout is:
+ *
+ *   <data-dir>            0711 root   traversable, not listable
+ *   data/                 0711 root   workloads reach data/<name>
+ *   data/<name>           0700 the service's user (set at launch)
+ *   services/             0711 root   a build checkout (services/<id>/builds) is a run's cwd
+ *   services/<id>         0711 root
+ *   services/<id>/logs    0700 root   the shim's logs and exit records: the workload cannot touch them
+ *   services/<id>/runs    0700 root
+ *   services/<id>/builds  0700 the service's user (set at build)
+ *   services/<id>/build.log 0600 root
+ *   everything else       group and other bits cleared: admin.token, secret.key, engine.db and
+ *                         its -wal/-shm, engine.sock, shim.sock, engine.log, pki/, link/, bin/, tmp/
+ *
+ * Without `switching` the workloads are the engine's own user and nothing needs traversal: the
+ * same entries are private and the data dir and services/ stay 0700. It returns what it changed,
+ * for one log line.
+ */
+export function secureDataDir(dataDir: string, switching: boolean): string[] {
+  const changed: string[] = [];
+  const traverse = switching ? TRAVERSE : PRIVATE_DIR;
+  const set = (path: string, mode: number) => {
+    const stat = lstatSync(path, { throwIfNoEntry: false });
+    if (!stat || stat.isSymbolicLink() || (stat.mode & 0o7777) === mode) return;
+    chmodSync(path, mode);
+    changed.push(`${path} ${mode.toString(8)}`);
+  };
+  const privatize = (path: string) => {
+    const stat = lstatSync(path, { throwIfNoEntry: false });
+    if (!stat || stat.isSymbolicLink() || (stat.mode & 0o077) === 0) return;
+    set(path, stat.mode & 0o7700);
+  };
+  set(dataDir, traverse);
+  const data = join(dataDir, "data");
+  if (switching && !existsSync(data)) mkdirSync(data, { mode: TRAVERSE });
+  set(data, traverse);
+  for (const entry of readdirSync(dataDir)) {
+    if (entry === "data" || entry === "services") continue;
+    privatize(join(dataDir, entry));
+  }
+  const services = join(dataDir, "services");
+  set(services, traverse);
+  if (existsSync(services)) {
+    for (const id of readdirSync(services)) {
+      const dir = join(services, id);
+      set(dir, traverse);
+      set(join(dir, "logs"), PRIVATE_DIR);
+      set(join(dir, "runs"), PRIVATE_DIR);
+      privatize(join(dir, "build.log"));
+    }
+  }
+  return changed;
+}
+
+/** firstClosedParent returns the first directory above `path` that others may not search, or null. */
+export function firstClosedParent(path: string): string | null {
+  const chain: string[] = [];
+  for (let dir = dirname(path); ; dir = dirname(dir)) {
+    chain.unshift(dir);
+    if (dir === dirname(dir)) break;
+  }
+  for (const dir of chain) {
+    const stat = lstatSync(dir, { throwIfNoEntry: false });
+    if (!stat || (stat.mode & 0o001) === 0) return dir;
+  }
+  return null;
+}
