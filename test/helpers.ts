@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
 import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
+import { SERVICE_USER_COMMENT, SERVICE_USER_PREFIX } from "../src/engine/users";
 import type { Clock } from "../src/lib/clock";
 import { type ConfigInput, resolveConfig } from "../src/lib/config";
 
@@ -35,6 +36,7 @@ export function reapWorkloads(dataDir: string): void {
       }
     }
   }
+  removeServiceUsers(dataDir);
   const cgroups = detectCgroupDriver();
   if (!cgroups.driver) return;
   for (const runId of runIds) {
@@ -44,6 +46,31 @@ export function reapWorkloads(dataDir: string): void {
       rmdirSync(dir);
     } catch {
       // removed
+    }
+  }
+}
+
+/**
+ * removeServiceUsers deletes the system users a root engine made for the services of `dataDir`
+ * (their home is the service's data dir), so test runs leave no users behind. A user whose
+ * processes still run, or that another engine reuses, may stay: it is harmless and reused.
+ */
+export function removeServiceUsers(dataDir: string): void {
+  if (process.geteuid?.() !== 0) return;
+  let passwd = "";
+  try {
+    passwd = readFileSync("/etc/passwd", "utf8");
+  } catch {
+    return;
+  }
+  for (const line of passwd.split("\n")) {
+    const [name, , , , comment, home] = line.split(":");
+    if (!name?.startsWith(SERVICE_USER_PREFIX) || !comment?.startsWith(SERVICE_USER_COMMENT)) continue;
+    if (!home?.startsWith(`${join(dataDir, "data")}/`)) continue;
+    // userdel refuses (exit 8) while a process of the user lives: the SIGKILLs above take a moment.
+    for (let attempt = 0; attempt < 25; attempt++) {
+      if (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode !== 8) break;
+      Bun.sleepSync(20);
     }
   }
 }

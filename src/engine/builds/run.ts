@@ -1,4 +1,4 @@
-import { chownSync, mkdirSync, mkdtempSync, realpathSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chownSync, mkdirSync, mkdtempSync, readdirSync, realpathSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, sep } from "node:path";
 import { AppError } from "../../lib/errors";
@@ -116,13 +116,29 @@ export async function runBuild(spec: BuildSpec, options: BuildOptions): Promise<
     mkdirSync(workDir, { recursive: true });
     if (user) chownSync(workDir, user.uid, user.gid);
     const baseEnv = buildEnvironment(options.env);
-    if (credential) {
+    if (credential || user) {
       askpassDir = mkdtempSync(join(tmpdir(), "engine-askpass-"));
-      writeFileSync(join(askpassDir, "askpass"), ASKPASS_SCRIPT, { mode: 0o700 });
-      // git runs as the build's user and must run the helper; the token itself travels in git's env only.
-      if (user) for (const path of [askpassDir, join(askpassDir, "askpass")]) chownSync(path, user.uid, user.gid);
+      if (credential) writeFileSync(join(askpassDir, "askpass"), ASKPASS_SCRIPT, { mode: 0o700 });
+      if (user) {
+        // As the service's user, a local repository (file://, a path) is someone else's, and git
+        // refuses it for "dubious ownership"; only global config can allow it, as a local clone's
+        // upload-pack drops GIT_CONFIG_COUNT. That check keeps a repository's config from running
+        // code as the user who runs git: here that user runs the repository's code anyway. The
+        // user's own ~/.gitconfig is still read, through the include.
+        writeFileSync(join(askpassDir, "gitconfig"), `[safe]\n\tdirectory = *\n[include]\n\tpath = ${user.home}/.gitconfig\n`, {
+          mode: 0o600,
+        });
+        // git runs as the build's user and must read these; the token itself travels in git's env only.
+        for (const file of readdirSync(askpassDir)) chownSync(join(askpassDir, file), user.uid, user.gid);
+        chownSync(askpassDir, user.uid, user.gid);
+      }
     }
-    const gitEnv = gitEnvironment(baseEnv, credential, askpassDir && join(askpassDir, "askpass"));
+    const gitEnv = gitEnvironment(
+      baseEnv,
+      credential,
+      credential && askpassDir ? join(askpassDir, "askpass") : null,
+      user && askpassDir ? join(askpassDir, "gitconfig") : null,
+    );
     const git = (args: string[], echo = true) => {
       if (echo) log.note(`git ${args.map((arg) => redactUrl(arg)).join(" ")}`);
       return runStep(asWorkloadUser(user, ["git", ...args]), { cwd: workDir, env: gitEnv, log, stop: stop.signal, echo });
@@ -236,8 +252,14 @@ function buildEnvironment(extra: Record<string, string> = {}): Record<string, st
  * With a credential, the helper list is emptied so no helper of the host's configuration can
  * offer another credential or store this one, and GIT_ASKPASS answers git's prompts.
  */
-function gitEnvironment(base: Record<string, string>, credential: BuildCredential | null, askpass: string | null): Record<string, string> {
+function gitEnvironment(
+  base: Record<string, string>,
+  credential: BuildCredential | null,
+  askpass: string | null,
+  globalConfig: string | null,
+): Record<string, string> {
   const env: Record<string, string> = { ...base, GIT_TERMINAL_PROMPT: "0", LC_ALL: "C" };
+  if (globalConfig && env.GIT_CONFIG_GLOBAL === undefined) env.GIT_CONFIG_GLOBAL = globalConfig;
   const config: [string, string][] = [["advice.detachedHead", "false"]];
   if (credential && askpass) {
     config.push(["credential.helper", ""]);

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "./harness";
@@ -25,6 +25,9 @@ function git(...args: string[]): void {
 
 beforeAll(async () => {
   repo = tempDir("engine-repo-");
+  // The repository stands for a remote, which every build user may read: as root the engine
+  // clones as the service's own user, never as itself.
+  chmodSync(repo, 0o755);
   git("init", "-q", "-b", "main");
   mkdirSync(join(repo, "app"));
   writeFileSync(join(repo, "app", "serve.sh"), '#!/bin/sh\necho "serving $(cat built.txt)"\nexec sleep 300\n');
@@ -43,7 +46,7 @@ describe("builds from git", () => {
     const deployed = await api.deploy({
       name: "built",
       command: "sh ./serve.sh",
-      build: { repo_url: `file://${repo}`, ref: "main", subdir: "app", command: "echo v1-artifact > built.txt" },
+      build: { repo_url: `file://${repo}`, ref: "main", subdir: "app", command: "echo v1-artifact > built.txt; id -un > builder.txt" },
     });
     expect(deployed.status).toBe(201);
     expect(deployed.body.status).toBe("building");
@@ -55,6 +58,10 @@ describe("builds from git", () => {
     expect(logs.length).toBeGreaterThan(0);
     const diagnosis = await api.diagnose("built");
     expect(diagnosis.build).toEqual({ last_result: "succeeded", version: 1, reason: null });
+    // The build ran the repository's code as the service's user (the engine's own when unprivileged).
+    const builder = readFileSync(join(engine.dataDir, "services", deployed.body.id, "builds", "1", "app", "builder.txt"), "utf8").trim();
+    expect(builder).toBe(process.geteuid?.() === 0 ? "eng-built" : (process.env.USER ?? builder));
+    expect(diagnosis.user).toBe(process.geteuid?.() === 0 ? "eng-built" : null);
   });
 
   test("a failed build of a new version leaves the previous version running, with fix_build", async () => {

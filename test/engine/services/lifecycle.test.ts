@@ -76,11 +76,12 @@ describe("statuses", () => {
   });
 
   test("a batch job that fails is retried (retrying) until it succeeds", async () => {
-    const marker = join(scratch, "attempts");
+    // The workload writes in its own data dir: as root, the engine runs it as a user of its own.
+    const marker = join(engine.dataDir, "data", "job-retry", "attempts");
     await api.deploy({
       name: "job-retry",
       kind: "batch",
-      command: `echo x >> ${marker}; [ $(wc -l < ${marker}) -ge 2 ]`,
+      command: `echo x >> "$SERVICE_DATA_DIR/attempts"; [ $(wc -l < "$SERVICE_DATA_DIR/attempts") -ge 2 ]`,
       restart: { policy: "on-failure", max_restarts: 3, window_seconds: 60, backoff_s: 1 },
     });
     await api.waitFor("job-retry", "retrying");
@@ -249,11 +250,11 @@ describe("tokens: caps and scope", () => {
 
 describe("secrets and env", () => {
   test("secrets reach the workload but are never returned; injected keys are listed without values", async () => {
-    const out = join(scratch, "env-out");
+    const out = join(engine.dataDir, "data", "envy", "env-out");
     await api.deploy({
       name: "envy",
       kind: "batch",
-      command: `printf '%s %s %s' "$GREETING" "$API_KEY" "$PORT" > ${out}`,
+      command: `printf '%s %s %s' "$GREETING" "$API_KEY" "$PORT" > "$SERVICE_DATA_DIR/env-out"`,
       env: { GREETING: "hi" },
       secrets: { API_KEY: "s3cr3t-value" },
       port: 18080,

@@ -1,28 +1,31 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { eventually, REPO_ROOT, startTestEngine, type TestEngine } from "../../helpers";
 import { ServiceClient } from "./harness";
 
 const FAKE_NVIDIA_SMI = join(REPO_ROOT, "test", "fixtures", "gpu", "nvidia-smi");
 
 let engine: TestEngine;
 let api: ServiceClient;
-let scratch: string;
 beforeAll(async () => {
   // The fake prints real nvidia-smi output for two H100s; the engine runs it as it would the real one.
   process.env.FAKE_NVIDIA_SMI_SCENARIO = "two-h100";
   engine = await startTestEngine({ nvidiaSmi: FAKE_NVIDIA_SMI });
   api = new ServiceClient(engine);
-  scratch = tempDir("engine-sched-");
 });
 afterAll(async () => {
   await engine.close();
-  rmSync(scratch, { recursive: true, force: true });
 });
 
-/** gpuCommand writes the GPUs a workload was given to a file, then stays up. */
-const gpuCommand = (file: string) => `printf '%s|%s' "$CUDA_VISIBLE_DEVICES" "$NVIDIA_VISIBLE_DEVICES" > ${file}; exec sleep 300`;
+/**
+ * ownFile is a file in a service's own data dir: as root, the engine runs each workload as a
+ * user of its own, which may write there and nowhere else in the engine's data dir.
+ */
+const ownFile = (service: string, file: string) => join(engine.dataDir, "data", service, file);
+
+/** gpuCommand writes the GPUs a workload was given to `gpus` in its data dir, then stays up. */
+const gpuCommand = () => `printf '%s|%s' "$CUDA_VISIBLE_DEVICES" "$NVIDIA_VISIBLE_DEVICES" > "$SERVICE_DATA_DIR/gpus"; exec sleep 300`;
 
 describe("GPUs (fake nvidia-smi, real format)", () => {
   test("the inventory comes from nvidia-smi and whole GPUs are assigned one service each", async () => {
@@ -32,16 +35,16 @@ describe("GPUs (fake nvidia-smi, real format)", () => {
     expect(inventory.body.devices.map((d) => d.memory_total_mb)).toEqual([81559, 81559]);
     const [first, second] = inventory.body.devices.map((d) => d.uuid);
 
-    await api.deploy({ name: "gpu-a", command: gpuCommand(join(scratch, "a")), gpus: 1 });
-    await api.deploy({ name: "gpu-b", command: gpuCommand(join(scratch, "b")), gpus: 1 });
+    await api.deploy({ name: "gpu-a", command: gpuCommand(), gpus: 1 });
+    await api.deploy({ name: "gpu-b", command: gpuCommand(), gpus: 1 });
     await api.waitFor("gpu-a", "running");
     await api.waitFor("gpu-b", "running");
-    await eventually(() => existsSync(join(scratch, "a")) && existsSync(join(scratch, "b")));
-    const seen = [readFileSync(join(scratch, "a"), "utf8"), readFileSync(join(scratch, "b"), "utf8")].sort();
+    await eventually(() => existsSync(ownFile("gpu-a", "gpus")) && existsSync(ownFile("gpu-b", "gpus")));
+    const seen = [readFileSync(ownFile("gpu-a", "gpus"), "utf8"), readFileSync(ownFile("gpu-b", "gpus"), "utf8")].sort();
     expect(seen).toEqual([`${first}|${first}`, `${second}|${second}`].sort());
 
     // A third whole-GPU service waits, with a placement message, until one is free.
-    await api.deploy({ name: "gpu-c", command: gpuCommand(join(scratch, "c")), gpus: 1 });
+    await api.deploy({ name: "gpu-c", command: gpuCommand(), gpus: 1 });
     const waiting = await api.waitFor("gpu-c", "pending", (r) => (r.status_message ?? "").includes("GPU"));
     expect(waiting.status_message).toMatch(/waiting/);
     expect((await api.diagnose("gpu-c")).remediation?.code).toBe("wait_for_gpu");
@@ -50,18 +53,18 @@ describe("GPUs (fake nvidia-smi, real format)", () => {
 
     await api.control("gpu-a", "stop");
     await api.waitFor("gpu-c", "running");
-    await eventually(() => existsSync(join(scratch, "c")));
-    expect(readFileSync(join(scratch, "c"), "utf8")).toBe(readFileSync(join(scratch, "a"), "utf8"));
+    await eventually(() => existsSync(ownFile("gpu-c", "gpus")));
+    expect(readFileSync(ownFile("gpu-c", "gpus"), "utf8")).toBe(readFileSync(ownFile("gpu-a", "gpus"), "utf8"));
     for (const name of ["gpu-b", "gpu-c"]) await api.control(name, "stop");
   });
 
   test("memory-based sharing packs several services onto one GPU", async () => {
     for (const name of ["share-1", "share-2", "share-3"]) {
-      expect((await api.deploy({ name, command: gpuCommand(join(scratch, name)), gpu_memory_mb: 20000 })).status).toBe(201);
+      expect((await api.deploy({ name, command: gpuCommand(), gpu_memory_mb: 20000 })).status).toBe(201);
     }
     for (const name of ["share-1", "share-2", "share-3"]) await api.waitFor(name, "running");
-    await eventually(() => ["share-1", "share-2", "share-3"].every((name) => existsSync(join(scratch, name))));
-    const devices = new Set(["share-1", "share-2", "share-3"].map((name) => readFileSync(join(scratch, name), "utf8")));
+    await eventually(() => ["share-1", "share-2", "share-3"].every((name) => existsSync(ownFile(name, "gpus"))));
+    const devices = new Set(["share-1", "share-2", "share-3"].map((name) => readFileSync(ownFile(name, "gpus"), "utf8")));
     expect(devices.size).toBe(1); // best fit: all three on the same GPU
     const inventory = await engine.json<{ devices: { reserved_mb: number; holders: unknown[] }[] }>("GET", "/api/gpus");
     expect(inventory.body.devices.map((d) => d.reserved_mb).sort()).toEqual([0, 60000]);
@@ -86,7 +89,7 @@ describe("health probes", () => {
   ];
 
   test("http: failing turns the service degraded, then restarts it past the threshold; passing again is running", async () => {
-    const flag = join(scratch, "unhealthy");
+    const flag = ownFile("probed", "unhealthy");
     await api.deploy({
       name: "probed",
       command: server(flag),
@@ -115,16 +118,16 @@ describe("health probes", () => {
   test("tcp and exec probes", async () => {
     await api.deploy({
       name: "tcp-probed",
-      command: server(join(scratch, "never")),
+      command: server(ownFile("tcp-probed", "never")),
       port: 18312,
       health: { type: "tcp", interval_s: 0.1, timeout_s: 1, failure_threshold: 2 },
     });
     await eventually(async () => (await api.diagnose("tcp-probed")).health.probe?.ok === true);
-    const okFile = join(scratch, "exec-ok");
-    writeFileSync(okFile, "");
+    // The exec probe runs as the workload's user: it looks in the service's own data dir.
+    const okFile = ownFile("exec-probed", "exec-ok");
     await api.deploy({
       name: "exec-probed",
-      command: "exec sleep 300",
+      command: 'touch "$SERVICE_DATA_DIR/exec-ok"; exec sleep 300',
       health: { type: "exec", command: `test -f ${okFile}`, interval_s: 0.1, timeout_s: 1, failure_threshold: 50 },
     });
     await eventually(async () => (await api.diagnose("exec-probed")).health.probe?.ok === true);
@@ -137,11 +140,11 @@ describe("health probes", () => {
 
 describe("bindings", () => {
   test("a service waits for its binding, then starts with the binding's variables", async () => {
-    const out = join(scratch, "bound-env");
+    const out = ownFile("app", "bound-env");
     await api.deploy({
       name: "app",
       kind: "batch",
-      command: `printf '%s:%s' "$CACHE_HOST" "$CACHE_PORT" > ${out}`,
+      command: `printf '%s:%s' "$CACHE_HOST" "$CACHE_PORT" > "$SERVICE_DATA_DIR/bound-env"`,
       bindings: ["cache"],
     });
     const waiting = await api.waitFor("app", "pending", (r) => (r.status_message ?? "").includes("cache"));

@@ -94,7 +94,7 @@ describe("engine-shim", () => {
     await eventually(() => existsSync(join(runDir, "exit.json")));
     expect(exit()).toMatchObject({ exit_code: 0 });
     const text = readFileSync(join(runDir, "out.log"), "utf8");
-    const fields = text.split("\n").map((line) => line.split(" ").slice(3).join(" ").replace(/\s+/g, " "));
+    const fields = text.split("\n").map((line) => line.split(" ").slice(3).join(" ").replace(/\s+/g, " ").trim());
     expect(fields).toContain("Uid: 65534 65534 65534 65534");
     expect(fields).toContain("Gid: 65534 65534 65534 65534");
     expect(fields).toContain("Groups: 44 65533");
