@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ACCESS_ROLES, ROUTE_ACCESS } from "../../../src/engine/auth";
-import { createToken, REPO_ROOT, startTestEngine, type TestEngine } from "../../helpers";
+import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine } from "../../helpers";
 import { sampleRequests } from "./routes";
 
 let engine: TestEngine;
@@ -105,6 +105,89 @@ describe("role matrix", () => {
     const inside = await engine.call("DELETE", "/api/services/web/domains/web.example.com", { token: secrets.scoped ?? "" });
     expect(inside.status).toBe(404);
   });
+
+  test("a binding names a service too: outside the token's scope it is 403 out_of_scope, inside it is allowed", async () => {
+    const outside = await engine.call("POST", "/api/services", {
+      token: secrets.scoped ?? "",
+      body: { name: "web", kind: "batch", command: ["true"], bindings: ["cache"] },
+    });
+    expect(outside.status).toBe(403);
+    expect(((await outside.json()) as { error: { code: string } }).error.code).toBe("out_of_scope");
+    expect((await engine.call("GET", "/api/services/web")).status).toBe(404); // nothing was created
+    const pair = (await createToken(engine, { name: "pair", role: "submitter", scope_services: ["pair-a", "pair-b"] })).secret;
+    const inside = await engine.call("POST", "/api/services", {
+      token: pair,
+      body: { name: "pair-a", kind: "batch", command: ["true"], bindings: ["pair-b"] },
+    });
+    expect(inside.status).toBe(201);
+    expect((await engine.call("DELETE", "/api/services/pair-a")).status).toBe(200);
+  });
+
+  // The workload's view: roles and scopes are a boundary only if the code a submitter deploys
+  // cannot read what makes an admin. As root the engine runs it as a user of its own.
+  (process.geteuid?.() === 0 ? test : test.skip)(
+    "a scoped submitter's workload cannot read the engine's secrets, its socket, or another service's data and logs",
+    async () => {
+      const dir = engine.dataDir;
+      const victim = await engine.json<{ id: string }>("POST", "/api/services", {
+        body: { name: "victim", command: 'echo victim-private > "$SERVICE_DATA_DIR/private"; echo victim-log-line; exec sleep 300' },
+      });
+      expect(victim.status).toBe(201);
+      const victimLog = join(dir, "services", victim.body.id, "logs", "output.log");
+      await eventually(
+        () => existsSync(join(dir, "data", "victim", "private")) && readFileSync(victimLog, "utf8").includes("victim-log-line"),
+      );
+      // Each attempt prints "<name> <outcome>": the error code, or "ok".
+      const probe = `
+        const fs = require("node:fs");
+        const attempt = async (name, fn) => {
+          try { await fn(); console.log(name + " ok"); } catch (e) { console.log(name + " " + (e.code ?? e.name)); }
+        };
+        const dir = ${JSON.stringify(dir)};
+        await attempt("admin.token", () => fs.readFileSync(dir + "/admin.token"));
+        await attempt("secret.key", () => fs.readFileSync(dir + "/secret.key"));
+        await attempt("engine.db", () => fs.readFileSync(dir + "/engine.db"));
+        await attempt("engine.db-wal", () => fs.readFileSync(dir + "/engine.db-wal"));
+        await attempt("engine.log", () => fs.readFileSync(dir + "/engine.log"));
+        await attempt("list-data-dir", () => fs.readdirSync(dir));
+        await attempt("engine.sock", () => fetch("http://engine/api/tokens", { unix: dir + "/engine.sock" }));
+        await attempt("shim.sock", () => fetch("http://engine/", { unix: dir + "/shim.sock" }));
+        await attempt("victim-data", () => fs.readFileSync(dir + "/data/victim/private"));
+        await attempt("victim-log", () => fs.readFileSync(${JSON.stringify(victimLog)}));
+        await attempt("own-data", () => fs.writeFileSync(process.env.SERVICE_DATA_DIR + "/mine", "x"));
+        console.log("env-admin-token " + (Object.keys(process.env).some((k) => k.startsWith("ENGINE_ADMIN")) ? "present" : "absent"));
+      `;
+      const deployed = await engine.call("POST", "/api/services", {
+        token: secrets.scoped ?? "",
+        body: { name: "web", kind: "batch", command: [process.execPath, "-e", probe] },
+      });
+      expect(deployed.status).toBe(201);
+      const outcomes = await eventually(
+        async () => {
+          const lines = (await engine.json<{ line: string }[]>("GET", "/api/services/web/logs")).body.map((l) => l.line);
+          return lines.some((line) => line.startsWith("env-admin-token")) ? Object.fromEntries(lines.map((line) => line.split(" "))) : null;
+        },
+        { timeoutMs: 15_000 },
+      );
+      expect(outcomes).toEqual({
+        "admin.token": "EACCES",
+        "secret.key": "EACCES",
+        "engine.db": "EACCES",
+        "engine.db-wal": "EACCES",
+        "engine.log": "EACCES",
+        "list-data-dir": "EACCES",
+        "engine.sock": "EACCES",
+        "shim.sock": "EACCES",
+        "victim-data": "EACCES",
+        "victim-log": "EACCES",
+        "own-data": "ok",
+        "env-admin-token": "absent",
+      });
+      expect(readFileSync(join(dir, "data", "web", "mine"), "utf8")).toBe("x");
+      for (const name of ["web", "victim"]) expect((await engine.call("DELETE", `/api/services/${name}`)).status).toBe(200);
+    },
+    30_000,
+  );
 
   test("authentication runs before the body is parsed: no credential and bad JSON is 401, not 422", async () => {
     const response = await engine.call("POST", "/api/tokens", { token: null, raw: "{not json" });

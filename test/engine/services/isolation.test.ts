@@ -1,0 +1,167 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { chownSync, readFileSync, rmSync, statSync } from "node:fs";
+import { join } from "node:path";
+import { serviceUserName } from "../../../src/engine/users";
+import { createToken, ENGINE_ENTRY, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { ServiceClient } from "./harness";
+
+// Workload isolation (issue 13, item 1): a root engine runs each service as a system user of
+// its own; an admin may choose another; an unprivileged engine runs everything as itself.
+const asRoot = process.geteuid?.() === 0;
+const rootOnly = asRoot ? describe : describe.skip;
+
+const ADMIN_SECRET = "eng_isolationTestAdminSecret0123456789abcdef";
+
+let engine: TestEngine;
+let api: ServiceClient;
+beforeAll(async () => {
+  // The daemon's environment holds its admin token, as under systemd with ENGINE_ADMIN_TOKEN.
+  engine = await startTestEngine({ adminToken: ADMIN_SECRET, workloadEnv: { ...process.env, ENGINE_ADMIN_TOKEN: ADMIN_SECRET } });
+  api = new ServiceClient(engine);
+});
+afterAll(() => engine.close());
+
+/** statusField reads one line of /proc/<pid>/status: "Uid", "Gid", "Groups". */
+function statusField(pid: number, field: string): string {
+  const line = readFileSync(`/proc/${pid}/status`, "utf8")
+    .split("\n")
+    .find((l) => l.startsWith(`${field}:`));
+  return (line ?? "").slice(field.length + 1).trim();
+}
+
+/** groupId returns the gid of a group of this host, or null when it has none. */
+function groupId(name: string): number | null {
+  const line = readFileSync("/etc/group", "utf8")
+    .split("\n")
+    .find((l) => l.startsWith(`${name}:`));
+  return line ? Number(line.split(":")[2]) : null;
+}
+
+async function logLines(name: string): Promise<string[]> {
+  return (await engine.json<{ line: string }[]>("GET", `/api/services/${name}/logs`)).body.map((l) => l.line);
+}
+
+describe("the workload's environment", () => {
+  test("no engine credential reaches a workload, even when the daemon's environment holds it", async () => {
+    await api.deployed({ name: "env-dump", kind: "batch", command: "env" });
+    await api.waitFor("env-dump", "completed");
+    const lines = await logLines("env-dump");
+    expect(lines.some((line) => line.startsWith("PATH="))).toBe(true);
+    expect(lines.filter((line) => line.startsWith("ENGINE_") && !line.startsWith("ENGINE_RUN_ID="))).toEqual([]);
+    expect(lines.join("\n")).not.toContain(ADMIN_SECRET);
+  });
+});
+
+rootOnly("as root: each service runs as a user of its own", () => {
+  test("the service's user: its own uid and gid, HOME its data dir (0700, its own), GPU groups, never root", async () => {
+    await api.deployed({ name: "own-user", command: 'echo "$HOME $USER $LOGNAME"; exec sleep 300' });
+    const { pid } = await api.waitFor("own-user", "running", (r) => r.pid !== null);
+    const user = serviceUserName("own-user");
+    const passwd = readFileSync("/etc/passwd", "utf8")
+      .split("\n")
+      .find((l) => l.startsWith(`${user}:`))
+      ?.split(":");
+    expect(passwd?.[6]).toMatch(/nologin$/);
+    const [uid, gid] = [Number(passwd?.[2]), Number(passwd?.[3])];
+    expect(uid).toBeGreaterThan(0);
+    expect(
+      statusField(pid as number, "Uid")
+        .split(/\s+/)
+        .map(Number),
+    ).toEqual([uid, uid, uid, uid]);
+    expect(
+      statusField(pid as number, "Gid")
+        .split(/\s+/)
+        .map(Number),
+    ).toEqual([gid, gid, gid, gid]);
+    // GPU device nodes stay usable: /dev/dri/renderD* is group render, some /dev/nvidia* group video.
+    const groups = statusField(pid as number, "Groups")
+      .split(/\s+/)
+      .filter(Boolean)
+      .map(Number);
+    for (const name of ["video", "render"]) {
+      const id = groupId(name);
+      if (id !== null) expect(groups).toContain(id);
+    }
+    expect(groups).not.toContain(0);
+    const dataDir = join(engine.dataDir, "data", "own-user");
+    const stat = statSync(dataDir);
+    expect({ uid: stat.uid, mode: stat.mode & 0o777 }).toEqual({ uid, mode: 0o700 });
+    await eventually(async () => (await logLines("own-user")).includes(`${dataDir} ${user} ${user}`));
+    expect((await api.get("own-user")).user).toBe(user);
+    expect((await api.diagnose("own-user")).user).toBe(user);
+
+    // Deleted and deployed again, the service gets the same user back: its kept data dir is still its own.
+    expect((await engine.call("DELETE", "/api/services/own-user")).status).toBe(200);
+    await api.deployed({ name: "own-user", command: "exec sleep 300" });
+    const again = await api.waitFor("own-user", "running", (r) => r.pid !== null);
+    expect(Number(statusField(again.pid as number, "Uid").split(/\s+/)[0])).toBe(uid);
+    await api.control("own-user", "stop");
+  });
+
+  test("an admin may choose the user, root included; Diagnosis shows it", async () => {
+    const deployed = await api.deploy({ name: "as-root", command: "exec sleep 300", user: "root" });
+    expect(deployed.status).toBe(201);
+    expect(deployed.body.user).toBe("root");
+    const { pid } = await api.waitFor("as-root", "running", (r) => r.pid !== null);
+    expect(statusField(pid as number, "Uid").split(/\s+/)[0]).toBe("0");
+    expect((await api.diagnose("as-root")).user).toBe("root");
+
+    const byUid = await api.deploy({ name: "as-nobody", kind: "batch", command: "id -un", user: "65534" });
+    expect(byUid.status).toBe(201);
+    expect(byUid.body.user).toBe("nobody");
+    await api.waitFor("as-nobody", "completed");
+    expect(await logLines("as-nobody")).toContain("nobody");
+    await api.control("as-root", "stop");
+  });
+
+  test("a submitter may not choose the user (403 forbidden); an unknown user is 422", async () => {
+    const submitter = (await createToken(engine, { name: "chooser", role: "submitter" })).secret;
+    const refused = await api.deploy({ name: "sneaky", command: "exec sleep 300", user: "root" }, submitter);
+    expect(refused.status).toBe(403);
+    expect((refused.body as unknown as { error: { code: string } }).error.code).toBe("forbidden");
+    expect((await engine.call("GET", "/api/services/sneaky")).status).toBe(404);
+    const unknown = await api.deploy({ name: "nobody-here", command: "exec sleep 300", user: "no-such-user-here" });
+    expect(unknown.status).toBe(422);
+    expect((unknown.body as unknown as { detail: { loc: string[] }[] }).detail[0]?.loc).toEqual(["body", "user"]);
+  });
+});
+
+describe("an unprivileged engine", () => {
+  // Proves the laptop path: the engine as `nobody` runs workloads as itself, says so at start,
+  // and refuses a `user` it cannot switch to.
+  (asRoot && Bun.which("setpriv") ? test : test.skip)(
+    "runs workloads as its own user, warns once at start, and answers 422 to another user",
+    async () => {
+      const dataDir = tempDir("engine-unpriv-");
+      chownSync(dataDir, 65534, 65534);
+      const spawned = await spawnEngine(join(dataDir, "state"), {
+        command: ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", ...ENGINE_ENTRY],
+      });
+      try {
+        const token = readFileSync(join(dataDir, "state", "admin.token"), "utf8").trim();
+        const call = (method: string, path: string, body?: unknown) =>
+          fetch(`${spawned.url}${path}`, {
+            method,
+            headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+            body: body === undefined ? undefined : JSON.stringify(body),
+          });
+        expect(spawned.output()).toContain("the engine runs unprivileged");
+        expect((await call("POST", "/api/services", { name: "laptop", kind: "batch", command: "id -u" })).status).toBe(201);
+        const lines = await eventually(async () => {
+          const logs = (await (await call("GET", "/api/services/laptop/logs")).json()) as { line: string }[];
+          return logs.length > 0 ? logs.map((l) => l.line) : null;
+        });
+        expect(lines).toEqual(["65534"]);
+        const record = (await (await call("GET", "/api/services/laptop")).json()) as { user: string | null };
+        expect(record.user).toBeNull();
+        const refused = await call("POST", "/api/services", { name: "escalate", command: "exec sleep 300", user: "root" });
+        expect(refused.status).toBe(422);
+      } finally {
+        await spawned.stop();
+        rmSync(dataDir, { recursive: true, force: true });
+      }
+    },
+    40_000,
+  );
+});
