@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chownSync, readFileSync, rmSync, statSync } from "node:fs";
+import { chmodSync, chownSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { serviceUserName } from "../../../src/engine/users";
 import { createToken, ENGINE_ENTRY, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir } from "../../helpers";
@@ -115,6 +115,17 @@ rootOnly("as root: each service runs as a user of its own", () => {
     await api.control("as-root", "stop");
   });
 
+  test("a cwd the service's user may not reach fails to start (EACCES), though the engine could enter it", async () => {
+    const closed = tempDir("engine-closed-"); // 0700 root: entered by root, it would open up what is inside
+    try {
+      await api.deployed({ name: "closed-cwd", kind: "batch", command: "cat ./secret", cwd: closed });
+      const failed = await api.waitFor("closed-cwd", "failed");
+      expect(failed.status_message).toContain("EACCES");
+    } finally {
+      rmSync(closed, { recursive: true, force: true });
+    }
+  });
+
   test("a submitter may not choose the user (403 forbidden); an unknown user is 422", async () => {
     const submitter = (await createToken(engine, { name: "chooser", role: "submitter" })).secret;
     const refused = await api.deploy({ name: "sneaky", command: "exec sleep 300", user: "root" }, submitter);
@@ -124,6 +135,45 @@ rootOnly("as root: each service runs as a user of its own", () => {
     const unknown = await api.deploy({ name: "nobody-here", command: "exec sleep 300", user: "no-such-user-here" });
     expect(unknown.status).toBe(422);
     expect((unknown.body as unknown as { detail: { loc: string[] }[] }).detail[0]?.loc).toEqual(["body", "user"]);
+  });
+});
+
+rootOnly("the data dir's modes", () => {
+  test("an engine started on a data dir with loose modes (an older engine's) tightens them before any workload runs", async () => {
+    const dataDir = tempDir("engine-loose-");
+    const first = await startTestEngine({ dataDir });
+    const api1 = new ServiceClient(first);
+    const { id } = await api1.deployed({ name: "loose", kind: "batch", command: "true" });
+    await api1.waitFor("loose", "completed");
+    await first.close();
+    const loose: [string, number][] = [
+      [dataDir, 0o755],
+      [join(dataDir, "engine.db"), 0o644],
+      [join(dataDir, "engine.log"), 0o644],
+      [join(dataDir, "admin.token"), 0o644],
+      [join(dataDir, "services"), 0o755],
+      [join(dataDir, "services", id, "logs"), 0o755],
+      [join(dataDir, "services", id, "runs"), 0o755],
+      [join(dataDir, "data"), 0o755],
+    ];
+    for (const [path, mode] of loose) chmodSync(path, mode);
+    const second = await startTestEngine({ dataDir });
+    try {
+      const modes = Object.fromEntries(loose.map(([path]) => [path.slice(dataDir.length) || "/", statSync(path).mode & 0o777]));
+      expect(modes).toEqual({
+        "/": 0o711,
+        "/engine.db": 0o600,
+        "/engine.log": 0o600,
+        "/admin.token": 0o600,
+        "/services": 0o711,
+        [`/services/${id}/logs`]: 0o700,
+        [`/services/${id}/runs`]: 0o700,
+        "/data": 0o711,
+      });
+    } finally {
+      await second.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
   });
 });
 
