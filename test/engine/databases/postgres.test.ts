@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
-import { eventually, startTestEngine } from "../../helpers";
+import { eventually, startTestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "../services/harness";
 import {
   type DatabaseTestEngine,
@@ -321,18 +322,22 @@ function REFERENCE_URL_ADMIN(): string {
 
 const asRoot = process.getuid?.() === 0;
 (referenceOk && asRoot ? describe : describe.skip)("PostgreSQL under a root engine whose data dir the postgres user cannot enter", () => {
-  test("the start fails with the directory and the fix, and nothing of the engine's data dir is loosened", async () => {
-    const engine = await startTestEngine(); // its data dir is 0700, as the daemon makes it
+  test("the start fails with the directory and the fix, and nothing above the engine's data dir is loosened", async () => {
+    // The engine's own layout is traversable (0711, decision 121); a directory above it that
+    // others may not search (0700, as mkdtemp makes it, or /root) is not the engine's to open.
+    const closed = tempDir("engine-closed-");
+    const engine = await startTestEngine({ dataDir: join(closed, "engine") });
     try {
       const api = new ServiceClient(engine);
       await api.deployed({ name: "locked", engine: "postgres", restart: { policy: "never" } });
       await api.waitFor("locked", "failed", () => true, 30_000);
       const diagnosis = await api.diagnose("locked");
-      expect(diagnosis.error?.message).toContain(`may not enter ${engine.dataDir}`);
+      expect(diagnosis.error?.message).toContain(`may not enter ${closed}`);
       expect(diagnosis.error?.message).toContain("chmod g+x");
-      expect(statSync(engine.dataDir).mode & 0o777).toBe(0o700);
+      expect(statSync(closed).mode & 0o777).toBe(0o700);
     } finally {
       await engine.close();
+      rmSync(closed, { recursive: true, force: true });
     }
   }, 60_000);
 });
