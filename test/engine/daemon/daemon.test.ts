@@ -27,7 +27,9 @@ describe("daemon process", () => {
     const tokenFile = join(dir, "admin.token");
     expect(statSync(tokenFile).mode & 0o777).toBe(0o600);
     expect(statSync(join(dir, "engine.sock")).mode & 0o777).toBe(0o600);
-    expect(statSync(dir).mode & 0o777).toBe(0o700);
+    // As root the data dir is traversable (0711) so service users reach data/<name>; else 0700 (decision 121).
+    expect(statSync(dir).mode & 0o777).toBe(process.geteuid?.() === 0 ? 0o711 : 0o700);
+    expect(statSync(join(dir, "engine.db")).mode & 0o777).toBe(0o600);
     const token = (await Bun.file(tokenFile).text()).trim();
     expect(engine.output()).toContain(tokenFile);
     expect(engine.output()).not.toContain(token);
