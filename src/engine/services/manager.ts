@@ -34,7 +34,7 @@ import { HealthMonitor, type HealthState } from "../health";
 import type { VcsTokenStore } from "../link";
 import type { ExitRecord, RunHandle, Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
-import { canSwitchUsers, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
+import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceDirectory } from "./index";
 import { followLog, tailLog } from "./logs";
@@ -1146,6 +1146,9 @@ export class ServiceManager implements ServiceDirectory {
       // The user's own HOME, USER and LOGNAME replace the daemon's; the deploy's env may still set them.
       for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in spec.env)) env[key] = value;
       if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
+      // A working directory chosen in the deploy must be one the user could enter by itself (the shim enters it as root).
+      const closed = user && spec.cwd !== null && cwd === spec.cwd ? firstUnreachableBy(cwd, user) : null;
+      if (closed) throw new Error(`the working directory ${cwd} is not reachable by the user ${user?.name}: it may not enter ${closed}`);
       let argv = spec.command;
       if (database) {
         // First start: initdb and the like, with its output in the service's log.

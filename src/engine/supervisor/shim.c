@@ -331,18 +331,9 @@ int main(int argc, char **argv) {
     /* Groups first, then the gid, then the uid: once the uid is dropped the rest is no longer allowed.
        An unprivileged uid also loses every capability, so the workload cannot switch back. */
     if (code == 0 && switch_user) {
-      char cwd[PATH_MAX];
-      if (!getcwd(cwd, sizeof cwd)) {
-        code = errno;
-        stage = "chdir";
-      } else if (setgroups(run_ngroups, run_groups) != 0 || setgid(run_gid) != 0 || setuid(run_uid) != 0) {
+      if (setgroups(run_ngroups, run_groups) != 0 || setgid(run_gid) != 0 || setuid(run_uid) != 0) {
         code = errno;
         stage = "user";
-      } else if (chdir(cwd) != 0) {
-        /* The working directory was entered as root: entered again by path as the user, it must
-           be reachable by the user, or a cwd under a closed directory would open it up. */
-        code = errno;
-        stage = "chdir";
       }
     }
     if (code == 0) {

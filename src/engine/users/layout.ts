@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync } from "node:fs";
+import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 
 /** TRAVERSE is search without read: a workload may pass through to its own directory, never list or read. */
@@ -72,6 +72,28 @@ export function firstClosedParent(path: string): string | null {
   for (const dir of chain) {
     const stat = lstatSync(dir, { throwIfNoEntry: false });
     if (!stat || (stat.mode & 0o001) === 0) return dir;
+  }
+  return null;
+}
+
+/**
+ * firstUnreachableBy returns the first directory of `path` (itself included) that `user` may
+ * not search, or null when it can enter `path`. The engine enters a run's working directory as
+ * root before the drop, so a directory the user could not reach by itself is refused here,
+ * else a `cwd` under a closed directory (`/root/x`) would hand the workload what is inside.
+ */
+export function firstUnreachableBy(path: string, user: { uid: number; gid: number; groups: number[] }): string | null {
+  if (user.uid === 0) return null;
+  const chain: string[] = [];
+  for (let dir = path; ; dir = dirname(dir)) {
+    chain.unshift(dir);
+    if (dir === dirname(dir)) break;
+  }
+  for (const dir of chain) {
+    const stat = statSync(dir, { throwIfNoEntry: false });
+    if (!stat) return dir;
+    const bit = stat.uid === user.uid ? 0o100 : stat.gid === user.gid || user.groups.includes(stat.gid) ? 0o010 : 0o001;
+    if ((stat.mode & bit) === 0) return dir;
   }
   return null;
 }
