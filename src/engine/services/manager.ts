@@ -1456,7 +1456,15 @@ export class ServiceManager implements ServiceDirectory {
     }
     this.ensureDir(dataDir, 0o700);
     const owner = statSync(dataDir);
-    if (owner.uid !== user.uid || owner.gid !== user.gid) chownSync(dataDir, user.uid, user.gid);
+    if (owner.uid !== user.uid || owner.gid !== user.gid) {
+      // First run as this user (an upgraded engine's services ran as root, or an admin changed
+      // `user`): what is inside becomes the user's too, else it could not change its own files.
+      // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir.
+      const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
+      const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
+      if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
+    }
     const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };
     const current = this.o.store.getService(serviceId);
     if (current && JSON.stringify(current.run_as) !== JSON.stringify(recorded)) {

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, chownSync, readFileSync, rmSync, statSync } from "node:fs";
+import { chmodSync, chownSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { serviceUserName } from "../../../src/engine/users";
 import { createToken, ENGINE_ENTRY, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir } from "../../helpers";
@@ -90,6 +90,14 @@ rootOnly("as root: each service runs as a user of its own", () => {
     await eventually(async () => (await logLines("own-user")).includes(`${dataDir} ${user} ${user}`));
     expect((await api.get("own-user")).user).toBe(user);
     expect((await api.diagnose("own-user")).user).toBe(user);
+
+    // Files an older engine's root workload left in the data dir become the user's at its first run.
+    await api.control("own-user", "stop");
+    chownSync(dataDir, 0, 0);
+    writeFileSync(join(dataDir, "from-root"), "x");
+    await api.control("own-user", "start");
+    await api.waitFor("own-user", "running", (r) => r.pid !== null);
+    expect([statSync(dataDir).uid, statSync(join(dataDir, "from-root")).uid]).toEqual([uid, uid]);
 
     // Deleted and deployed again, the service gets the same user back: its kept data dir is still its own.
     expect((await engine.call("DELETE", "/api/services/own-user")).status).toBe(200);
