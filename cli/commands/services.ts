@@ -103,6 +103,7 @@ interface DeployOptions {
   subdir?: string;
   build?: string;
   engine?: string;
+  user?: string;
 }
 
 /** deployBody turns the deploy command's arguments into a ServiceDeploy request. */
@@ -144,6 +145,7 @@ export function deployBody(name: string, argv: string[], options: DeployOptions)
       .map((entry) => entry.trim())
       .filter(Boolean),
     engine: oneOf("--engine", options.engine, DATABASE_ENGINES),
+    user: options.user,
   };
   // Leave unset fields out, so the engine applies its defaults (and the template's).
   return JSON.parse(JSON.stringify(body)) as ServiceDeploy;
@@ -188,6 +190,7 @@ function printService(service: ServiceRecord): void {
     ["command", quoteArgv(service.command) || "-"],
     ["template", service.template_id ?? "-"],
     ["cwd", service.cwd ?? "-"],
+    ["user", service.user ?? "the engine's"],
     [
       "env",
       Object.entries(service.env)
@@ -266,6 +269,7 @@ export function registerServices(program: Command, client: () => EngineClient, o
     .option("--subdir <dir>", "directory inside the repository (with --repo)")
     .option("--build <command>", "build command (with --repo)")
     .option("--engine <engine>", "a database the engine manages: postgres | sqlite (mariadb, redis where available); no command needed")
+    .option("--user <user>", "admin only: the OS user (name or uid) to run as instead of the service's own, root included")
     .action(async (name: string, argv: string[], options: DeployOptions) => {
       const record = await client().request<ServiceRecord>("POST", "/api/services", deployBody(name, argv, options));
       emit(output(), record, () =>

@@ -50,6 +50,7 @@ describe("engine services CLI", () => {
     const show = await cli("services", "show", "sleeper");
     expect(show.stdout).toMatch(/^command\s+sh -c 'echo ready; exec sleep 300'$/m);
     expect(show.stdout).toMatch(/^env\s+GREETING=hi=there$/m);
+    expect(show.stdout).toMatch(process.geteuid?.() === 0 ? /^user\s+eng-sleeper$/m : /^user\s+the engine's$/m);
 
     const gpus = await cli("gpus");
     expect(gpus.code).toBe(0);
