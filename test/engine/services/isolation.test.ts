@@ -41,6 +41,19 @@ async function logLines(name: string): Promise<string[]> {
   return (await engine.json<{ line: string }[]>("GET", `/api/services/${name}/logs`)).body.map((l) => l.line);
 }
 
+describe("the contract", () => {
+  test("the engine's own OpenAPI document declares user in Diagnosis and in the service record", async () => {
+    type Schema = { properties?: Record<string, unknown> };
+    const doc = (
+      await engine.json<{ paths: Record<string, Record<string, { responses: Record<string, unknown> }>> }>("GET", "/api/openapi.json")
+    ).body;
+    const schemaOf = (path: string, method: string, status: string) =>
+      (doc.paths[path]?.[method]?.responses[status] as { content: Record<string, { schema: Schema }> }).content["application/json"]?.schema;
+    expect(schemaOf("/api/services/{ident}/diagnose", "get", "200")?.properties?.user).toBeDefined();
+    expect(schemaOf("/api/services/{ident}", "get", "200")?.properties?.user).toBeDefined();
+  });
+});
+
 describe("the workload's environment", () => {
   test("no engine credential reaches a workload, even when the daemon's environment holds it", async () => {
     await api.deployed({ name: "env-dump", kind: "batch", command: "env" });
