@@ -47,8 +47,10 @@ describe("the contract", () => {
     const doc = (
       await engine.json<{ paths: Record<string, Record<string, { responses: Record<string, unknown> }>> }>("GET", "/api/openapi.json")
     ).body;
-    const schemaOf = (path: string, method: string, status: string) =>
-      (doc.paths[path]?.[method]?.responses[status] as { content: Record<string, { schema: Schema }> }).content["application/json"]?.schema;
+    const schemaOf = (path: string, method: string, status: string) => {
+      const response = doc.paths[path]?.[method]?.responses[status] as { content?: Record<string, { schema: Schema }> } | undefined;
+      return response?.content?.["application/json"]?.schema;
+    };
     expect(schemaOf("/api/services/{ident}/diagnose", "get", "200")?.properties?.user).toBeDefined();
     expect(schemaOf("/api/services/{ident}", "get", "200")?.properties?.user).toBeDefined();
   });
