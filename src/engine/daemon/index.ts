@@ -19,7 +19,7 @@ import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
-import { canSwitchUsers, firstClosedParent, secureDataDir } from "../users";
+import { assertOwnDataDir, canSwitchUsers, firstClosedParent, secureDataDir } from "../users";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -60,7 +60,10 @@ function withRoutableUrl(request: Request): Request {
   return new Request(`http://localhost${request.url.slice(slash)}`, request);
 }
 
-/** prepareDataDir creates the data dir (0700) and proves it writable, with one clear error if not. */
+/**
+ * prepareDataDir creates the data dir (0700) and proves it writable, with one clear error if
+ * not; a data dir every user may write is refused before anything is made in it (secureDataDir).
+ */
 function prepareDataDir(dataDir: string): void {
   try {
     if (!existsSync(dataDir)) mkdirSync(dataDir, { recursive: true, mode: 0o700 });
@@ -72,6 +75,7 @@ function prepareDataDir(dataDir: string): void {
       `the data dir ${dataDir} is not usable (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}): choose another with --data-dir or ENGINE_DATA_DIR`,
     );
   }
+  assertOwnDataDir(dataDir);
 }
 
 /**

@@ -1,5 +1,15 @@
 import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
+import { AppError } from "../../lib/errors";
+
+/**
+ * ENGINE_ENTRIES are what the engine keeps at the top of its data dir besides data/ and
+ * services/; ENGINE_PREFIXES catch the files beside them (engine.db-wal, engine.log.1, a
+ * secret's temporary file). Only these are touched: the data dir is not assumed to hold
+ * nothing else.
+ */
+const ENGINE_ENTRIES = new Set(["admin.token", "secret.key", "shim.sock", "pki", "link", "bin", "tmp", "templates", "proxy"]);
+const ENGINE_PREFIXES = ["engine.", "admin.token.", "secret.key."];
 
 /** TRAVERSE is search without read: a workload may pass through to its own directory, never list or read. */
 const TRAVERSE = 0o711;
@@ -19,14 +29,16 @@ const PRIVATE_DIR = 0o700;
  *   services/<id>/runs    0700 root
  *   services/<id>/builds  0700 the service's user (set at build)
  *   services/<id>/build.log 0600 root
- *   everything else       group and other bits cleared: admin.token, secret.key, engine.db and
- *                         its -wal/-shm, engine.sock, shim.sock, engine.log, pki/, link/, bin/, tmp/
+ *   the engine's own      group and other bits cleared: admin.token, secret.key, engine.db and
+ *                         its -wal/-shm, engine.sock, shim.sock, engine.log, pki/, link/, bin/,
+ *                         tmp/, templates/, proxy/ (ENGINE_ENTRIES)
  *
  * Without `switching` the workloads are the engine's own user and nothing needs traversal: the
  * same entries are private and the data dir and services/ stay 0700. It returns what it changed,
  * for one log line.
  */
 export function secureDataDir(dataDir: string, switching: boolean): string[] {
+  assertOwnDataDir(dataDir);
   const changed: string[] = [];
   const traverse = switching ? TRAVERSE : PRIVATE_DIR;
   const set = (path: string, mode: number) => {
@@ -45,8 +57,7 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
   if (switching && !existsSync(data)) mkdirSync(data, { mode: TRAVERSE });
   set(data, traverse);
   for (const entry of readdirSync(dataDir)) {
-    if (entry === "data" || entry === "services") continue;
-    privatize(join(dataDir, entry));
+    if (ENGINE_ENTRIES.has(entry) || ENGINE_PREFIXES.some((prefix) => entry.startsWith(prefix))) privatize(join(dataDir, entry));
   }
   const services = join(dataDir, "services");
   set(services, traverse);
@@ -60,6 +71,20 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
     }
   }
   return changed;
+}
+
+/**
+ * assertOwnDataDir refuses a data dir every user may write (/tmp itself, say): any local user
+ * could plant the engine's files there before it makes them, and its modes are not the
+ * engine's to change.
+ */
+export function assertOwnDataDir(dataDir: string): void {
+  const mode = lstatSync(dataDir).mode & 0o7777;
+  if ((mode & 0o002) === 0) return;
+  throw new AppError(
+    "data_dir_unwritable",
+    `the data dir ${dataDir} is writable by every user (mode ${mode.toString(8)}): choose a directory of the engine's own with --data-dir or ENGINE_DATA_DIR`,
+  );
 }
 
 /** firstClosedParent returns the first directory above `path` that others may not search, or null. */

@@ -180,8 +180,10 @@ rootOnly("the data dir's modes", () => {
       [join(dataDir, "data"), 0o755],
     ];
     for (const [path, mode] of loose) chmodSync(path, mode);
+    writeFileSync(join(dataDir, "notes.txt"), "not the engine's", { mode: 0o644 });
     const second = await startTestEngine({ dataDir });
     try {
+      expect(statSync(join(dataDir, "notes.txt")).mode & 0o777).toBe(0o644); // only the engine's own entries are touched
       const modes = Object.fromEntries(loose.map(([path]) => [path.slice(dataDir.length) || "/", statSync(path).mode & 0o777]));
       expect(modes).toEqual({
         "/": 0o711,
@@ -195,6 +197,23 @@ rootOnly("the data dir's modes", () => {
       });
     } finally {
       await second.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("a shared data dir", () => {
+  test("a data dir every user may write is refused at start, its modes untouched", async () => {
+    const dataDir = tempDir("engine-shared-");
+    chmodSync(dataDir, 0o1777);
+    try {
+      const error = await startTestEngine({ dataDir }).then(
+        (engine) => engine.close().then(() => null),
+        (failure: { code?: string }) => failure,
+      );
+      expect(error?.code).toBe("data_dir_unwritable");
+      expect(statSync(dataDir).mode & 0o7777).toBe(0o1777);
+    } finally {
       rmSync(dataDir, { recursive: true, force: true });
     }
   });
