@@ -150,8 +150,9 @@ describe("role matrix", () => {
         await attempt("engine.db-wal", () => fs.readFileSync(dir + "/engine.db-wal"));
         await attempt("engine.log", () => fs.readFileSync(dir + "/engine.log"));
         await attempt("list-data-dir", () => fs.readdirSync(dir));
-        await attempt("engine.sock", () => fetch("http://engine/api/tokens", { unix: dir + "/engine.sock" }));
-        await attempt("shim.sock", () => fetch("http://engine/", { unix: dir + "/shim.sock" }));
+        const connect = (path) => Bun.connect({ unix: path, socket: { data() {} } }).then((socket) => socket.end());
+        await attempt("engine.sock", () => connect(dir + "/engine.sock"));
+        await attempt("shim.sock", () => connect(dir + "/shim.sock"));
         await attempt("victim-data", () => fs.readFileSync(dir + "/data/victim/private"));
         await attempt("victim-log", () => fs.readFileSync(${JSON.stringify(victimLog)}));
         await attempt("own-data", () => fs.writeFileSync(process.env.SERVICE_DATA_DIR + "/mine", "x"));
