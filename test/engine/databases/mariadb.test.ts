@@ -1,12 +1,12 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { chownSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { lookupUser, MariaDbEngine, osUserName } from "../../../src/engine/databases";
 import { eventually, freePort } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { type DatabaseTestEngine, freshTempPath, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const engineAdapter = new MariaDbEngine();
 const tools = engineAdapter.detectTools({ PATH: process.env.PATH ?? "" });
@@ -159,6 +159,7 @@ const REFERENCE_SQL = `
 let db: DatabaseTestEngine;
 let scratch: string;
 let reference: ReferenceServer | null = null;
+let referenceDir: string | undefined;
 let referenceChecksums: Record<string, unknown>;
 const dumps: Record<string, string> = {};
 
@@ -168,7 +169,9 @@ suite("MariaDB database services", () => {
   beforeAll(async () => {
     db = await startDatabaseEngine();
     scratch = db.root;
-    reference = await startReference(join(scratch, "reference"));
+    // The reference server runs as mysql when the tests are root: it gets a path mysql can reach, made by startReference.
+    referenceDir = freshTempPath("engine-mariadb-ref-");
+    reference = await startReference(referenceDir);
     await query(socketClient(reference.socket), "CREATE DATABASE ref");
     const client = socketClient(reference.socket, "ref");
     try {
@@ -205,8 +208,8 @@ suite("MariaDB database services", () => {
   }, 180_000);
 
   afterAll(async () => {
-    // The reference lives in the engine's temp dir, which close() removes: stop it first.
     await reference?.stop();
+    if (referenceDir) rmSync(referenceDir, { recursive: true, force: true });
     await db?.close(["shop", "mdb-gen", "mdb-forced"]);
   }, 90_000);
 
