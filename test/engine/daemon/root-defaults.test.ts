@@ -138,7 +138,7 @@ async function startNamespacedEngine(home: string): Promise<NamespacedEngine> {
       // Stop the databases cleanly, then end what is left of them (reapWorkloads also removes their cgroups).
       for (const { id } of DATABASE_TEMPLATES) await cli("services", "stop", `db-${id}`).catch(() => undefined);
       await cli("services", "stop", "db-sqlite").catch(() => undefined);
-      reapWorkloads(view);
+      if (existsSync(view)) reapWorkloads(view);
       await engine.stop();
     }
     rmSync(home, { recursive: true, force: true });
