@@ -328,8 +328,8 @@ const asRoot = process.getuid?.() === 0;
     const engine = await startTestEngine({ dataDir: join(home, "engine") });
     try {
       const api = new ServiceClient(engine);
-      const log = readFileSync(join(engine.dataDir, "engine.log"), "utf8");
-      expect(log).toContain(`postgres may not enter ${home}`);
+      // The log is written asynchronously: wait for the line.
+      await eventually(() => readFileSync(join(engine.dataDir, "engine.log"), "utf8").includes(`postgres may not enter ${home}`));
       await api.deployed({ name: "locked", engine: "postgres", restart: { policy: "never" } });
       await api.waitFor("locked", "failed", () => true, 30_000);
       const diagnosis = await api.diagnose("locked");
