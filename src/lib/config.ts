@@ -148,7 +148,7 @@ export function chooseDataDir(
     path: legacy,
     warning:
       `the data dir ${legacy} is the old default for root, kept because ${system} does not exist yet; ` +
-      `database services cannot start under a home directory that their users (postgres, mysql) cannot enter. ` +
+      `database services cannot start where their users (postgres, mysql) cannot enter, as under /root. ` +
       `To move it: stop every service, stop the engine, run mv ${legacy} ${system}, and start the engine again ` +
       `(or set ENGINE_DATA_DIR=${legacy} to keep it and silence this warning)`,
   };
