@@ -1,5 +1,5 @@
 import { join, resolve } from "node:path";
-import { defaultDataDir, invalid, LOG_LEVELS, type LogLevel, positiveInteger } from "../lib/config";
+import { invalid, LOG_LEVELS, type LogLevel, positiveInteger, userDataDir } from "../lib/config";
 
 /** CloudRole decides which modules a process starts: the API, the background worker, or both. */
 export type CloudRole = "api" | "worker" | "all";
@@ -143,7 +143,7 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
   const merged: CloudConfigInput = { ...env };
   for (const [key, value] of Object.entries(flags)) if (value !== undefined) (merged as Record<string, unknown>)[key] = value;
 
-  const dataDir = resolve(merged.dataDir ?? defaultDataDir(process.env, "engine-cloud"));
+  const dataDir = resolve(merged.dataDir ?? userDataDir(process.env, "engine-cloud"));
   const port = positiveInteger("port", merged.port ?? DEFAULT_CLOUD_PORT, 0, 65535);
   const host = merged.host ?? "127.0.0.1";
   if (!/^[A-Za-z0-9.:[\]-]+$/.test(host)) throw invalid("host", "must be a host name or an IP address", host);

@@ -1,4 +1,5 @@
 import { Database } from "bun:sqlite";
+import { chmodSync, closeSync, existsSync, openSync } from "node:fs";
 import { AppError } from "../../lib/errors";
 import { MIGRATIONS, type Migration } from "./migrations";
 
@@ -15,6 +16,7 @@ const PRAGMAS = ["journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 5
 export function openStore(path: string, migrations: readonly Migration[] = MIGRATIONS): Database {
   let db: Database;
   try {
+    keepPrivate(path);
     db = new Database(path, { create: true, strict: true });
   } catch (error) {
     throw new AppError("data_dir_unwritable", `cannot open the state database ${path}: ${(error as Error).message}`);
@@ -22,6 +24,18 @@ export function openStore(path: string, migrations: readonly Migration[] = MIGRA
   for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
   migrate(db, migrations);
   return db;
+}
+
+/**
+ * keepPrivate makes the database file 0600 before SQLite opens it: SQLite gives its -wal and
+ * -shm files the mode of the database, and the data dir may be traversable by others (0711 as
+ * root), so a mode from the umask (0644) would let any local user read the tokens' digests and
+ * the services' sealed secrets. Files an older engine made 0644 are closed too.
+ */
+function keepPrivate(path: string): void {
+  if (path === ":memory:" || path.startsWith("file:")) return;
+  closeSync(openSync(path, "a", 0o600));
+  for (const file of [path, `${path}-wal`, `${path}-shm`]) if (existsSync(file)) chmodSync(file, 0o600);
 }
 
 /** migrate applies, in order and each in its own transaction, the migrations not yet recorded. */
