@@ -1,6 +1,6 @@
 import { Elysia, ValidationError } from "elysia";
 import { randomId } from "./crypto";
-import { isAppError } from "./errors";
+import { diskFullError, isAppError } from "./errors";
 import type { Logger } from "./logger";
 import { InputError, type SchemaIssue, toValidationDetail } from "./validation";
 
@@ -143,11 +143,13 @@ export function apiBasics(options: ApiBasicsOptions) {
         return validationResponse([jsonInvalid({})], requestId);
       }
       if (code === "NOT_FOUND") return errorResponse(404, "not_found", "no such route", requestId);
-      if (isAppError(error)) {
-        const status = statusByCode[error.code] ?? 500;
-        const headers = options.headersFor?.(status, error);
-        if (status >= 500) log.error({ request_id: requestId, code: error.code, err: error.message }, "request failed");
-        return errorResponse(status, error.code, error.message, requestId, headers, options.fieldsFor?.(error));
+      // A write refused for lack of space is the typed `disk_full`, wherever it was thrown.
+      const known = isAppError(error) ? error : diskFullError(error);
+      if (known) {
+        const status = statusByCode[known.code] ?? 500;
+        const headers = options.headersFor?.(status, known);
+        if (status >= 500) log.error({ request_id: requestId, code: known.code, err: known.message }, "request failed");
+        return errorResponse(status, known.code, known.message, requestId, headers, options.fieldsFor?.(known));
       }
       // Anything else is a bug: log it once with the request id, and tell the client only the id.
       log.error({ request_id: requestId, err: error, path: pathOf(request.url) }, "unhandled error");
