@@ -19,6 +19,7 @@ import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
+import { checkReady } from "./ready";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -106,7 +107,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
   const clock = options.clock ?? systemClock;
   const startedAt = Date.now();
   prepareDataDir(config.dataDir);
-  const { log, flush } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
+  const { log, flush, sinks } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
   const cleanups: (() => void | Promise<void>)[] = [flush];
   const runCleanups = async () => {
     while (cleanups.length > 0) {
@@ -245,6 +246,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       },
       services,
       daemon,
+      ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
     const tcp = listen(config, (request) => api.app.handle(withRoutableUrl(request)));

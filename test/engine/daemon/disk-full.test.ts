@@ -1,8 +1,11 @@
+import { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
 import { closeSync, openSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { ENGINE_ENTRY, eventually, freePort, reapWorkloads, tempDir, testShim } from "../../helpers";
+import type { Ready, ServiceRecord } from "../../../src/contract/engine";
+import { ENGINE_ENTRY, eventually, freePort, reapWorkloads, startTestEngine, tempDir, testShim } from "../../helpers";
 import { mountTmpfs, type Tmpfs } from "../../tmpfs";
+import { ServiceClient } from "../services/harness";
 
 const cleanups: (() => void | Promise<void>)[] = [];
 afterEach(async () => {
@@ -51,4 +54,74 @@ describe("a full disk (issue 13)", () => {
     expect(notices).toHaveLength(1);
     expect(JSON.parse(notices[0] ?? "{}").msg).toBe("stdout is not writable (ENOSPC): dropping log lines until it is");
   }, 40000);
+
+  test("on a full data dir: writes answer 507 disk_full with nothing half-made, reads answer, an exit is recorded once space returns, and everything resumes", async () => {
+    const disk = mount("8m");
+    const engine = await startTestEngine({ dataDir: disk.dir });
+    cleanups.push(() => engine.close());
+    const api = new ServiceClient(engine);
+    const go = join(tempDir(), "go");
+    cleanups.push(() => rmSync(join(go, ".."), { recursive: true, force: true }));
+    await api.deployed({
+      name: "waiter",
+      kind: "batch",
+      command: `while [ ! -e ${go} ]; do sleep 0.05; done; echo leaving; exit 3`,
+      restart: { policy: "never" },
+    });
+    await api.waitFor("waiter", "running");
+
+    disk.fill();
+    // A write that cannot be stored: the envelope, 507, and no trace of the service.
+    const refused = await engine.json<{ error: { code: string; message: string; request_id: string } }>("POST", "/api/services", {
+      body: { name: "late", command: ["sleep", "100"], env: { PAD: "x".repeat(64 * 1024) } },
+    });
+    expect(refused.status).toBe(507);
+    expect(refused.body.error.code).toBe("disk_full");
+    expect(refused.body.error.request_id).toBeString();
+    const token = await engine.json<{ error: { code: string } }>("POST", "/api/tokens", {
+      body: { name: "refused", role: "readonly" },
+    });
+    expect(token.status).toBe(507);
+    expect(token.body.error.code).toBe("disk_full");
+    // Each refusal is logged; past the log file's last page they are dropped and counted, and
+    // the daemon neither blocks nor dies on it.
+    for (let i = 0; i < 30; i++)
+      expect((await engine.call("POST", "/api/tokens", { body: { name: `r${i}`, role: "readonly" } })).status).toBe(507);
+    // Reads keep answering; ready says why writes do not, health stays what it was.
+    expect((await engine.call("GET", "/api/health")).status).toBe(200);
+    const full = await engine.json<Ready>("GET", "/api/ready", { token: null });
+    expect(full.status).toBe(200);
+    expect(full.body).toMatchObject({ ready: false, database: true, data_dir_writable: false });
+    expect(full.body.data_dir_free_bytes).toBeLessThan(4096);
+    const listed = await engine.json<ServiceRecord[]>("GET", "/api/services");
+    expect(listed.status).toBe(200);
+    expect(listed.body.map((service) => service.name)).toEqual(["waiter"]);
+    expect((await engine.json<{ name: string }[]>("GET", "/api/tokens")).body.map((t) => t.name)).not.toContain("refused");
+
+    // The workload exits while the disk is full: known at once, recorded once there is room.
+    Bun.write(go, "");
+    await eventually(async () => (await api.get("waiter")).pid === null, { timeoutMs: 10000 });
+    disk.free();
+    const settled = await api.waitFor("waiter", "failed", () => true, 15000);
+    expect(settled.status_message).toBe("exited with code 3");
+    expect((await api.diagnose("waiter")).forensics.last_exit_code).toBe(3);
+
+    // Everything resumes, with no restart: writes, launches, logging.
+    const late = await api.deploy({ name: "late", command: ["sleep", "100"], env: { PAD: "x".repeat(64 * 1024) } });
+    expect(late.status).toBe(201);
+    await api.waitFor("late", "running");
+    expect((await engine.json("POST", "/api/tokens", { body: { name: "after", role: "readonly" } })).status).toBe(201);
+    const ready = await engine.json<Ready>("GET", "/api/ready", { token: null });
+    expect(ready.body).toMatchObject({ ready: true, database: true, data_dir_writable: true, log_writable: true });
+    expect(ready.body.data_dir_free_bytes).toBeGreaterThan(1 << 20);
+    const log = readFileSync(join(disk.dir, "engine.log"), "utf8");
+    expect(log).toMatch(new RegExp(`"msg":"dropped \\d+ log lines while ${join(disk.dir, "engine.log")} was not writable"`));
+
+    const db = new Database(join(disk.dir, "engine.db"), { readonly: true });
+    try {
+      expect(db.query<{ integrity_check: string }, []>("PRAGMA integrity_check").get()?.integrity_check).toBe("ok");
+    } finally {
+      db.close();
+    }
+  }, 60000);
 });
