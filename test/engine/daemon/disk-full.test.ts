@@ -1,6 +1,6 @@
 import { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
-import { closeSync, openSync, readFileSync, rmSync } from "node:fs";
+import { closeSync, existsSync, openSync, readFileSync, rmSync, statfsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Ready, ServiceRecord } from "../../../src/contract/engine";
 import { ENGINE_ENTRY, eventually, freePort, reapWorkloads, startTestEngine, tempDir, testShim } from "../../helpers";
@@ -123,5 +123,65 @@ describe("a full disk (issue 13)", () => {
     } finally {
       db.close();
     }
+  }, 60000);
+
+  test("a daemon started on a full disk serves, and records an exit that happened while it was away once space returns", async () => {
+    const disk = mount("8m");
+    const first = await startTestEngine({ dataDir: disk.dir });
+    let firstOpen = true;
+    cleanups.push(() => (firstOpen ? first.close() : undefined));
+    const api = new ServiceClient(first);
+    const go = join(tempDir(), "go");
+    cleanups.push(() => rmSync(join(go, ".."), { recursive: true, force: true }));
+    await api.deployed({
+      name: "away",
+      kind: "batch",
+      command: `while [ ! -e ${go} ]; do sleep 0.05; done; exit 4`,
+      restart: { policy: "never" },
+    });
+    await api.waitFor("away", "running");
+    // The daemon goes (handing the workload over), the workload ends, the disk fills.
+    await first.daemon.stop();
+    firstOpen = false;
+    Bun.write(go, "");
+    await eventually(
+      () =>
+        existsSync(join(disk.dir, "services")) && [...new Bun.Glob("services/*/runs/*/exit.json").scanSync({ cwd: disk.dir })].length > 0,
+    );
+    disk.fill();
+
+    const second = await startTestEngine({ dataDir: disk.dir });
+    cleanups.push(() => second.close());
+    const again = new ServiceClient(second);
+    expect((await second.call("GET", "/api/health")).status).toBe(200);
+    const waiting = await again.get("away");
+    expect(waiting.pid).toBeNull();
+    expect(waiting.status_message).toBe("exited with code 4; recorded once the disk has room");
+    disk.free();
+    const settled = await again.waitFor("away", "failed", () => true, 15000);
+    expect(settled.status_message).toBe("exited with code 4");
+  }, 60000);
+
+  test("a service flooding its log stops at the free-space floor: the engine keeps room to work", async () => {
+    const disk = mount("8m");
+    const engine = await startTestEngine({ dataDir: disk.dir, serviceLogMaxBytes: 64 << 20 });
+    cleanups.push(() => engine.close());
+    const api = new ServiceClient(engine);
+    await api.deployed({ name: "flood", command: "yes 'a line of a service that logs far too much'" });
+    const stats = () => statfsSync(disk.dir);
+    const floor = Math.floor((stats().blocks * stats().bsize) / 100) * 5;
+    // The log grows until the floor, then stops growing.
+    await eventually(() => stats().bavail * stats().bsize < floor + (128 << 10), { timeoutMs: 20000 });
+    const logFile = [...new Bun.Glob("services/*/logs/output.log").scanSync({ cwd: disk.dir })][0] ?? "";
+    const logSize = () => statSync(join(disk.dir, logFile)).size;
+    const sizeAtFloor = logSize();
+    // An absence (no growth) needs a window to be seen in: `yes` writes megabytes in it.
+    await Bun.sleep(500);
+    expect(logSize() - sizeAtFloor).toBeLessThan(128 << 10);
+    expect(stats().bavail * stats().bsize).toBeGreaterThan(floor - (128 << 10));
+    // The engine still stores what it is asked to.
+    expect((await engine.json("POST", "/api/tokens", { body: { name: "room", role: "readonly" } })).status).toBe(201);
+    expect((await engine.json<Ready>("GET", "/api/ready", { token: null })).body).toMatchObject({ ready: true, data_dir_writable: true });
+    expect((await api.control("flood", "stop")).status).toBe(200);
   }, 60000);
 });
