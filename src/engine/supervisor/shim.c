@@ -446,6 +446,8 @@ int main(int argc, char **argv) {
     return 0;
   }
 
+  /* Reserved before "ok" is reported: from then on, the exit record has its room. */
+  reserve_exit();
   {
     char pids[64], path[PATH_MAX], tmp[PATH_MAX];
     int len = snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
@@ -462,7 +464,6 @@ int main(int argc, char **argv) {
     report(status_fd, line);
   }
 
-  reserve_exit();
   open_log();
   static struct stream streams[2];
   streams[0].fd = out[0];
