@@ -1,4 +1,4 @@
-import { closeSync, mkdtempSync, openSync, rmdirSync, rmSync, statfsSync, writeSync } from "node:fs";
+import { closeSync, mkdirSync, mkdtempSync, openSync, rmdirSync, rmSync, statfsSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -12,16 +12,23 @@ export interface Tmpfs {
   fill(): void;
   /** free removes the filler file. */
   free(): void;
+  /** fillInodes creates empty files until no inode is left (ENOSPC without a full byte count). */
+  fillInodes(): void;
+  /** freeInodes removes them. */
+  freeInodes(): void;
   /** freeBytes is what statfs reports as available. */
   freeBytes(): number;
   unmount(): void;
 }
 
-export function mountTmpfs(size = "8m"): Tmpfs {
+export function mountTmpfs(size = "8m", options = ""): Tmpfs {
   const dir = mkdtempSync(join(tmpdir(), "engine-tmpfs-"));
-  const mounted = Bun.spawnSync(["mount", "-t", "tmpfs", "-o", `size=${size},mode=0755`, "tmpfs", dir], { stderr: "pipe" });
+  const mounted = Bun.spawnSync(["mount", "-t", "tmpfs", "-o", `size=${size},mode=0755${options ? `,${options}` : ""}`, "tmpfs", dir], {
+    stderr: "pipe",
+  });
   if (mounted.exitCode !== 0) throw new Error(`mount -t tmpfs failed (root is needed): ${mounted.stderr.toString()}`);
   const filler = join(dir, "filler");
+  const inodes = join(dir, "inodes");
   return {
     dir,
     fill() {
@@ -44,6 +51,17 @@ export function mountTmpfs(size = "8m"): Tmpfs {
     },
     free() {
       rmSync(filler, { force: true });
+    },
+    fillInodes() {
+      mkdirSync(inodes, { recursive: true });
+      try {
+        for (let i = 0; ; i++) closeSync(openSync(join(inodes, String(i)), "w"));
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code !== "ENOSPC") throw error;
+      }
+    },
+    freeInodes() {
+      rmSync(inodes, { recursive: true, force: true });
     },
     freeBytes() {
       const stats = statfsSync(dir);

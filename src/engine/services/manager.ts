@@ -1156,7 +1156,9 @@ export class ServiceManager implements ServiceDirectory {
           exitCode: null,
           signal: null,
           endedAt: iso(this.now()),
-          execError: "ESETUP",
+          // A run directory or data dir refused for lack of space is the disk's fault, not the
+          // service's: settleExit queues it again instead of failing it.
+          execError: isDiskFull(error) ? "ENOSPC" : "ESETUP",
           execStage: "setup",
           execMessage: (error as Error).message,
           oomKilled: false,
@@ -1327,11 +1329,17 @@ export class ServiceManager implements ServiceDirectory {
     // What follows the exit, decided before anything is written.
     let patch: Partial<ServiceRow>;
     let retryDelayMs: number | null = null;
+    let requeue = false;
     const waiting = runtime.exitWaiters.length > 0 || runtime.stopping;
     if (waiting) {
       patch = { forensics, current_run_id: run.id };
     } else if (service.desired_state === "stopped") {
       patch = { forensics, status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped" };
+    } else if (exit.execError === "ENOSPC" && exit.execStage === "setup") {
+      // Never started for lack of space: no crash, no restart counted; pending again, and
+      // scheduled again until the disk has room (issue 13).
+      patch = { status: "pending", status_message: "could not start: the disk is full; trying again when it has room" };
+      requeue = true;
     } else {
       // An exec that failed (no such program, permission denied) fails the same way every time.
       const decision = exit.execError
@@ -1390,6 +1398,14 @@ export class ServiceManager implements ServiceDirectory {
     );
     if (waiting) for (const resolve of runtime.exitWaiters.splice(0)) resolve();
     if (retryDelayMs !== null) this.armRetry(serviceId, retryDelayMs);
+    if (requeue && !runtime.retryTimer && !this.stopped) {
+      runtime.retryTimer = setTimeout(() => {
+        runtime.retryTimer = null;
+        this.schedule();
+      }, SETTLE_RETRY_MS);
+      runtime.retryTimer.unref?.();
+      return;
+    }
     this.schedule();
   }
 

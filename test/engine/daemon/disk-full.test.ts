@@ -184,4 +184,26 @@ describe("a full disk (issue 13)", () => {
     expect((await engine.json<Ready>("GET", "/api/ready", { token: null })).body).toMatchObject({ ready: true, data_dir_writable: true });
     expect((await api.control("flood", "stop")).status).toBe(200);
   }, 60000);
+
+  test("a service that cannot start for lack of space waits, pending, and starts once there is room (not failed)", async () => {
+    // No inode left is ENOSPC too, and it lets the run directory be refused while the
+    // database (whose files exist) still takes writes.
+    const disk = mountTmpfs("8m", "nr_inodes=1000");
+    cleanups.push(() => disk.unmount());
+    const engine = await startTestEngine({ dataDir: disk.dir });
+    cleanups.push(() => engine.close());
+    const api = new ServiceClient(engine);
+    await api.deployed({ name: "again", command: ["sleep", "300"] });
+    await api.waitFor("again", "running");
+    expect((await api.control("again", "stop")).status).toBe(200);
+    await api.waitFor("again", "stopped");
+
+    disk.fillInodes();
+    expect((await api.control("again", "start")).status).toBe(200);
+    const waiting = await api.waitFor("again", "pending", (record) => record.status_message?.includes("disk is full") ?? false);
+    expect(waiting.status_message).toBe("could not start: the disk is full; trying again when it has room");
+    expect(waiting.restarts).toBe(0);
+    disk.freeInodes();
+    await api.waitFor("again", "running", () => true, 15000);
+  }, 60000);
 });
