@@ -139,10 +139,10 @@ export function isDiskFull(error: unknown): boolean {
 
 /**
  * diskFullError turns a write refused for lack of space into the one typed error for it
- * (issue 13: a full disk answers `disk_full`, not `internal`); any other error gives null.
+ * (issue 13: a full disk answers `disk_full`, not `internal`); any other error gives undefined.
  */
-export function diskFullError(error: unknown): AppError | null {
-  if (!isDiskFull(error)) return null;
+export function diskFullError(error: unknown): AppError | undefined {
+  if (!isDiskFull(error)) return undefined;
   if (error instanceof AppError) return error;
   return new AppError("disk_full", "the disk holding the data dir is full: the change was not stored; free some space and try again", {
     cause: (error as { code?: string }).code ?? "ENOSPC",

@@ -1,6 +1,6 @@
 import { Elysia, ValidationError } from "elysia";
 import { randomId } from "./crypto";
-import { diskFullError, isAppError } from "./errors";
+import { type AppError, isAppError } from "./errors";
 import type { Logger } from "./logger";
 import { InputError, type SchemaIssue, toValidationDetail } from "./validation";
 
@@ -90,6 +90,11 @@ export interface ApiBasicsOptions {
   headersFor?: (status: number, error: { code: string; details?: Record<string, unknown> }) => Record<string, string> | undefined;
   /** fieldsFor adds fields to the envelope's `error` object (the new `interval` of a `slow_down`). */
   fieldsFor?: (error: { code: string; details?: Record<string, unknown> }) => Record<string, unknown> | undefined;
+  /**
+   * translateError names an error thrown from below the modules (a database driver's "disk
+   * full") with an app code, so it answers like the modules' own errors instead of a 500.
+   */
+  translateError?: (error: unknown) => AppError | undefined;
 }
 
 /**
@@ -143,8 +148,7 @@ export function apiBasics(options: ApiBasicsOptions) {
         return validationResponse([jsonInvalid({})], requestId);
       }
       if (code === "NOT_FOUND") return errorResponse(404, "not_found", "no such route", requestId);
-      // A write refused for lack of space is the typed `disk_full`, wherever it was thrown.
-      const known = isAppError(error) ? error : diskFullError(error);
+      const known = isAppError(error) ? error : options.translateError?.(error);
       if (known) {
         const status = statusByCode[known.code] ?? 500;
         const headers = options.headersFor?.(status, known);
