@@ -150,8 +150,6 @@ static int above_floor(long long record) {
 
 /* write_record writes one whole record or none: a record cut by a full disk is taken back. */
 static int write_record(const char *line, size_t len) {
-  if (log_fd < 0) open_log();
-  if (log_fd < 0) return -1;
   ssize_t n;
   do n = write(log_fd, line, len);
   while (n < 0 && errno == EINTR);
@@ -197,6 +195,8 @@ static void emit_raw(const char *stream, const char *text, size_t len, char tag)
   int head_len = snprintf(head, sizeof head, "%s %s %c ", ts, stream, tag);
   long long record = head_len + (long long)len + 1;
   if (log_size > 0 && log_size + record > log_max_bytes) rotate_log();
+  /* A log that could not be created (no inode left) is tried again when there is room. */
+  if (log_fd < 0) open_log();
   if (log_fd < 0) {
     log_dropped++;
     return;

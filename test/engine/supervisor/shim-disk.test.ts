@@ -23,9 +23,9 @@ function scratch(): string {
 }
 
 /** startShim starts the shim as the supervisor does, its run dir and log on `disk`. */
-async function startShim(disk: Tmpfs, script: string, maxBytes = 64 << 20) {
+async function startShim(disk: Tmpfs, script: string, maxBytes = 64 << 20, makeRunDir = true) {
   const runDir = join(disk.dir, "run");
-  mkdirSync(runDir);
+  if (makeRunDir) mkdirSync(runDir);
   const logFile = join(disk.dir, "out.log");
   const proc = Bun.spawn([testShim(), runDir, logFile, "-", String(maxBytes), "3", "-", "--", "/bin/sh", "-c", script], {
     stdout: "pipe",
@@ -114,4 +114,29 @@ describe("engine-shim on a full disk (issue 13)", () => {
     expect(lines[marker + 1]).toMatch(/ stdout F after$/);
     expect(lines.filter((line) => line.includes("[engine-shim]"))).toHaveLength(1);
   }, 60000);
+
+  test("a log that cannot even be created (no inode left) is created once there is room; every line is written or counted", async () => {
+    const disk = mountTmpfs("1m", "nr_inodes=64");
+    cleanups.push(() => disk.unmount());
+    const dir = scratch();
+    const half = join(dir, "half");
+    const go = join(dir, "go");
+    mkdirSync(join(disk.dir, "run"));
+    disk.fillInodes();
+    const script = `for i in 1 2 3 4 5 6 7 8 9 10; do echo line; done; touch ${half}; while [ ! -e ${go} ]; do sleep 0.05; done; for i in 1 2 3 4 5 6 7 8 9 10; do echo line; done; echo last`;
+    const run = await startShim(disk, script, 64 << 20, false);
+    await eventually(() => existsSync(half));
+    disk.freeInodes();
+    writeFileSync(go, "");
+    await eventually(() => existsSync(run.exitFile), { timeoutMs: 5000 });
+    const lines = readFileSync(run.logFile, "utf8").trimEnd().split("\n");
+    const marker = /\[engine-shim\] dropped (\d+) log lines/.exec(lines[0] ?? "");
+    // The first ten lines were dropped (and counted in the marker, first in the file) or, if
+    // the shim read them only after the inodes were freed, written: never silently lost.
+    const written = lines.filter((line) => line.endsWith(" stdout F line")).length;
+    expect(written + Number(marker?.[1] ?? 0)).toBe(20);
+    expect(lines.filter((line) => line.includes("[engine-shim]")).length).toBe(marker ? 1 : 0);
+    expect(lines.at(-1)).toMatch(/ stdout F last$/);
+    expect(readJson(run.exitFile)).toMatchObject({ exit_code: 0 });
+  });
 });
