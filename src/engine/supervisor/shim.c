@@ -8,11 +8,6 @@
  * to `exit.json` in the run directory, tells the daemon through its notify socket (best
  * effort: a daemon that is away reads exit.json when it comes back), and exits.
  *
- * A full disk loses neither the exit nor the shim (issue 13): exit.json's space is reserved
- * when the run starts and overwritten in place at exit, and where even that failed the shim
- * retries every second and notifies only once exit.json is written. The log stops at a floor
- * of free space (see FLOOR_PERCENT) and says, in one marker line, how many lines it dropped.
- *
  * Usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS -- ARGV...
  * LOG_FILE rotates to LOG_FILE.1 ... LOG_FILE.(LOG_MAX_FILES-1) when it would pass LOG_MAX_BYTES.
  * NOTIFY_SOCKET and CGROUP_PROCS may be "-" for none. CGROUP_PROCS is a `cgroup.procs` file
@@ -22,6 +17,11 @@
  *   "ok SHIM_PID CHILD_PID\n"            the workload is running;
  *   "err ERRNO STAGE\n"                   it could not start (STAGE: exec, cgroup, chdir, setup).
  * The shim is written to stay small: no allocation in the loop, a few hundred KB of RSS.
+ *
+ * A full disk loses neither the exit nor the shim (issue 13): exit.json's space is reserved
+ * when the run starts and overwritten in place at exit, and where even that failed the shim
+ * retries every second and notifies only once exit.json is written. The log stops at a floor
+ * of free space (see FLOOR_PERCENT) and says, in one marker line, how many lines it dropped.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,16 +42,6 @@
 #include <unistd.h>
 
 #define LINE_MAX_BYTES 16384
-/* The free-space floor under which the shim stops writing the service's log (issue 13): 5 % of
-   the log's filesystem, at most 1 GiB. On an 8 MiB tmpfs that leaves ~400 KiB for the
-   engine's database and exit records; on a 2 TB disk, 1 GiB. Free space is read (statvfs) at
-   most every FLOOR_CHECK_BYTES written or FLOOR_CHECK_MS elapsed, so a flood costs one cheap
-   syscall per 64 KiB. */
-#define FLOOR_PERCENT 5
-#define FLOOR_CAP_BYTES (1024LL * 1024 * 1024)
-#define FLOOR_CHECK_BYTES (64 * 1024)
-#define FLOOR_CHECK_MS 250
-#define EXIT_RESERVE_BYTES 4096
 
 static const char *run_dir;
 static const char *log_path;
@@ -62,6 +52,16 @@ static int log_fd = -1;
 static long long log_size;
 static int sig_pipe[2] = {-1, -1};
 static pid_t child = -1;
+/* The free-space floor under which the shim stops writing the service's log (issue 13): 5 % of
+   the log's filesystem, at most 1 GiB. On an 8 MiB tmpfs that leaves ~400 KiB for the
+   engine's database and exit records; on a 2 TB disk, 1 GiB. Free space is read (statvfs) at
+   most every FLOOR_CHECK_BYTES written or FLOOR_CHECK_MS elapsed, so a flood costs one cheap
+   syscall per 64 KiB. */
+#define FLOOR_PERCENT 5
+#define FLOOR_CAP_BYTES (1024LL * 1024 * 1024)
+#define FLOOR_CHECK_BYTES (64 * 1024)
+#define FLOOR_CHECK_MS 250
+#define EXIT_RESERVE_BYTES 4096
 /* Disk-aware logging: lines dropped while below the floor (or refused by the disk), and when
    free space was last read. */
 static long long log_dropped;
