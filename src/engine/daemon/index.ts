@@ -5,7 +5,7 @@ import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { SecretBox } from "../../lib/crypto";
-import { AppError } from "../../lib/errors";
+import { AppError, isDiskFull } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
@@ -109,6 +109,18 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
   prepareDataDir(config.dataDir);
   const { log, flush, sinks } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
   const cleanups: (() => void | Promise<void>)[] = [flush];
+  // The last resort of issue 13: work started in the background (a `void` promise: a build, a
+  // database readiness wait, a certificate renewal) whose write the disk refused must not end
+  // the daemon; its owner tries again or the next action redoes it. Any other rejection still
+  // ends the process, as it would with no handler, by being thrown again.
+  const onRejection = (reason: unknown) => {
+    if (!isDiskFull(reason)) throw reason;
+    log.error({ err: reason }, "a background write was refused for lack of space");
+  };
+  process.on("unhandledRejection", onRejection);
+  cleanups.push(() => {
+    process.off("unhandledRejection", onRejection);
+  });
   const runCleanups = async () => {
     while (cleanups.length > 0) {
       const cleanup = cleanups.pop();

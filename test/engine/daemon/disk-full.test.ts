@@ -206,4 +206,23 @@ describe("a full disk (issue 13)", () => {
     disk.freeInodes();
     await api.waitFor("again", "running", () => true, 15000);
   }, 60000);
+
+  test.each([
+    ["full", 0, "alive"],
+    ["bug", 1, ""],
+  ])(
+    "a background rejection (%s): the daemon survives only a write the disk refused",
+    async (kind, code, out) => {
+      const dataDir = tempDir();
+      cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }));
+      const fixture = join(import.meta.dir, "../../fixtures/background-rejection.ts");
+      const proc = Bun.spawn([process.execPath, fixture, dataDir, kind, testShim()], { stdout: "pipe", stderr: "pipe" });
+      const [stdout, exitCode] = await Promise.all([new Response(proc.stdout).text(), proc.exited]);
+      expect(exitCode).toBe(code);
+      expect(stdout.trim()).toBe(out);
+      if (kind === "full")
+        expect(readFileSync(join(dataDir, "engine.log"), "utf8")).toContain("a background write was refused for lack of space");
+    },
+    30000,
+  );
 });
