@@ -5,7 +5,7 @@ import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { SecretBox } from "../../lib/crypto";
-import { AppError } from "../../lib/errors";
+import { AppError, isDiskFull } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
@@ -20,6 +20,7 @@ import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
+import { checkReady } from "./ready";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -149,10 +150,22 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
   const startedAt = Date.now();
   const asRoot = process.getuid?.() === 0;
   prepareDataDir(config.dataDir, asRoot);
-  const { log, flush } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
+  const { log, flush, sinks } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
   if (config.dataDirWarning) log.warn({ data_dir: config.dataDir }, config.dataDirWarning);
   if (asRoot) warnUnreachableData(config.dataDir, log);
   const cleanups: (() => void | Promise<void>)[] = [flush];
+  // The last resort of issue 13: work started in the background (a `void` promise: a build, a
+  // database readiness wait, a certificate renewal) whose write the disk refused must not end
+  // the daemon; its owner tries again or the next action redoes it. Any other rejection still
+  // ends the process, as it would with no handler, by being thrown again.
+  const onRejection = (reason: unknown) => {
+    if (!isDiskFull(reason)) throw reason;
+    log.error({ err: reason }, "a background write was refused for lack of space");
+  };
+  process.on("unhandledRejection", onRejection);
+  cleanups.push(() => {
+    process.off("unhandledRejection", onRejection);
+  });
   const runCleanups = async () => {
     while (cleanups.length > 0) {
       const cleanup = cleanups.pop();
@@ -290,6 +303,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       },
       services,
       daemon,
+      ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
     const tcp = listen(config, (request) => api.app.handle(withRoutableUrl(request)));

@@ -1,6 +1,6 @@
-import { Database } from "bun:sqlite";
+import { constants, Database } from "bun:sqlite";
 import { chmodSync, closeSync, existsSync, openSync } from "node:fs";
-import { AppError } from "../../lib/errors";
+import { AppError, isDiskFull } from "../../lib/errors";
 import { MIGRATIONS, type Migration } from "./migrations";
 
 export type { Database } from "bun:sqlite";
@@ -21,8 +21,20 @@ export function openStore(path: string, migrations: readonly Migration[] = MIGRA
   } catch (error) {
     throw new AppError("data_dir_unwritable", `cannot open the state database ${path}: ${(error as Error).message}`);
   }
-  for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
-  migrate(db, migrations);
+  try {
+    for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
+    // The WAL and its index (-shm) stay on disk after close: a daemon restarted on a full disk
+    // can open the database again (creating a 32 KiB -shm needs room; issue 13).
+    db.fileControl(constants.SQLITE_FCNTL_PERSIST_WAL, 1);
+    migrate(db, migrations);
+  } catch (error) {
+    db.close();
+    const code = (error as { code?: string }).code;
+    if (isDiskFull(error) || code === "SQLITE_IOERR_SHMSIZE") {
+      throw new AppError("disk_full", `cannot open the state database ${path}: its disk is full; free some space and start again`);
+    }
+    throw error;
+  }
   return db;
 }
 
