@@ -82,11 +82,27 @@ export class MemoryBuckets implements BucketStore {
   }
 }
 
-/** DatabaseBuckets keeps buckets in `rate_buckets`, so replicas behind one database share them. */
+/**
+ * DatabaseBuckets keeps buckets in `rate_buckets`, so replicas behind one database share them.
+ * A charge the database cannot store for lack of disk space is charged in this process's
+ * memory instead: the request is still limited, and a read behind the limit (lookup) still
+ * works on a full disk rather than failing at its rate limit.
+ */
 export class DatabaseBuckets implements BucketStore {
+  readonly #fallback = new MemoryBuckets();
+
   constructor(private readonly db: Database) {}
 
   async take(key: string, limit: Limit, now: number): Promise<Decision> {
+    try {
+      return await this.#takeStored(key, limit, now);
+    } catch (error) {
+      if (!this.db.isDiskFull(error)) throw error;
+      return this.#fallback.take(key, limit, now);
+    }
+  }
+
+  #takeStored(key: string, limit: Limit, now: number): Promise<Decision> {
     return this.db.transaction(async (tx) => {
       await tx`INSERT INTO rate_buckets (key, tokens, updated_at) VALUES (${key}, ${limit.burst}, ${now}) ON CONFLICT (key) DO NOTHING`;
       // Touching the row first takes its lock on PostgreSQL, so concurrent charges queue here.
