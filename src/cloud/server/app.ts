@@ -67,14 +67,13 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
         statusByCode: STATUS_BY_CODE,
         headersFor: (status, error): Record<string, string> | undefined => {
           if (status === 401) return { "www-authenticate": `Bearer realm="engine-cloud"` };
+          if (error.code === "disk_full") return { "retry-after": String(DISK_FULL_RETRY_AFTER_S) };
           const retry = error.details?.retry_after_s;
-          return (status === 429 || status === 503) && typeof retry === "number" ? { "retry-after": String(retry) } : undefined;
+          return status === 429 && typeof retry === "number" ? { "retry-after": String(retry) } : undefined;
         },
         translateError: (error) =>
           deps.db.isDiskFull(error)
-            ? new AppError("disk_full", "the console's database is out of disk space; nothing was stored: retry later", {
-                retry_after_s: DISK_FULL_RETRY_AFTER_S,
-              })
+            ? new AppError("disk_full", "the console's database is out of disk space; nothing was stored: retry later")
             : undefined,
         fieldsFor: (error) => (error.code === "slow_down" ? { interval: error.details?.interval } : undefined),
       }),

@@ -1,68 +1,16 @@
 import { Database as SQLite } from "bun:sqlite";
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { execFileSync } from "node:child_process";
-import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SQL } from "bun";
 import { eventually, REPO_ROOT, runCli } from "../../helpers";
+import { mountTmpfs, type Tmpfs } from "../../tmpfs";
 import { POSTGRES_URL, postgresAvailable } from "../helpers";
 
 /** CLOUD_ENTRY runs the console's CLI from source, as `npm run cloud` does. */
 const CLOUD_ENTRY = [process.execPath, join(REPO_ROOT, "cli", "cloud.ts")];
-const isRoot = process.getuid?.() === 0;
-if (!isRoot) process.stderr.write("note: the console's full-disk tests mount a tmpfs and need root; skipped\n");
-
-/** SmallDisk is a real 8 MiB tmpfs: the console's data dir, or a PostgreSQL tablespace. */
-interface SmallDisk {
-  dir: string;
-  /** fill writes a file until the filesystem refuses (ENOSPC). */
-  fill(): void;
-  /** free deletes what fill wrote. */
-  free(): void;
-  unmount(): void;
-}
-
-function mountSmallDisk(owner?: string): SmallDisk {
-  const dir = mkdtempSync(join(tmpdir(), "engine-cloud-disk-"));
-  execFileSync("mount", ["-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", dir]);
-  if (owner) execFileSync("chown", [owner, dir]);
-  const filler = join(dir, "filler");
-  return {
-    dir,
-    fill() {
-      const fd = openSync(filler, "a");
-      const chunk = Buffer.alloc(64 * 1024, 1);
-      try {
-        for (;;) writeSync(fd, chunk);
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== "ENOSPC") throw error;
-      } finally {
-        closeSync(fd);
-      }
-      // Then byte by byte, so not even a page is left.
-      const tail = openSync(filler, "a");
-      try {
-        for (;;) writeSync(tail, Buffer.alloc(512, 1));
-      } catch {
-        // full
-      } finally {
-        closeSync(tail);
-      }
-    },
-    free() {
-      rmSync(filler, { force: true });
-    },
-    unmount() {
-      try {
-        execFileSync("umount", [dir]);
-      } catch {
-        execFileSync("umount", ["-l", dir]);
-      }
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
-}
 
 /** SpawnedCloud is `engine-cloud serve` as a real process, so a crash is a crash. */
 interface SpawnedCloud {
@@ -151,7 +99,7 @@ function requestDevice(cloud: SpawnedCloud, hostname: string): Promise<Answer> {
  * says `database_writable: false`; the process stays up; free the disk and writes work again
  * with no restart. It answers how many device requests were stored.
  */
-async function fullDiskScenario(cloud: SpawnedCloud, disk: SmallDisk, token: string): Promise<number> {
+async function fullDiskScenario(cloud: SpawnedCloud, disk: Tmpfs, token: string): Promise<number> {
   const before = await requestDevice(cloud, "before-box");
   expect(before.status).toBe(201);
   expect((await api(cloud, "GET", "/api/ready")).body).toMatchObject({ ready: true, database: true, database_writable: true });
@@ -205,11 +153,11 @@ function expectNothingHalfCreated(rows: { requests: number; audited: number; app
   expect(rows).toEqual({ requests: stored, audited: stored, approved: 1, nodes: 1 });
 }
 
-describe.skipIf(!isRoot)("a full disk under the console [sqlite]", () => {
-  let disk: SmallDisk;
+describe("a full disk under the console [sqlite]", () => {
+  let disk: Tmpfs;
   let cloud: SpawnedCloud | undefined;
   beforeAll(() => {
-    disk = mountSmallDisk();
+    disk = mountTmpfs("8m");
   });
   afterAll(async () => {
     await cloud?.stop();
@@ -246,19 +194,21 @@ describe.skipIf(!isRoot)("a full disk under the console [sqlite]", () => {
 
 const postgresOk = await postgresAvailable();
 
-describe.skipIf(!isRoot || !postgresOk)("a full disk under the console [postgres]", () => {
+describe.skipIf(!postgresOk)("a full disk under the console [postgres]", () => {
   // The console's tables live in a tablespace on the small disk (default_tablespace), so
   // PostgreSQL itself meets ENOSPC extending them and answers SQLSTATE 53100; its WAL stays
   // on the server's own disk (a full WAL disk stops the server: database_unavailable).
   const suffix = `${process.pid}_${Math.random().toString(36).slice(2, 8)}`;
   const schema = `cloud_disk_${suffix}`;
   const tablespace = `cloud_disk_${suffix}`;
-  let disk: SmallDisk | undefined;
+  let disk: Tmpfs | undefined;
   let cloud: SpawnedCloud | undefined;
   let dataDir: string;
   let admin: SQL;
   beforeAll(async () => {
-    disk = mountSmallDisk("postgres:postgres");
+    disk = mountTmpfs("8m");
+    // The server writes the tablespace as its own user.
+    execFileSync("chown", ["postgres:postgres", disk.dir]);
     dataDir = mkdtempSync(join(tmpdir(), "engine-cloud-pg-"));
     admin = new SQL({ url: POSTGRES_URL, max: 1 });
     await admin.unsafe(`CREATE TABLESPACE ${tablespace} LOCATION '${disk.dir}'`);
@@ -285,7 +235,7 @@ describe.skipIf(!isRoot || !postgresOk)("a full disk under the console [postgres
     expect(minted.code).toBe(0);
     const token = minted.stdout.trim().split("\n").at(-1) as string;
     cloud = await spawnCloud(dataDir, { ENGINE_CLOUD_TRUSTED_PROXIES: "127.0.0.1", DATABASE_URL: databaseUrl });
-    const stored = await fullDiskScenario(cloud as SpawnedCloud, disk as SmallDisk, token);
+    const stored = await fullDiskScenario(cloud as SpawnedCloud, disk as Tmpfs, token);
     const count = async (sql: string) => Number((await admin.unsafe(sql.replaceAll("$schema", schema)))[0].n);
     expectNothingHalfCreated(
       {
