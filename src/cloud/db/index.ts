@@ -50,12 +50,22 @@ export class Database {
       const filename = url.replace(/^(sqlite|file):(\/\/)?/, "");
       if (filename !== ":memory:") mkdirSync(dirname(filename), { recursive: true });
       const client = new SQL({ adapter: "sqlite", filename, create: true, readwrite: true });
-      // WAL lets readers run beside the one writer; a busy writer waits instead of failing.
-      await client.unsafe("PRAGMA journal_mode = WAL");
-      await client.unsafe("PRAGMA busy_timeout = 5000");
-      await client.unsafe("PRAGMA foreign_keys = ON");
-      await client.unsafe("PRAGMA synchronous = NORMAL");
-      return new Database("sqlite", client, filename === ":memory:" ? null : dirname(filename));
+      const db = new Database("sqlite", client, filename === ":memory:" ? null : dirname(filename));
+      try {
+        // WAL lets readers run beside the one writer; a busy writer waits instead of failing.
+        await client.unsafe("PRAGMA journal_mode = WAL");
+        await client.unsafe("PRAGMA busy_timeout = 5000");
+        await client.unsafe("PRAGMA foreign_keys = ON");
+        await client.unsafe("PRAGMA synchronous = NORMAL");
+      } catch (error) {
+        await client.close().catch(() => {});
+        // Opening creates the WAL and its 32 KiB index: on a full disk say so, not "disk I/O error".
+        if (db.isDiskFull(error)) {
+          throw new AppError("disk_full", `cannot open the database ${filename}: its disk is full; free some space and start again`);
+        }
+        throw error;
+      }
+      return db;
     }
     const client = new SQL({ url, max: options.max ?? 10, idleTimeout: 30, connectionTimeout: 10 });
     try {

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { Database } from "../../../src/cloud/db";
+import { isAppError } from "../../../src/lib/errors";
 import { tempDir } from "../../helpers";
 import { mountTmpfs, type Tmpfs } from "../../tmpfs";
 import { POSTGRES_URL, postgresAvailable } from "../helpers";
@@ -81,4 +82,26 @@ test.skipIf(!(await postgresAvailable()))("on PostgreSQL, SQLSTATE 53100 is disk
   } finally {
     await db.close();
   }
+});
+
+test("a SQLite database opened on a full disk says disk_full, and opens once there is room", async () => {
+  const path = join(disk.dir, "closed.db");
+  const first = await Database.open(`sqlite://${path}`);
+  await first.migrate();
+  await first.close();
+  disk.fill();
+  try {
+    let refused: unknown;
+    try {
+      await (await Database.open(`sqlite://${path}`)).close();
+    } catch (error) {
+      refused = error;
+    }
+    expect(isAppError(refused) && refused.code).toBe("disk_full");
+  } finally {
+    disk.free();
+  }
+  const again = await Database.open(`sqlite://${path}`);
+  expect(await again.migrate()).toEqual([]);
+  await again.close();
 });
