@@ -111,7 +111,7 @@ export class Database {
    * below the floor. PostgreSQL reports ENOSPC on a data or temporary file as SQLSTATE 53100
    * `disk_full` (its `errcode_for_file_access`); the statement failed and its transaction
    * rolled back, so nothing was half-stored. (Running out of WAL space stops the PostgreSQL
-   * server itself: that is `database_unavailable`, not this.)
+   * server itself: the console then sees an unreachable database, not this.)
    */
   isDiskFull(error: unknown): boolean {
     const e = error as { code?: unknown; errno?: unknown; message?: unknown } | null;
