@@ -108,6 +108,7 @@ export const CloudErrorCodes = {
   data_dir_unwritable: "data_dir_unwritable",
   port_in_use: "port_in_use",
   database_unavailable: "database_unavailable",
+  disk_full: "disk_full",
   identity_provider_unavailable: "identity_provider_unavailable",
   internal: "internal",
 } as const;
