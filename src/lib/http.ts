@@ -1,6 +1,6 @@
 import { Elysia, ValidationError } from "elysia";
 import { randomId } from "./crypto";
-import { isAppError } from "./errors";
+import { type AppError, isAppError } from "./errors";
 import type { Logger } from "./logger";
 import { InputError, type SchemaIssue, toValidationDetail } from "./validation";
 
@@ -90,6 +90,11 @@ export interface ApiBasicsOptions {
   headersFor?: (status: number, error: { code: string; details?: Record<string, unknown> }) => Record<string, string> | undefined;
   /** fieldsFor adds fields to the envelope's `error` object (the new `interval` of a `slow_down`). */
   fieldsFor?: (error: { code: string; details?: Record<string, unknown> }) => Record<string, unknown> | undefined;
+  /**
+   * translateError names an error thrown from below the modules (a database driver's "disk
+   * full") with an app code, so it answers like the modules' own errors instead of a 500.
+   */
+  translateError?: (error: unknown) => AppError | undefined;
 }
 
 /**
@@ -143,11 +148,12 @@ export function apiBasics(options: ApiBasicsOptions) {
         return validationResponse([jsonInvalid({})], requestId);
       }
       if (code === "NOT_FOUND") return errorResponse(404, "not_found", "no such route", requestId);
-      if (isAppError(error)) {
-        const status = statusByCode[error.code] ?? 500;
-        const headers = options.headersFor?.(status, error);
-        if (status >= 500) log.error({ request_id: requestId, code: error.code, err: error.message }, "request failed");
-        return errorResponse(status, error.code, error.message, requestId, headers, options.fieldsFor?.(error));
+      const known = isAppError(error) ? error : options.translateError?.(error);
+      if (known) {
+        const status = statusByCode[known.code] ?? 500;
+        const headers = options.headersFor?.(status, known);
+        if (status >= 500) log.error({ request_id: requestId, code: known.code, err: known.message }, "request failed");
+        return errorResponse(status, known.code, known.message, requestId, headers, options.fieldsFor?.(known));
       }
       // Anything else is a bug: log it once with the request id, and tell the client only the id.
       log.error({ request_id: requestId, err: error, path: pathOf(request.url) }, "unhandled error");

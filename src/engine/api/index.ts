@@ -1,6 +1,6 @@
 import { openapi } from "@elysiajs/openapi";
 import { Elysia } from "elysia";
-import { AppError } from "../../lib/errors";
+import { AppError, diskFullError } from "../../lib/errors";
 import { apiBasics, cookieValue, pathOf, RequestIds } from "../../lib/http";
 import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
 import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
@@ -52,6 +52,8 @@ function buildApp(
         log: deps.log,
         requestIds: hooks.requestIds,
         statusByCode: STATUS_BY_CODE,
+        // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
+        translateError: diskFullError,
         headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
       }),
     )

@@ -105,6 +105,19 @@ export class Supervisor {
 
   start(): void {
     if (existsSync(this.notifySocket)) unlinkSync(this.notifySocket);
+    // Only the shims (the engine's user) may report exits: a line from anyone else would end a
+    // run that is still alive. A umask of 077 makes the socket private from the moment it exists.
+    const umask = process.umask(0o077);
+    try {
+      this.listen();
+    } finally {
+      process.umask(umask);
+    }
+    chmodSync(this.notifySocket, 0o600);
+    this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
+  }
+
+  private listen(): void {
     this.listener = Bun.listen<{ buffer: string }>({
       unix: this.notifySocket,
       socket: {
@@ -123,9 +136,6 @@ export class Supervisor {
         },
       },
     });
-    // Only the shims (root) talk on it: no workload may fake an exit notice.
-    chmodSync(this.notifySocket, 0o600);
-    this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
   }
 
   stop(): void {

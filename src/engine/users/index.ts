@@ -8,4 +8,4 @@ export {
   type WorkloadUser,
 } from "./accounts";
 export { asWorkloadUser, credentialsArg } from "./exec";
-export { assertOwnDataDir, firstClosedParent, firstUnreachableBy, secureDataDir } from "./layout";
+export { firstClosedParent, firstUnreachableBy, secureDataDir } from "./layout";

@@ -1,6 +1,5 @@
 import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { AppError } from "../../lib/errors";
 
 /**
  * ENGINE_ENTRIES are what the engine keeps at the top of its data dir besides data/ and
@@ -38,9 +37,11 @@ const PRIVATE_DIR = 0o700;
  * for one log line.
  */
 export function secureDataDir(dataDir: string, switching: boolean): string[] {
-  assertOwnDataDir(dataDir);
   const changed: string[] = [];
   const traverse = switching ? TRAVERSE : PRIVATE_DIR;
+  // A directory others may write (a shared one such as /tmp) is never changed, its entries aside
+  // (prepareDataDir in the daemon follows the same rule).
+  const shared = (lstatSync(dataDir).mode & 0o7022) !== 0;
   const set = (path: string, mode: number) => {
     const stat = lstatSync(path, { throwIfNoEntry: false });
     if (!stat || stat.isSymbolicLink() || (stat.mode & 0o7777) === mode) return;
@@ -52,7 +53,7 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
     if (!stat || stat.isSymbolicLink() || (stat.mode & 0o077) === 0) return;
     set(path, stat.mode & 0o7700);
   };
-  set(dataDir, traverse);
+  if (!shared) set(dataDir, traverse);
   const data = join(dataDir, "data");
   if (switching && !existsSync(data)) mkdirSync(data, { mode: TRAVERSE });
   set(data, traverse);
@@ -71,20 +72,6 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
     }
   }
   return changed;
-}
-
-/**
- * assertOwnDataDir refuses a data dir every user may write (/tmp itself, say): any local user
- * could plant the engine's files there before it makes them, and its modes are not the
- * engine's to change.
- */
-export function assertOwnDataDir(dataDir: string): void {
-  const mode = lstatSync(dataDir).mode & 0o7777;
-  if ((mode & 0o002) === 0) return;
-  throw new AppError(
-    "data_dir_unwritable",
-    `the data dir ${dataDir} is writable by every user (mode ${mode.toString(8)}): choose a directory of the engine's own with --data-dir or ENGINE_DATA_DIR`,
-  );
 }
 
 /** firstClosedParent returns the first directory above `path` that others may not search, or null. */

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { rmSync, statSync, writeFileSync } from "node:fs";
+import { readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
@@ -322,22 +322,24 @@ function REFERENCE_URL_ADMIN(): string {
 
 const asRoot = process.getuid?.() === 0;
 (referenceOk && asRoot ? describe : describe.skip)("PostgreSQL under a root engine whose data dir the postgres user cannot enter", () => {
-  test("the start fails with the directory and the fix, and nothing above the engine's data dir is loosened", async () => {
-    // The engine's own layout is traversable (0711, decision 121); a directory above it that
-    // others may not search (0700, as mkdtemp makes it, or /root) is not the engine's to open.
-    const closed = tempDir("engine-closed-");
-    const engine = await startTestEngine({ dataDir: join(closed, "engine") });
+  test("start-up warns, the start fails with the directory and the fix, and nothing above the data dir is loosened", async () => {
+    // A data dir given explicitly under a private directory, as /root/engine would be (/root is 0700).
+    const home = tempDir("engine-home-");
+    const engine = await startTestEngine({ dataDir: join(home, "engine") });
     try {
       const api = new ServiceClient(engine);
+      // The log is written asynchronously: wait for the line.
+      await eventually(() => readFileSync(join(engine.dataDir, "engine.log"), "utf8").includes(`postgres may not enter ${home}`));
       await api.deployed({ name: "locked", engine: "postgres", restart: { policy: "never" } });
       await api.waitFor("locked", "failed", () => true, 30_000);
       const diagnosis = await api.diagnose("locked");
-      expect(diagnosis.error?.message).toContain(`may not enter ${closed}`);
+      expect(diagnosis.error?.message).toContain(`may not enter ${home}`);
       expect(diagnosis.error?.message).toContain("chmod g+x");
-      expect(statSync(closed).mode & 0o777).toBe(0o700);
+      expect(diagnosis.error?.message).toContain("/var/lib/engine");
+      expect(statSync(home).mode & 0o777).toBe(0o700);
     } finally {
       await engine.close();
-      rmSync(closed, { recursive: true, force: true });
+      rmSync(home, { recursive: true, force: true });
     }
   }, 60_000);
 });

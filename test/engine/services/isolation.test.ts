@@ -202,23 +202,6 @@ rootOnly("the data dir's modes", () => {
   });
 });
 
-describe("a shared data dir", () => {
-  test("a data dir every user may write is refused at start, its modes untouched", async () => {
-    const dataDir = tempDir("engine-shared-");
-    chmodSync(dataDir, 0o1777);
-    try {
-      const error = await startTestEngine({ dataDir }).then(
-        (engine) => engine.close().then(() => null),
-        (failure: { code?: string }) => failure,
-      );
-      expect(error?.code).toBe("data_dir_unwritable");
-      expect(statSync(dataDir).mode & 0o7777).toBe(0o1777);
-    } finally {
-      rmSync(dataDir, { recursive: true, force: true });
-    }
-  });
-});
-
 describe("an unprivileged engine", () => {
   // Proves the laptop path: the engine as `nobody` runs workloads as itself, says so at start,
   // and refuses a `user` it cannot switch to.
