@@ -1,6 +1,6 @@
 import { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
-import { closeSync, existsSync, openSync, readFileSync, rmSync, statfsSync, statSync } from "node:fs";
+import { chmodSync, closeSync, existsSync, openSync, readFileSync, rmSync, statfsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Ready, ServiceRecord } from "../../../src/contract/engine";
 import { ENGINE_ENTRY, eventually, freePort, reapWorkloads, startTestEngine, tempDir, testShim } from "../../helpers";
@@ -61,6 +61,8 @@ describe("a full disk (issue 13)", () => {
     cleanups.push(() => engine.close());
     const api = new ServiceClient(engine);
     const go = join(tempDir(), "go");
+    // The flag's dir is the test's, not the engine's: as root the workload runs as its own user and must see it.
+    chmodSync(join(go, ".."), 0o755);
     cleanups.push(() => rmSync(join(go, ".."), { recursive: true, force: true }));
     await api.deployed({
       name: "waiter",
@@ -132,6 +134,8 @@ describe("a full disk (issue 13)", () => {
     cleanups.push(() => (firstOpen ? first.close() : undefined));
     const api = new ServiceClient(first);
     const go = join(tempDir(), "go");
+    // The flag's dir is the test's, not the engine's: as root the workload runs as its own user and must see it.
+    chmodSync(join(go, ".."), 0o755);
     cleanups.push(() => rmSync(join(go, ".."), { recursive: true, force: true }));
     await api.deployed({
       name: "away",
