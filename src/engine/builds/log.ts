@@ -15,7 +15,7 @@ export class BuildLog {
 
   constructor(path: string, secrets: string[], tailSize: number) {
     mkdirSync(dirname(path), { recursive: true });
-    // 0600: the log sits in a directory the service's own user may traverse (services/<id>, 0711).
+    // 0600: the log is the engine's, whatever the directory above it lets others do.
     this.#fd = openSync(path, "a", 0o600);
     // Longest first, so a secret that contains another is hidden whole.
     this.#secrets = [...new Set(secrets.filter((secret) => secret !== ""))].sort((a, b) => b.length - a.length);

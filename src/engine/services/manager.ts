@@ -57,6 +57,8 @@ const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
 const GPU_REFRESH_MS = 60_000;
 /** SETTLE_RETRY_MS is how often an exit the store refused (a full disk) is tried again. */
 const SETTLE_RETRY_MS = 1000;
+/** BUILDS_DIR is the folder of data/ that holds build checkouts; no service name starts with a dot. */
+const BUILDS_DIR = ".builds";
 /** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
 const DIAGNOSIS_LOG_LINES = 50;
 const SETTLED_STATUSES = new Set(["stopped", "failed", "completed", "cancelled"]);
@@ -713,10 +715,12 @@ export class ServiceManager implements ServiceDirectory {
     runtime.build?.abort();
     const controller = new AbortController();
     runtime.build = controller;
-    const workDir = join(this.serviceDir(serviceId), "builds", String(version));
+    const buildsDir = this.buildsDir(serviceId);
+    const workDir = join(buildsDir, String(version));
     rmSync(workDir, { recursive: true, force: true });
     this.ensureServiceDir(serviceId);
-    const buildsDir = join(this.serviceDir(serviceId), "builds");
+    this.ensureDir(join(this.o.dataDir, "data"), this.switchUsers ? 0o711 : 0o700);
+    this.ensureDir(join(this.o.dataDir, "data", BUILDS_DIR), this.switchUsers ? 0o711 : 0o700);
     this.ensureDir(buildsDir);
     const credential = this.o.vcs.credentialFor(row.spec.build.repo_url);
     const env = assembleRunEnv({ base: this.o.env, engine: {}, bindings: {}, env: row.spec.env, secrets: {}, gpu: {} }).env;
@@ -830,6 +834,7 @@ export class ServiceManager implements ServiceDirectory {
     this.o.store.deleteService(service.id);
     this.changed(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
+    rmSync(this.buildsDir(service.id), { recursive: true, force: true });
     for (const dir of this.madeDirs) if (dir.startsWith(this.serviceDir(service.id))) this.madeDirs.delete(dir);
     this.o.log.info({ service: service.name, dependents }, "service deleted");
     this.schedule();
@@ -1619,14 +1624,19 @@ export class ServiceManager implements ServiceDirectory {
     return join(this.o.dataDir, "data", name);
   }
 
-  /**
-   * ensureServiceDir makes services/ and services/<id>: traversable (0711) when workloads run as
-   * users of their own, since a build checkout under services/<id>/builds is a run's cwd.
-   */
+  /** ensureServiceDir makes services/ and services/<id>, the engine's own (0700). */
   private ensureServiceDir(serviceId: string): void {
-    const mode = this.switchUsers ? 0o711 : 0o700;
-    this.ensureDir(join(this.o.dataDir, "services"), mode);
-    this.ensureDir(this.serviceDir(serviceId), mode);
+    this.ensureDir(join(this.o.dataDir, "services"));
+    this.ensureDir(this.serviceDir(serviceId));
+  }
+
+  /**
+   * buildsDir holds a service's build checkouts, `<data-dir>/data/.builds/<id>`: under data/, the
+   * one part of the data dir others may traverse, since a checkout is its run's cwd and the
+   * service's user makes it. It goes with the service on delete (its data dir stays).
+   */
+  private buildsDir(serviceId: string): string {
+    return join(this.o.dataDir, "data", BUILDS_DIR, serviceId);
   }
 
   serviceDir(serviceId: string): string {

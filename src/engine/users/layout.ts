@@ -22,18 +22,16 @@ const PRIVATE_DIR = 0o700;
  *   <data-dir>            0711 root   traversable, not listable
  *   data/                 0711 root   workloads reach data/<name>
  *   data/<name>           0700 the service's user (set at launch)
- *   services/             0711 root   a build checkout (services/<id>/builds) is a run's cwd
- *   services/<id>         0711 root
- *   services/<id>/logs    0700 root   the shim's logs and exit records: the workload cannot touch them
- *   services/<id>/runs    0700 root
- *   services/<id>/builds  0700 the service's user (set at build)
- *   services/<id>/build.log 0600 root
+ *   data/.builds/         0711 root   build checkouts: a checkout is its run's cwd
+ *   data/.builds/<id>     0700 the service's user (set at build)
+ *   services/             0700 root   the shim's logs and exit records, build logs: the workload
+ *                                     cannot touch them
  *   the engine's own      group and other bits cleared: admin.token, secret.key, engine.db and
  *                         its -wal/-shm, engine.sock, shim.sock, engine.log, pki/, link/, bin/,
  *                         tmp/, templates/, proxy/ (ENGINE_ENTRIES)
  *
  * Without `switching` the workloads are the engine's own user and nothing needs traversal: the
- * same entries are private and the data dir and services/ stay 0700. It returns what it changed,
+ * same entries are private and the data dir stays 0700. It returns what it changed,
  * for one log line.
  */
 export function secureDataDir(dataDir: string, switching: boolean): string[] {
@@ -60,17 +58,9 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
   for (const entry of readdirSync(dataDir)) {
     if (ENGINE_ENTRIES.has(entry) || ENGINE_PREFIXES.some((prefix) => entry.startsWith(prefix))) privatize(join(dataDir, entry));
   }
-  const services = join(dataDir, "services");
-  set(services, traverse);
-  if (existsSync(services)) {
-    for (const id of readdirSync(services)) {
-      const dir = join(services, id);
-      set(dir, traverse);
-      set(join(dir, "logs"), PRIVATE_DIR);
-      set(join(dir, "runs"), PRIVATE_DIR);
-      privatize(join(dir, "build.log"));
-    }
-  }
+  // services/ holds the shim's logs and exit records and the build logs: the engine's alone.
+  set(join(dataDir, "services"), PRIVATE_DIR);
+  set(join(data, ".builds"), traverse);
   return changed;
 }
 

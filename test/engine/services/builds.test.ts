@@ -59,7 +59,7 @@ describe("builds from git", () => {
     const diagnosis = await api.diagnose("built");
     expect(diagnosis.build).toEqual({ last_result: "succeeded", version: 1, reason: null });
     // The build ran the repository's code as the service's user (the engine's own when unprivileged).
-    const builder = readFileSync(join(engine.dataDir, "services", deployed.body.id, "builds", "1", "app", "builder.txt"), "utf8").trim();
+    const builder = readFileSync(join(engine.dataDir, "data", ".builds", deployed.body.id, "1", "app", "builder.txt"), "utf8").trim();
     expect(builder).toBe(process.geteuid?.() === 0 ? "eng-built" : (process.env.USER ?? builder));
     expect(diagnosis.user).toBe(process.geteuid?.() === 0 ? "eng-built" : null);
   });

@@ -166,7 +166,7 @@ rootOnly("the data dir's modes", () => {
     const dataDir = tempDir("engine-loose-");
     const first = await startTestEngine({ dataDir });
     const api1 = new ServiceClient(first);
-    const { id } = await api1.deployed({ name: "loose", kind: "batch", command: "true" });
+    await api1.deployed({ name: "loose", kind: "batch", command: "true" });
     await api1.waitFor("loose", "completed");
     await first.close();
     const loose: [string, number][] = [
@@ -175,8 +175,6 @@ rootOnly("the data dir's modes", () => {
       [join(dataDir, "engine.log"), 0o644],
       [join(dataDir, "admin.token"), 0o644],
       [join(dataDir, "services"), 0o755],
-      [join(dataDir, "services", id, "logs"), 0o755],
-      [join(dataDir, "services", id, "runs"), 0o755],
       [join(dataDir, "data"), 0o755],
     ];
     for (const [path, mode] of loose) chmodSync(path, mode);
@@ -190,9 +188,7 @@ rootOnly("the data dir's modes", () => {
         "/engine.db": 0o600,
         "/engine.log": 0o600,
         "/admin.token": 0o600,
-        "/services": 0o711,
-        [`/services/${id}/logs`]: 0o700,
-        [`/services/${id}/runs`]: 0o700,
+        "/services": 0o700,
         "/data": 0o711,
       });
     } finally {
