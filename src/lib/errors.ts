@@ -17,6 +17,8 @@ export class AppError extends Error {
 
 /** The stable error codes of the engine. Clients branch on these; never rename one, only add. */
 export const EngineErrorCodes = {
+  // requests: a body over the size bound, refused before it is read to the end (decision 141)
+  body_too_large: "body_too_large",
   // authentication and authorization
   unauthenticated: "unauthenticated",
   invalid_token: "invalid_token",

@@ -1,7 +1,7 @@
 import { openapi } from "@elysiajs/openapi";
 import { Elysia } from "elysia";
 import { AppError } from "../../lib/errors";
-import { apiBasics, cookieValue, pathOf, RequestIds } from "../../lib/http";
+import { apiBasics, BodySchemas, cookieValue, pathOf, RequestIds } from "../../lib/http";
 import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
 import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
 import { daemonRoutes } from "./daemon";
@@ -43,7 +43,7 @@ export interface Api {
 function buildApp(
   deps: ApiDeps,
   ctx: RequestContext,
-  hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions },
+  hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions; bodySchemas: BodySchemas },
 ) {
   return new Elysia()
     .onRequest(({ request }) => hooks.onRequest(request))
@@ -52,6 +52,9 @@ function buildApp(
         log: deps.log,
         requestIds: hooks.requestIds,
         statusByCode: STATUS_BY_CODE,
+        bodySchemas: hooks.bodySchemas,
+        // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
+        oversizeStatus: 413,
         headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
       }),
     )
@@ -106,6 +109,7 @@ export function createApi(deps: ApiDeps): Api {
   const principals = new WeakMap<Request, Principal>();
   const sessions = new UiSessions(deps.tokens);
   const requestIds = new RequestIds();
+  const bodySchemas = new BodySchemas();
 
   /**
    * authenticateCookie resolves the web UI's session cookie when no Authorization header is
@@ -150,7 +154,8 @@ export function createApi(deps: ApiDeps): Api {
     },
   };
 
-  const app = buildApp(deps, ctx, { onRequest, requestIds, sessions });
+  const app = buildApp(deps, ctx, { onRequest, requestIds, sessions, bodySchemas });
+  bodySchemas.learn(app.routes);
   const declared = new Set(app.routes.filter((r) => r.method !== "HEAD" && r.method !== "OPTIONS").map((r) => `${r.method} ${r.path}`));
   const missing = [...declared].filter((key) => !(key in ROUTE_ACCESS));
   const stale = Object.keys(ROUTE_ACCESS).filter((key) => !declared.has(key));
