@@ -221,3 +221,31 @@ describe("listing survives a bad row", () => {
     expect(after.headers.get("x-engine-unlisted")).toBeNull();
   });
 });
+
+describe("a module's 422 (invalid_domain) has the contract's detail shape", () => {
+  let proxied: TestEngine;
+  beforeAll(async () => {
+    proxied = await startTestEngine({ proxy: true, httpsPort: 0, httpPort: 0, proxyProcesses: 1, mdns: "off" });
+  });
+  afterAll(async () => {
+    await proxied?.close();
+  });
+
+  test.each(["not a domain!", "-bad-.example.com", "a..b.example.com"])(
+    "an invalid domain %p is a 422 with detail, not {error}",
+    async (domain) => {
+      const deployed = await proxied.call("POST", "/api/services", {
+        body: { name: "web", kind: "service", command: ["sleep", "60"], port: 18080 },
+      });
+      expect([201]).toContain(deployed.status);
+      const response = await proxied.json<{ detail: { loc: unknown[]; type: string; ctx: Record<string, unknown> }[] }>(
+        "POST",
+        "/api/services/web/domains",
+        { body: { domain } },
+      );
+      expect(response.status).toBe(422);
+      expect(Object.keys(response.body)).toEqual(["detail"]);
+      expect(response.body.detail[0]).toMatchObject({ loc: ["body"], type: "value_error", ctx: { code: "invalid_domain" } });
+    },
+  );
+});
