@@ -1,5 +1,6 @@
 import { Database } from "bun:sqlite";
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { connect } from "node:net";
 import { join } from "node:path";
 import { startTestEngine, type TestEngine } from "../../helpers";
 
@@ -23,6 +24,32 @@ function expectNoLeak(response: Response, text: string): void {
   expect(text).not.toContain("/work/");
   expect(text).not.toMatch(/\.ts:\d+|at \w+ \(|<html/i);
 }
+
+/** rawRequest writes bytes to the engine's port as they are (fetch refuses to send a bad header) and reads the answer. */
+function rawRequest(url: string, bytes: Buffer): Promise<{ status: number; head: string; body: string }> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(bytes));
+    let out = "";
+    socket.setEncoding("latin1");
+    socket.on("data", (chunk) => {
+      out += chunk;
+    });
+    socket.on("error", reject);
+    socket.on("close", () => {
+      const split = out.indexOf("\r\n\r\n");
+      resolve({ status: Number(out.split(" ")[1]), head: out.slice(0, split), body: out.slice(split + 4) });
+    });
+  });
+}
+
+/** headerRequest is a GET of /api/tokens with one extra header line, written byte for byte. */
+const headerRequest = (line: string) =>
+  Buffer.concat([
+    Buffer.from("GET /api/tokens HTTP/1.1\r\nHost: x\r\n"),
+    Buffer.from(line, "latin1"),
+    Buffer.from("\r\nConnection: close\r\n\r\n"),
+  ]);
 
 let engine: TestEngine;
 beforeAll(async () => {
@@ -92,6 +119,36 @@ describe("bodies are bounded before they are parsed", () => {
 
   test("the engine still answers at once after the hostile bodies", async () => {
     expect((await engine.call("GET", "/api/health")).status).toBe(200);
+  });
+});
+
+describe("headers", () => {
+  test.each([
+    ["a DEL in a bearer token", "Authorization: Bearer \x7f"],
+    ["a Latin-1 byte in a bearer token", "Authorization: Bearer \xe9"],
+    ["a DEL in the session cookie", "Cookie: engine_session=\x7f\x7f"],
+    ["a DEL in X-Request-Id", "X-Request-Id: \x7fabc"],
+    ["a 12 KiB header", `X-Padding: ${"a".repeat(12 * 1024)}`],
+  ])("%s reaches the engine and gets the error envelope", async (_name, line) => {
+    const answer = await rawRequest(engine.url, headerRequest(line));
+    expect(answer.status).toBe(401);
+    expect(answer.head.toLowerCase()).toContain("content-type: application/json");
+    expect(JSON.parse(answer.body).error.request_id).toBeString();
+  });
+
+  // Decision 146: Bun's HTTP parser refuses these before any JavaScript runs (neither `fetch`
+  // nor the `error` handler is called), so no envelope can be sent. This pins what was measured
+  // on Bun 1.4.5; if it starts failing, Bun lets the app answer and decision 146 needs revisiting.
+  test.each([
+    ["a control character in a value", "X-A: a\x01b", 400],
+    ["a bare LF in a value", "X-A: a\nb", 400],
+    ["a space in a name", "X A: b", 400],
+    ["a header block over 16 KiB", `X-A: ${"a".repeat(17 * 1024)}`, 431],
+    ["200 header lines", Array.from({ length: 200 }, (_, i) => `X-${i}: v`).join("\r\n"), 431],
+  ])("%s: Bun answers %p itself, with no body", async (_name, line, status) => {
+    const answer = await rawRequest(engine.url, headerRequest(line as string));
+    expect(answer.status).toBe(status as number);
+    expect(answer.body).toBe("");
   });
 });
 
