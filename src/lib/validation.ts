@@ -25,6 +25,45 @@ export class InputError extends Error {
   }
 }
 
+/**
+ * VALIDATION_TYPES is every `type` a 422 entry may carry (docs/decisions.md 10 and 145): the
+ * pydantic v2 names the schema mapping below emits, and the codes modules give their own
+ * refusals. Clients branch on these; add one only with its decision.
+ */
+export const VALIDATION_TYPES = [
+  // schema checks (describeIssue)
+  "missing",
+  "extra_forbidden",
+  "int_type",
+  "number_type",
+  "string_type",
+  "bool_type",
+  "list_type",
+  "dict_type",
+  "none_required",
+  "greater_than_equal",
+  "less_than_equal",
+  "string_too_short",
+  "string_too_long",
+  "string_pattern_mismatch",
+  "string_format",
+  "datetime_parsing",
+  "too_long",
+  "too_short",
+  "unique_items",
+  "enum",
+  "union_type",
+  "json_invalid",
+  "value_error",
+  // modules' refusals
+  "command_not_found",
+  "binding_cycle",
+  "dump_unreadable",
+  "dump_unrecognized",
+  "dump_unsupported",
+  "restore_failed",
+] as const;
+
 /** MAX_DETAIL_ENTRIES bounds the entries of one 422 body: a list of 100,000 bad items is not 100,000 entries. */
 export const MAX_DETAIL_ENTRIES = 50;
 /** MAX_ECHO_CHARS is how much of a string `input` a 422 echoes; the rest is counted, not sent. */
