@@ -262,6 +262,9 @@ export function apiBasics(options: ApiBasicsOptions) {
     new InputError([{ loc: ["body"], msg, type: "value_error", input: null, ctx }]);
   return new Elysia()
     .onParse({ as: "global" }, async ({ request, contentType }) => {
+      // A route that declares no body ignores whatever is sent, unread (a logout with a stray
+      // body answers as the contract lists, never a 422 about a body it does not take).
+      if (!bodySchemas.takesBody(request.method, pathOf(request.url))) return null;
       // Every body is bounded before it is parsed, whatever its type: a size cap while reading,
       // then, for JSON, a depth cap by a scan of the text (decision 141).
       const text = await readBoundedText(request, limits.maxBytes);
@@ -276,9 +279,8 @@ export function apiBasics(options: ApiBasicsOptions) {
       }
       const body = text as string;
       if (!contentType?.startsWith("application/json")) {
-        // Only JSON is parsed. A route that takes a body refuses any other type (a form post
-        // included); for the others the body is left unread as it was.
-        if (body !== "" && bodySchemas.takesBody(request.method, pathOf(request.url))) {
+        // Only JSON is parsed: a route that takes a body refuses any other type (a form post included).
+        if (body !== "") {
           await refuseBody(
             request,
             new InputError([

@@ -88,6 +88,18 @@ describe("console bodies are bounded before they are parsed", () => {
     }
   });
 
+  test("a route that takes no body ignores a hostile one and answers from its own list", async () => {
+    // Another account's sessions: this file's own session must outlive the logouts.
+    const post = async (path: string, body: string) => {
+      const { token: other } = await cloud.signIn("other@example.com");
+      const headers = { authorization: `Bearer ${other}`, "content-type": "application/json" };
+      return (await fetch(`${cloud.url}${path}`, { method: "POST", headers, body })).status;
+    };
+    expect(await post("/api/auth/logout", DEEP)).toBe(204);
+    expect(await post("/api/auth/logout", "")).toBe(204);
+    expect(await post("/api/auth/logout-all", DEEP)).toBe(200);
+  });
+
   test("a form post to a JSON route is a 422, not a parsed object", async () => {
     const { text, status } = await send("/api/link/device", "hostname=box", "application/x-www-form-urlencoded");
     expect(status).toBe(422);

@@ -68,6 +68,12 @@ describe("bodies are bounded before they are parsed", () => {
     expect(JSON.parse(text).detail[0]).toMatchObject({ loc: ["body"], type: "value_error", ctx: { max_depth: 32 } });
   });
 
+  test("a route that takes no body ignores a hostile one", async () => {
+    const response = await engine.call("POST", "/api/services/nothing-here/stop", { raw: DEEP });
+    expect(response.status).toBe(404);
+    expect((await response.json()).error.code).toBe("service_not_found");
+  });
+
   test("a body nested exactly to the bound is parsed and judged by the schema", async () => {
     const body = `{"name":${"[".repeat(31)}${"]".repeat(31)}}`;
     const response = await engine.json<{ detail: { loc: unknown[]; type: string }[] }>("POST", "/api/tokens", { raw: body } as never);
