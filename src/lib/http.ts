@@ -278,7 +278,7 @@ export function apiBasics(options: ApiBasicsOptions) {
         );
       }
       const body = text as string;
-      if (!contentType?.startsWith("application/json")) {
+      if (!contentType?.toLowerCase().startsWith("application/json")) {
         // Only JSON is parsed: a route that takes a body refuses any other type (a form post included).
         if (body !== "") {
           await refuseBody(

@@ -123,6 +123,15 @@ describe("bodies are bounded before they are parsed", () => {
     }
   });
 
+  test("the media type is matched without regard to case", async () => {
+    const response = await fetch(`${engine.url}/api/tokens`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${engine.adminToken}`, "content-type": "Application/JSON; charset=UTF-8" },
+      body: JSON.stringify({ name: "case-blind" }),
+    });
+    expect(response.status).toBe(201);
+  });
+
   test("the engine still answers at once after the hostile bodies", async () => {
     expect((await engine.call("GET", "/api/health")).status).toBe(200);
   });
