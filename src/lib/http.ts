@@ -111,7 +111,11 @@ export class BodySchemas {
   learn(routes: readonly { method: string; path: string; hooks: { body?: unknown } }[]): void {
     for (const route of routes) {
       const schema = route.hooks.body as TSchema | undefined;
-      if (!schema || typeof schema !== "object") continue;
+      if (schema === undefined) continue;
+      // A body this check cannot read (a model referenced by name) would go unchecked: refuse to start.
+      if (typeof schema !== "object" || schema === null) {
+        throw new Error(`${route.method} ${route.path}: its body schema is not an inline TypeBox schema, so BodySchemas cannot check it`);
+      }
       const source = route.path
         .split("/")
         .map((segment) => (segment.startsWith(":") ? "[^/]+" : segment.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")))
