@@ -135,7 +135,9 @@ export class BodySchemas {
     const route = this.#routes.find((r) => r.method === method && r.pattern.test(path));
     if (!route) return [];
     // Defaults are part of the schema (an absent `os` is ""); apply them to a copy, as Elysia does.
-    const value = Value.Default(route.schema, Value.Clone(raw));
+    // structuredClone keeps an own `__proto__` key as a key (Value.Clone would assign it, making
+    // it the copy's prototype and hiding it from the check).
+    const value = Value.Default(route.schema, structuredClone(raw));
     if (route.check.Check(value)) return [];
     const issues: SchemaIssue[] = [];
     for (const error of route.check.Errors(value)) {

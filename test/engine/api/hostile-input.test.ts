@@ -178,6 +178,12 @@ describe("every input is checked as sent, before anything is written", () => {
     ["restart as a string", { restart: "always" }, ["body", "restart"], "dict_type"],
     ["restart as an empty list", { restart: [] }, ["body", "restart"], "dict_type"],
     ["health as a list", { health: [] }, ["body", "health"], null],
+    [
+      "an env variable named __proto__ holding an object",
+      JSON.parse('{"env":{"__proto__":{"A":"1"}}}'),
+      ["body", "env", "__proto__"],
+      "string_type",
+    ],
   ])("deploy with %s: 422 and no service", async (_name, extra, loc, type) => {
     const name = `hostile-${Math.random().toString(36).slice(2, 8)}`;
     const response = await engine.json<{ detail: { loc: unknown[]; type: string }[] }>("POST", "/api/services", {
