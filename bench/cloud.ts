@@ -102,7 +102,7 @@ async function startBenchCloud(dialect: Dialect): Promise<{ cloud: RunningCloud;
   }
   // Role `api`: the worker's sweep would add statements of its own to the count.
   const config = resolveCloudConfig(
-    { dataDir, port: 0, databaseUrl, role: "api", logLevel: "warn", logToStdout: false, trustForwardedFor: true },
+    { dataDir, port: 0, databaseUrl, role: "api", logLevel: "warn", logToStdout: false, trustedProxies: "127.0.0.1" },
     {},
   );
   const cloud = await startCloud(config, { log: createLogger({ level: "warn", dataDir, stdout: false, fileName: "cloud.log" }).log });

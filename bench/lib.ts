@@ -72,7 +72,9 @@ export async function waitForHttp(url: string, timeoutMs = 20000): Promise<void>
   throw new Error(`${url} did not answer within ${timeoutMs} ms`);
 }
 
-export { freePort } from "../test/helpers";
+import { freePort } from "../test/helpers";
+
+export { freePort };
 
 /** numericArg reads `--name N` from the command line: a positive whole number, else the fallback. */
 export function numericArg(name: string, fallback: number): number {
@@ -91,4 +93,113 @@ export function printRows(title: string, columns: string[], rows: (string | numb
   console.log(`\n${title}`);
   console.log(columns.map((c, i) => c.padEnd(widths[i] ?? 0)).join("  "));
   for (const row of cells) console.log(row.map((c, i) => c.padEnd(widths[i] ?? 0)).join("  "));
+}
+
+/** median is the middle value (the lower one of an even count); NaN for none. */
+export function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted.length === 0 ? Number.NaN : (sorted[Math.floor((sorted.length - 1) / 2)] ?? Number.NaN);
+}
+
+/** POLL_INTERVAL_MS is the pause between a Poller's requests. */
+export const POLL_INTERVAL_MS = 2;
+/** POLL_TIMEOUT_MS bounds one poll, so a connection the old process never answers counts as a failure. */
+const POLL_TIMEOUT_MS = 1000;
+
+interface Sample {
+  sent: number;
+  answered: number;
+  ok: boolean;
+}
+
+/**
+ * Poller sends GET `url` back to back with POLL_INTERVAL_MS between requests and records
+ * every outcome, until stopped: the outage of a restart is read from its samples.
+ */
+export class Poller {
+  readonly samples: Sample[] = [];
+  private running = true;
+  private readonly done: Promise<void>;
+
+  constructor(url: string) {
+    this.done = (async () => {
+      while (this.running) {
+        const sent = performance.now();
+        let ok = false;
+        try {
+          const response = await fetch(url, { signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
+          await response.arrayBuffer();
+          ok = response.ok;
+        } catch {
+          ok = false;
+        }
+        this.samples.push({ sent, answered: performance.now(), ok });
+        await Bun.sleep(POLL_INTERVAL_MS);
+      }
+    })();
+  }
+
+  /** outage is the window from the first failure sent after `since` to the first success answered after it; 0 if none failed. */
+  outage(since: number): { windowMs: number; failures: number } | null {
+    const after = this.samples.filter((sample) => sample.sent >= since);
+    const firstFailure = after.findIndex((sample) => !sample.ok);
+    if (firstFailure < 0) return { windowMs: 0, failures: 0 };
+    const recovery = after.findIndex((sample, index) => index > firstFailure && sample.ok);
+    if (recovery < 0) return null;
+    return {
+      windowMs: (after[recovery]?.answered ?? Number.NaN) - (after[firstFailure]?.sent ?? Number.NaN),
+      failures: recovery - firstFailure,
+    };
+  }
+
+  /** recovered waits until a success was answered after a failure sent after `since`. */
+  async recovered(since: number, timeoutMs = 30_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      const outage = this.outage(since);
+      if (outage && outage.failures > 0) return;
+      await Bun.sleep(5);
+    }
+    throw new Error(`the API did not go down and come back within ${timeoutMs} ms`);
+  }
+
+  async stop(): Promise<void> {
+    this.running = false;
+    await this.done;
+  }
+}
+
+/**
+ * measureKillAnchor is the anchor of the restart benches: a bare Bun.serve process killed with
+ * SIGKILL and spawned again on the same port, `rounds` times; each window runs from the first
+ * failed poll to the first answer of the new process.
+ */
+export async function measureKillAnchor(rounds: number): Promise<number[]> {
+  const port = await freePort();
+  const source = `Bun.serve({ port: ${port}, hostname: "127.0.0.1", fetch: () => Response.json({ status: "ok" }) });`;
+  const spawnAnchor = () => Bun.spawn([process.execPath, "-e", source], { stdout: "ignore", stderr: "inherit" });
+  let anchor = spawnAnchor();
+  const url = `http://127.0.0.1:${port}/api/health`;
+  const windows: number[] = [];
+  try {
+    await waitForHttp(url);
+    const poller = new Poller(url);
+    try {
+      for (let round = 0; round < rounds; round++) {
+        await Bun.sleep(100); // a few successes before the kill
+        const since = performance.now();
+        anchor.kill("SIGKILL");
+        await anchor.exited;
+        anchor = spawnAnchor();
+        await poller.recovered(since);
+        windows.push(poller.outage(since)?.windowMs ?? Number.NaN);
+      }
+    } finally {
+      await poller.stop();
+    }
+  } finally {
+    anchor.kill("SIGKILL");
+    await anchor.exited;
+  }
+  return windows;
 }

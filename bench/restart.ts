@@ -14,7 +14,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { reapWorkloads } from "../test/helpers";
-import { fmt, freePort, printRows, waitForHttp } from "./lib";
+import { fmt, freePort, measureKillAnchor, median, POLL_INTERVAL_MS, Poller, printRows, waitForHttp } from "./lib";
 
 const root = join(import.meta.dir, "..");
 const arg = (name: string, fallback: number) => {
@@ -23,114 +23,13 @@ const arg = (name: string, fallback: number) => {
 };
 const rounds = arg("--rounds", 3);
 const serviceCount = arg("--services", 20);
-/** POLL_INTERVAL_MS is the pause between the poller's requests. */
-const POLL_INTERVAL_MS = 2;
-/** REQUEST_TIMEOUT_MS bounds one poll, so a connection the old process never answers counts as a failure. */
+/** REQUEST_TIMEOUT_MS bounds one list request while the engine restarts. */
 const REQUEST_TIMEOUT_MS = 1000;
 
 const binary = join(root, "dist", "engine");
 if (!existsSync(binary) || process.argv.includes("--rebuild")) {
   const build = Bun.spawnSync([process.execPath, join(root, "build.ts")], { stdout: "inherit", stderr: "inherit" });
   if (build.exitCode !== 0) process.exit(1);
-}
-
-interface Sample {
-  sent: number;
-  answered: number;
-  ok: boolean;
-}
-
-/**
- * Poller sends GET `url` back to back with POLL_INTERVAL_MS between requests and records
- * every outcome, until stopped.
- */
-class Poller {
-  readonly samples: Sample[] = [];
-  private running = true;
-  private readonly done: Promise<void>;
-
-  constructor(url: string) {
-    this.done = (async () => {
-      while (this.running) {
-        const sent = performance.now();
-        let ok = false;
-        try {
-          const response = await fetch(url, { signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
-          await response.arrayBuffer();
-          ok = response.ok;
-        } catch {
-          ok = false;
-        }
-        this.samples.push({ sent, answered: performance.now(), ok });
-        await Bun.sleep(POLL_INTERVAL_MS);
-      }
-    })();
-  }
-
-  /** outage is the window from the first failure sent after `since` to the first success answered after it; 0 if none failed. */
-  outage(since: number): { windowMs: number; failures: number } | null {
-    const after = this.samples.filter((sample) => sample.sent >= since);
-    const firstFailure = after.findIndex((sample) => !sample.ok);
-    if (firstFailure < 0) return { windowMs: 0, failures: 0 };
-    const recovery = after.findIndex((sample, index) => index > firstFailure && sample.ok);
-    if (recovery < 0) return null;
-    return {
-      windowMs: (after[recovery]?.answered ?? Number.NaN) - (after[firstFailure]?.sent ?? Number.NaN),
-      failures: recovery - firstFailure,
-    };
-  }
-
-  /** recovered waits until a success was answered after a failure sent after `since`. */
-  async recovered(since: number, timeoutMs = 30_000): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    while (Date.now() < deadline) {
-      const outage = this.outage(since);
-      if (outage && outage.failures > 0) return;
-      await Bun.sleep(5);
-    }
-    throw new Error(`the API did not go down and come back within ${timeoutMs} ms`);
-  }
-
-  async stop(): Promise<void> {
-    this.running = false;
-    await this.done;
-  }
-}
-
-const median = (values: number[]) => {
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted.length === 0 ? Number.NaN : (sorted[Math.floor((sorted.length - 1) / 2)] ?? Number.NaN);
-};
-
-/** measureAnchor kills a bare Bun.serve process and spawns a new one on the same port, `rounds` times. */
-async function measureAnchor(): Promise<number[]> {
-  const port = await freePort();
-  const source = `Bun.serve({ port: ${port}, hostname: "127.0.0.1", fetch: () => Response.json({ status: "ok" }) });`;
-  const spawnAnchor = () => Bun.spawn([process.execPath, "-e", source], { stdout: "ignore", stderr: "inherit" });
-  let anchor = spawnAnchor();
-  const url = `http://127.0.0.1:${port}/api/health`;
-  const windows: number[] = [];
-  try {
-    await waitForHttp(url);
-    const poller = new Poller(url);
-    try {
-      for (let round = 0; round < rounds; round++) {
-        await Bun.sleep(100); // a few successes before the kill
-        const since = performance.now();
-        anchor.kill("SIGKILL");
-        await anchor.exited;
-        anchor = spawnAnchor();
-        await poller.recovered(since);
-        windows.push(poller.outage(since)?.windowMs ?? Number.NaN);
-      }
-    } finally {
-      await poller.stop();
-    }
-  } finally {
-    anchor.kill("SIGKILL");
-    await anchor.exited;
-  }
-  return windows;
 }
 
 interface EngineRound {
@@ -223,7 +122,7 @@ async function measureEngine(): Promise<EngineRound[]> {
   return results;
 }
 
-const anchorWindows = await measureAnchor();
+const anchorWindows = await measureKillAnchor(rounds);
 const engineRounds = await measureEngine();
 const anchorMs = median(anchorWindows);
 const windowMs = median(engineRounds.map((round) => round.windowMs));

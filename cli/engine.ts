@@ -21,7 +21,7 @@ export function buildProgram(): Command {
     .description("engine: a self-healing platform for one GPU workstation")
     .version(VERSION, "-V, --version-flag", "print the CLI version")
     .option("--json", "machine-readable JSON output")
-    .option("--data-dir <dir>", "data directory (ENGINE_DATA_DIR, default ~/.local/share/engine)")
+    .option("--data-dir <dir>", "data directory (ENGINE_DATA_DIR, default ~/.local/share/engine; /var/lib/engine as root)")
     .option("--url <url>", "engine API base URL (ENGINE_URL); default: the local unix socket")
     .option("--token <token>", "bearer token (ENGINE_TOKEN); default: <data-dir>/admin.token")
     .showHelpAfterError()

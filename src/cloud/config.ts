@@ -1,5 +1,6 @@
 import { join, resolve } from "node:path";
-import { defaultDataDir, invalid, LOG_LEVELS, type LogLevel, positiveInteger } from "../lib/config";
+import { invalid, LOG_LEVELS, type LogLevel, positiveInteger, userDataDir } from "../lib/config";
+import { ProxyList } from "../lib/forwarded";
 
 /** CloudRole decides which modules a process starts: the API, the background worker, or both. */
 export type CloudRole = "api" | "worker" | "all";
@@ -37,8 +38,11 @@ export interface CloudConfig {
   hostedBaseDomain: string;
   logLevel: LogLevel;
   logToStdout: boolean;
-  /** trustForwardedFor takes the client address from X-Forwarded-For (only behind a proxy you run). */
-  trustForwardedFor: boolean;
+  /**
+   * trustedProxies are the reverse proxies whose X-Forwarded-For is believed (addresses and
+   * CIDR ranges); empty by default, so the socket's peer is the client (docs/decisions.md 161).
+   */
+  trustedProxies: ProxyList;
   /** secretKey (base64, 32 bytes) seals secrets that must be read again; by default a 0600 file in the data dir. */
   secretKey: string | undefined;
   /** sessionIdleMs and sessionAbsoluteMs bound a session: renewed by use up to the absolute limit (ASVS 7.3). */
@@ -60,7 +64,10 @@ export interface CloudConfigInput {
   hostedBaseDomain?: string;
   logLevel?: string;
   logToStdout?: boolean;
-  trustForwardedFor?: boolean;
+  /** trustedProxies is a comma-separated list of addresses and CIDR ranges (or the list itself). */
+  trustedProxies?: string | readonly string[];
+  /** trustForwardedFor is the retired ENGINE_CLOUD_TRUST_FORWARDED_FOR: set, start-up fails and names its replacement. */
+  trustForwardedFor?: string;
   secretKey?: string;
   sessionIdleHours?: string | number;
   sessionAbsoluteDays?: string | number;
@@ -75,8 +82,6 @@ export interface CloudConfigInput {
 
 export const DEFAULT_CLOUD_PORT = 8787;
 
-const truthy = (raw: string | undefined) => (raw ? !["0", "off", "false", "no"].includes(raw.toLowerCase()) : undefined);
-
 /** cloudConfigFromEnv reads DATABASE_URL and the ENGINE_CLOUD_* variables: the only place the console reads process.env. */
 export function cloudConfigFromEnv(env: Record<string, string | undefined> = process.env): CloudConfigInput {
   return {
@@ -88,7 +93,8 @@ export function cloudConfigFromEnv(env: Record<string, string | undefined> = pro
     publicUrl: env.ENGINE_CLOUD_PUBLIC_URL || undefined,
     hostedBaseDomain: env.ENGINE_CLOUD_HOSTED_BASE_DOMAIN || undefined,
     logLevel: env.ENGINE_CLOUD_LOG_LEVEL || undefined,
-    trustForwardedFor: truthy(env.ENGINE_CLOUD_TRUST_FORWARDED_FOR),
+    trustedProxies: env.ENGINE_CLOUD_TRUSTED_PROXIES || undefined,
+    trustForwardedFor: env.ENGINE_CLOUD_TRUST_FORWARDED_FOR || undefined,
     secretKey: env.ENGINE_CLOUD_SECRET_KEY || undefined,
     sessionIdleHours: env.ENGINE_CLOUD_SESSION_IDLE_HOURS || undefined,
     sessionAbsoluteDays: env.ENGINE_CLOUD_SESSION_ABSOLUTE_DAYS || undefined,
@@ -136,6 +142,28 @@ function resolveOidc(merged: CloudConfigInput): OidcConfig | null {
 }
 
 /**
+ * resolveTrustedProxies parses ENGINE_CLOUD_TRUSTED_PROXIES. The boolean it replaces trusted
+ * the header from every peer, so a deployment that still sets it must choose its proxies
+ * rather than silently lose (or keep) that trust.
+ */
+function resolveTrustedProxies(merged: CloudConfigInput): ProxyList {
+  if (merged.trustForwardedFor !== undefined) {
+    throw invalid(
+      "trust_forwarded_for",
+      "ENGINE_CLOUD_TRUST_FORWARDED_FOR is retired: list your reverse proxies in ENGINE_CLOUD_TRUSTED_PROXIES (e.g. 127.0.0.1,::1)",
+      merged.trustForwardedFor,
+    );
+  }
+  const raw = merged.trustedProxies ?? [];
+  const entries = (typeof raw === "string" ? raw.split(",") : raw).map((entry) => entry.trim()).filter((entry) => entry !== "");
+  try {
+    return ProxyList.parse(entries);
+  } catch (error) {
+    throw invalid("trusted_proxies", `${(error as Error).message}; list addresses and CIDR ranges, comma-separated`, raw);
+  }
+}
+
+/**
  * resolveCloudConfig merges flags over the environment over defaults and validates the result,
  * failing with the name of the first bad field.
  */
@@ -143,7 +171,7 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
   const merged: CloudConfigInput = { ...env };
   for (const [key, value] of Object.entries(flags)) if (value !== undefined) (merged as Record<string, unknown>)[key] = value;
 
-  const dataDir = resolve(merged.dataDir ?? defaultDataDir(process.env, "engine-cloud"));
+  const dataDir = resolve(merged.dataDir ?? userDataDir(process.env, "engine-cloud"));
   const port = positiveInteger("port", merged.port ?? DEFAULT_CLOUD_PORT, 0, 65535);
   const host = merged.host ?? "127.0.0.1";
   if (!/^[A-Za-z0-9.:[\]-]+$/.test(host)) throw invalid("host", "must be a host name or an IP address", host);
@@ -175,7 +203,7 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
     hostedBaseDomain,
     logLevel,
     logToStdout: merged.logToStdout ?? true,
-    trustForwardedFor: merged.trustForwardedFor ?? false,
+    trustedProxies: resolveTrustedProxies(merged),
     secretKey: merged.secretKey,
     sessionIdleMs: positiveInteger("session_idle_hours", merged.sessionIdleHours ?? 24 * 7, 1, 24 * 90) * 3600_000,
     sessionAbsoluteMs: positiveInteger("session_absolute_days", merged.sessionAbsoluteDays ?? 30, 1, 365) * 86_400_000,

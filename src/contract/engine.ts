@@ -526,6 +526,19 @@ export const VcsTokenPushResult = t.Object(
 
 export const Health = t.Object({ status: t.Literal("ok"), version: t.String(), pid: SafeInteger, uptime_s: Duration });
 
+/**
+ * Ready says whether the daemon can do its work now: its database answers and its data dir
+ * takes writes (issue 13: a full disk shows here, while health touches nothing).
+ */
+export const Ready = t.Object({
+  ready: t.Boolean({ description: "database and data_dir_writable" }),
+  database: t.Boolean({ description: "The database answers a query" }),
+  data_dir_writable: t.Boolean({ description: "A small file can be written in the data dir (false on a full disk)" }),
+  data_dir_free_bytes: t.Integer({ minimum: 0, description: "Free bytes for the engine on the data dir's filesystem" }),
+  log_writable: t.Boolean({ description: "Every log sink writes (a failing one drops and counts lines)" }),
+});
+export type Ready = Static<typeof Ready>;
+
 export const ValidationErrorItem = t.Object({
   loc: t.Array(t.Union([t.String(), SafeInteger])),
   msg: t.String(),

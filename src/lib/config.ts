@@ -1,3 +1,4 @@
+import { statSync } from "node:fs";
 import { availableParallelism, homedir, hostname as osHostname } from "node:os";
 import { join, resolve } from "node:path";
 import { AppError } from "./errors";
@@ -9,6 +10,8 @@ export const LOG_LEVELS: readonly LogLevel[] = ["fatal", "error", "warn", "info"
 /** EngineConfig is the daemon's whole configuration, validated once at start-up. */
 export interface EngineConfig {
   dataDir: string;
+  /** dataDirWarning is logged at start-up when the default data dir needed a choice (see chooseDataDir). */
+  dataDirWarning: string | undefined;
   host: string;
   port: number;
   socketPath: string;
@@ -100,13 +103,68 @@ export interface ConfigInput {
 
 export const DEFAULT_PORT = 9321;
 
+/** SYSTEM_DATA_ROOT is where a daemon running as root keeps its state: the FHS's /var/lib, as dockerd and nomad do. */
+export const SYSTEM_DATA_ROOT = "/var/lib";
+
 /**
- * defaultDataDir follows the XDG base directory rules: `$XDG_DATA_HOME/<name>`, else
+ * userDataDir follows the XDG base directory rules: `$XDG_DATA_HOME/<name>`, else
  * `~/.local/share/<name>` (`engine` for the daemon, `engine-cloud` for the console).
  */
-export function defaultDataDir(env: Record<string, string | undefined> = process.env, name = "engine"): string {
+export function userDataDir(env: Record<string, string | undefined> = process.env, name = "engine"): string {
   const base = env.XDG_DATA_HOME && env.XDG_DATA_HOME.length > 0 ? env.XDG_DATA_HOME : join(homedir(), ".local", "share");
   return join(base, name);
+}
+
+/** DataDirChoice is the engine's default data dir, with a warning for the operator when the choice needs one. */
+export interface DataDirChoice {
+  path: string;
+  warning: string | undefined;
+}
+
+/**
+ * chooseDataDir picks the engine's default data dir. As an unprivileged user it is the XDG
+ * one (userDataDir). As root it is /var/lib/engine, whatever XDG_DATA_HOME says (a `sudo -E`
+ * must not put root's state in a user's home): root's home is 0700, and the database servers
+ * the engine runs as their own users (postgres, mysql) must traverse the path to their data.
+ *
+ * A root install made before this default kept its state in root's XDG dir. While that dir
+ * exists, is root's, and /var/lib/engine does not exist, it stays in use with a warning that
+ * says how to move it, as Syncthing did when its default moved: starting empty would look like
+ * every service and token lost, and refusing to start would turn an upgrade into a crash loop
+ * under systemd. A dir that is not root's (a user's, reached through a `sudo -E` that kept HOME
+ * or XDG_DATA_HOME) is never taken over. `owner` (the uid of a path, null when it does not
+ * exist) is injectable for tests.
+ */
+export function chooseDataDir(
+  env: Record<string, string | undefined> = process.env,
+  uid: number = process.getuid?.() ?? -1,
+  owner: (path: string) => number | null = ownerOf,
+): DataDirChoice {
+  if (uid !== 0) return { path: userDataDir(env), warning: undefined };
+  const system = join(SYSTEM_DATA_ROOT, "engine");
+  const legacy = userDataDir(env);
+  if (owner(system) !== null || owner(legacy) !== 0) return { path: system, warning: undefined };
+  return {
+    path: legacy,
+    warning:
+      `the data dir ${legacy} is the old default for root, kept because ${system} does not exist yet; ` +
+      `database services cannot start where their users (postgres, mysql) cannot enter, as under /root. ` +
+      `To move it: stop every service, stop the engine, run mv ${legacy} ${system}, and start the engine again ` +
+      `(or set ENGINE_DATA_DIR=${legacy} to keep it and silence this warning)`,
+  };
+}
+
+function ownerOf(path: string): number | null {
+  try {
+    return statSync(path).uid;
+  } catch {
+    return null;
+  }
+}
+
+/** defaultDataDir is the path chooseDataDir picks: what --data-dir and ENGINE_DATA_DIR default to, for the daemon and the CLI alike. */
+export function defaultDataDir(env: Record<string, string | undefined> = process.env, uid: number = process.getuid?.() ?? -1): string {
+  return chooseDataDir(env, uid).path;
 }
 
 /** configFromEnv reads the ENGINE_* variables. It is the only place that reads process.env for the daemon. */
@@ -213,7 +271,8 @@ export function resolveConfig(flags: ConfigInput, env: ConfigInput = configFromE
   const merged: ConfigInput = { ...env };
   for (const [key, value] of Object.entries(flags)) if (value !== undefined) (merged as Record<string, unknown>)[key] = value;
 
-  const dataDir = resolve(merged.dataDir ?? defaultDataDir());
+  const dataDirChoice = merged.dataDir === undefined ? chooseDataDir() : { path: merged.dataDir, warning: undefined };
+  const dataDir = resolve(dataDirChoice.path);
   const rawPort = merged.port ?? DEFAULT_PORT;
   const port = typeof rawPort === "number" ? rawPort : /^\d+$/.test(rawPort) ? Number(rawPort) : Number.NaN;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw invalid("port", "must be an integer from 0 to 65535", rawPort);
@@ -240,6 +299,7 @@ export function resolveConfig(flags: ConfigInput, env: ConfigInput = configFromE
 
   return {
     dataDir,
+    dataDirWarning: dataDirChoice.warning,
     host,
     port,
     socketPath,

@@ -59,6 +59,7 @@ export const EngineErrorCodes = {
   restore_timed_out: "restore_timed_out",
   // daemon state
   draining: "draining",
+  disk_full: "disk_full",
   // configuration and start-up
   config_invalid: "config_invalid",
   data_dir_unwritable: "data_dir_unwritable",
@@ -109,6 +110,7 @@ export const CloudErrorCodes = {
   data_dir_unwritable: "data_dir_unwritable",
   port_in_use: "port_in_use",
   database_unavailable: "database_unavailable",
+  disk_full: "disk_full",
   identity_provider_unavailable: "identity_provider_unavailable",
   internal: "internal",
 } as const;
@@ -120,4 +122,32 @@ export type ErrorCode = EngineErrorCode | CloudErrorCode;
 
 export function isAppError(error: unknown): error is AppError {
   return error instanceof AppError;
+}
+
+/**
+ * DISK_FULL_CODES are the failures that mean "no space left to store this": ENOSPC and EDQUOT
+ * from file writes, SQLITE_FULL from bun:sqlite (the database or its journal could not grow).
+ */
+const DISK_FULL_CODES = new Set(["ENOSPC", "EDQUOT", "SQLITE_FULL"]);
+
+/** isDiskFull says whether an error (or its cause) is a write refused for lack of space. */
+export function isDiskFull(error: unknown): boolean {
+  for (let current = error, depth = 0; current && depth < 4; current = (current as { cause?: unknown }).cause, depth++) {
+    if (current instanceof AppError) return current.code === "disk_full";
+    const code = (current as { code?: unknown }).code;
+    if (typeof code === "string" && DISK_FULL_CODES.has(code)) return true;
+  }
+  return false;
+}
+
+/**
+ * diskFullError turns a write refused for lack of space into the one typed error for it
+ * (issue 13: a full disk answers `disk_full`, not `internal`); any other error gives undefined.
+ */
+export function diskFullError(error: unknown): AppError | undefined {
+  if (!isDiskFull(error)) return undefined;
+  if (error instanceof AppError) return error;
+  return new AppError("disk_full", "the disk holding the data dir is full: the change was not stored; free some space and try again", {
+    cause: (error as { code?: string }).code ?? "ENOSPC",
+  });
 }

@@ -238,6 +238,11 @@ export interface ApiBasicsOptions {
    * (a 429) is the answer.
    */
   beforeRefusal?: (request: Request) => Promise<void>;
+  /**
+   * translateError names an error thrown from below the modules (a database driver's "disk
+   * full") with an app code, so it answers like the modules' own errors instead of a 500.
+   */
+  translateError?: (error: unknown) => AppError | undefined;
 }
 
 /**
@@ -348,13 +353,14 @@ export function apiBasics(options: ApiBasicsOptions) {
       }
       if (error instanceof InputError) return validationResponse(error.detail, requestId);
       if (code === "NOT_FOUND") return errorResponse(404, "not_found", "no such route", requestId);
-      if (isAppError(error)) {
-        const status = statusByCode[error.code] ?? 500;
+      const known = isAppError(error) ? error : options.translateError?.(error);
+      if (known) {
+        const status = statusByCode[known.code] ?? 500;
         // Every 422 has the contract's `detail` shape, a module's refusal (invalid_domain) included.
-        if (status === 422) return validationResponse([appErrorDetail(error)], requestId);
-        const headers = options.headersFor?.(status, error);
-        if (status >= 500) log.error({ request_id: requestId, code: error.code, err: error.message }, "request failed");
-        return errorResponse(status, error.code, error.message, requestId, headers, options.fieldsFor?.(error));
+        if (status === 422) return validationResponse([appErrorDetail(known)], requestId);
+        const headers = options.headersFor?.(status, known);
+        if (status >= 500) log.error({ request_id: requestId, code: known.code, err: known.message }, "request failed");
+        return errorResponse(status, known.code, known.message, requestId, headers, options.fieldsFor?.(known));
       }
       // Anything else is a bug: log it once with the request id, and tell the client only the id.
       log.error({ request_id: requestId, err: error, path: pathOf(request.url) }, "unhandled error");

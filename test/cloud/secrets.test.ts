@@ -90,7 +90,7 @@ describeEachDialect("secret scan: no plaintext at rest or in logs", (dialect) =>
     const made = createLogger({ level: "trace", dataDir: logDir, stdout: false, fileName: "cloud.log" });
     flushLog = made.flush;
     // Buckets in the database too, so their rows (named by digests) are part of the dump.
-    cloud = await startTestCloud(dialect, { logLevel: "trace", rateLimits: "database", trustForwardedFor: true }, { log: made.log });
+    cloud = await startTestCloud(dialect, { logLevel: "trace", rateLimits: "database", trustedProxies: "127.0.0.1" }, { log: made.log });
     paths = (await cloud.api("GET", "/api/openapi.json")).body.paths;
   });
   afterAll(async () => {

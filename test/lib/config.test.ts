@@ -1,6 +1,8 @@
 import { describe, expect, test } from "bun:test";
+import { homedir } from "node:os";
 import { join } from "node:path";
-import { defaultDataDir, resolveConfig } from "../../src/lib/config";
+import { resolveCloudConfig } from "../../src/cloud/config";
+import { chooseDataDir, defaultDataDir, resolveConfig, userDataDir } from "../../src/lib/config";
 
 describe("config", () => {
   test("defaults: port 9321, loopback, XDG data dir", () => {
@@ -11,8 +13,44 @@ describe("config", () => {
     expect(config.socketPath).toBe(join(config.dataDir, "engine.sock"));
   });
 
-  test("XDG_DATA_HOME moves the default data dir", () => {
-    expect(defaultDataDir({ XDG_DATA_HOME: "/srv/data" })).toBe("/srv/data/engine");
+  test("XDG_DATA_HOME moves the default data dir of an unprivileged engine", () => {
+    expect(defaultDataDir({ XDG_DATA_HOME: "/srv/data" }, 1000)).toBe("/srv/data/engine");
+    expect(defaultDataDir({}, 1000)).toBe(join(homedir(), ".local", "share", "engine"));
+  });
+
+  const legacy = join(homedir(), ".local", "share", "engine");
+  const cases: [string, Record<string, number>, string, boolean, Record<string, string>][] = [
+    ["a fresh machine", {}, "/var/lib/engine", false, {}],
+    ["a sudo -E that kept a user's XDG_DATA_HOME", {}, "/var/lib/engine", false, { XDG_DATA_HOME: "/home/alice/.local/share" }],
+    [
+      "a sudo -E onto a user's existing data dir (never taken over)",
+      { "/home/alice/.local/share/engine": 1000 },
+      "/var/lib/engine",
+      false,
+      { XDG_DATA_HOME: "/home/alice/.local/share" },
+    ],
+    ["an install that already uses /var/lib/engine", { "/var/lib/engine": 0 }, "/var/lib/engine", false, {}],
+    ["both dirs (the system one wins)", { "/var/lib/engine": 0, [legacy]: 0 }, "/var/lib/engine", false, {}],
+    ["an older root install in root's XDG dir", { [legacy]: 0 }, legacy, true, {}],
+  ];
+  test.each(cases)("as root, %s: the data dir is the expected one", (_case, owners, expected, warned, env) => {
+    const choice = chooseDataDir(env, 0, (path) => owners[path] ?? null);
+    expect(choice.path).toBe(expected);
+    if (warned) {
+      expect(choice.warning).toContain(`mv ${legacy} /var/lib/engine`);
+      expect(choice.warning).toContain(`ENGINE_DATA_DIR=${legacy}`);
+    } else {
+      expect(choice.warning).toBeUndefined();
+    }
+  });
+
+  test("an explicit data dir is used as given, with no warning", () => {
+    const config = resolveConfig({ dataDir: "/tmp/given" }, {});
+    expect(config).toMatchObject({ dataDir: "/tmp/given", dataDirWarning: undefined });
+  });
+
+  test("the console keeps its XDG data dir, as root too", () => {
+    expect(resolveCloudConfig({}, {}).dataDir).toBe(userDataDir(process.env, "engine-cloud"));
   });
 
   test("flags override the environment", () => {

@@ -42,7 +42,7 @@ const notFound = () => new AppError("device_request_not_found", "no pending devi
  *
  * The user code is the guessable secret of the flow (~34.6 bits), so it is only ever looked
  * up by its keyed digest, each code has a budget of decisions (approve and deny spend it;
- * lookup does not), and the routes charge per-session and per-source limits first.
+ * lookup does not), and the routes charge per-session, per-account and per-source limits first.
  */
 export class DeviceApprovals {
   constructor(private readonly deps: ApprovalDeps) {}

@@ -1,6 +1,6 @@
 import { Elysia } from "elysia";
 import { DeviceApprovalGrant, DeviceApprovalRequest, DeviceApprovalView, DeviceDenial } from "../../contract/cloud";
-import { requireSession } from "../auth/guard";
+import { requireSession, type SignedInCaller } from "../auth/guard";
 import { userCodeDigester } from "../link";
 import { LIMITS } from "../ratelimit";
 import type { CloudDeps } from "../server/deps";
@@ -19,6 +19,18 @@ export interface ApprovalOptions {
  */
 export function approvalRoutes(deps: CloudDeps, options: ApprovalOptions = {}) {
   const approvals = new DeviceApprovals({ ...deps, userCodes: userCodeDigester(deps), clock: options.clock ?? Date.now });
+  /**
+   * chargeDecision charges an approve or deny, first (the contract's order), narrowest bucket
+   * first: the session, the account (many sessions of one account share it), then the source
+   * address (many accounts behind one address share it). An account that spends its own budget
+   * is refused before it drains the budget its neighbours behind the same address share.
+   */
+  const chargeDecision = (caller: SignedInCaller, source: string) =>
+    deps.limiter.charge(
+      [LIMITS.decideBySession, caller.session.id],
+      [LIMITS.decideByAccount, caller.account.id],
+      [LIMITS.decideBySource, source],
+    );
   return new Elysia({ tags: ["device approvals"] })
     .derive(async ({ request }) => ({ caller: await requireSession(deps, request), source: deps.sourceOf(request) }))
     .post(
@@ -36,7 +48,7 @@ export function approvalRoutes(deps: CloudDeps, options: ApprovalOptions = {}) {
     .post(
       "/api/nodes/device-approvals/approve",
       async ({ caller, source, body }) => {
-        await deps.limiter.charge([LIMITS.decideBySession, caller.session.id]);
+        await chargeDecision(caller, source);
         return approvals.approve(caller.account, body.user_code, source);
       },
       {
@@ -48,7 +60,7 @@ export function approvalRoutes(deps: CloudDeps, options: ApprovalOptions = {}) {
     .post(
       "/api/nodes/device-approvals/deny",
       async ({ caller, source, body }) => {
-        await deps.limiter.charge([LIMITS.decideBySession, caller.session.id]);
+        await chargeDecision(caller, source);
         return approvals.deny(caller.account, body.user_code, source);
       },
       {

@@ -53,8 +53,15 @@ export function sessionRoutes(deps: CloudDeps) {
       "/api/auth/logout-all",
       async ({ request, set }) => {
         const { account } = await requireSession(deps, request);
-        const ended = await deps.sessions.endAll(account.id);
-        await deps.audit.write({ accountId: account.id, action: "session.logout_all", source: deps.sourceOf(request), details: { ended } });
+        // One transaction: the sessions end and the audit row says so, or (a full disk) neither.
+        const ended = await deps.db.transaction(async (tx) => {
+          const count = await deps.sessions.endAll(account.id, tx);
+          await deps.audit.write(
+            { accountId: account.id, action: "session.logout_all", source: deps.sourceOf(request), details: { ended: count } },
+            tx,
+          );
+          return count;
+        });
         set.headers["set-cookie"] = clearedSessionCookie();
         return { ended };
       },

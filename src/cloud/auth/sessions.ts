@@ -3,7 +3,7 @@ import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { cookieValue } from "../../lib/http";
 import { type Account, accountFromRow } from "../accounts";
-import { type Database, num } from "../db";
+import { type Database, num, type Sql } from "../db";
 
 /** SESSION_PREFIX marks console session tokens for secret scanners and humans. */
 export const SESSION_PREFIX = "ecs_";
@@ -90,8 +90,14 @@ export class SessionStore {
       absoluteExpiresAt: num(row.absolute_expires_at),
     };
     if (now - num(row.last_seen_at) > this.options.idleMs * RENEW_AFTER_FRACTION) {
-      session.expiresAt = Math.min(now + this.options.idleMs, session.absoluteExpiresAt);
-      await this.db.sql`UPDATE sessions SET last_seen_at = ${now}, expires_at = ${session.expiresAt} WHERE id = ${session.id}`;
+      const renewed = Math.min(now + this.options.idleMs, session.absoluteExpiresAt);
+      try {
+        await this.db.sql`UPDATE sessions SET last_seen_at = ${now}, expires_at = ${renewed} WHERE id = ${session.id}`;
+        session.expiresAt = renewed;
+      } catch (error) {
+        // Renewal is a courtesy: on a full disk the session keeps its expiry and reads go on.
+        if (!this.db.isDiskFull(error)) throw error;
+      }
     }
     return { session, account };
   }
@@ -103,9 +109,9 @@ export class SessionStore {
     return rows.length > 0;
   }
 
-  /** endAll ends every session of an account, the caller's included, and says how many ended. */
-  async endAll(accountId: string): Promise<number> {
-    const rows = await this.db.sql`DELETE FROM sessions WHERE account_id = ${accountId} RETURNING id`;
+  /** endAll ends every session of an account, the caller's included, and says how many ended (inside `tx` when given). */
+  async endAll(accountId: string, tx?: Sql): Promise<number> {
+    const rows = await (tx ?? this.db.sql)`DELETE FROM sessions WHERE account_id = ${accountId} RETURNING id`;
     return rows.length;
   }
 

@@ -1,4 +1,4 @@
-import { mkdirSync } from "node:fs";
+import { mkdirSync, statfsSync } from "node:fs";
 import { dirname } from "node:path";
 import { SQL } from "bun";
 import { AppError } from "../../lib/errors";
@@ -30,12 +30,18 @@ export interface DatabaseStats {
 export class Database {
   readonly stats: DatabaseStats = { statements: 0 };
   readonly #client: SQL;
+  /** #directory holds the SQLite file (null on PostgreSQL and for :memory:): its free space is measured. */
+  readonly #directory: string | null;
+  /** #diskFullAt is when a write last failed for lack of space, until a probe finds room again. */
+  #diskFullAt: number | null = null;
 
   private constructor(
     readonly dialect: Dialect,
     client: SQL,
+    directory: string | null = null,
   ) {
     this.#client = client;
+    this.#directory = directory;
   }
 
   /** open connects to the URL; a SQLite file's directory is created. Nothing is migrated yet. */
@@ -44,12 +50,22 @@ export class Database {
       const filename = url.replace(/^(sqlite|file):(\/\/)?/, "");
       if (filename !== ":memory:") mkdirSync(dirname(filename), { recursive: true });
       const client = new SQL({ adapter: "sqlite", filename, create: true, readwrite: true });
-      // WAL lets readers run beside the one writer; a busy writer waits instead of failing.
-      await client.unsafe("PRAGMA journal_mode = WAL");
-      await client.unsafe("PRAGMA busy_timeout = 5000");
-      await client.unsafe("PRAGMA foreign_keys = ON");
-      await client.unsafe("PRAGMA synchronous = NORMAL");
-      return new Database("sqlite", client);
+      const db = new Database("sqlite", client, filename === ":memory:" ? null : dirname(filename));
+      try {
+        // WAL lets readers run beside the one writer; a busy writer waits instead of failing.
+        await client.unsafe("PRAGMA journal_mode = WAL");
+        await client.unsafe("PRAGMA busy_timeout = 5000");
+        await client.unsafe("PRAGMA foreign_keys = ON");
+        await client.unsafe("PRAGMA synchronous = NORMAL");
+      } catch (error) {
+        await client.close().catch(() => {});
+        // Opening creates the WAL and its 32 KiB index: on a full disk say so, not "disk I/O error".
+        if (db.isDiskFull(error)) {
+          throw new AppError("disk_full", `cannot open the database ${filename}: its disk is full; free some space and start again`);
+        }
+        throw error;
+      }
+      return db;
     }
     const client = new SQL({ url, max: options.max ?? 10, idleTimeout: 30, connectionTimeout: 10 });
     try {
@@ -86,6 +102,70 @@ export class Database {
     } catch {
       return false;
     }
+  }
+
+  /**
+   * isDiskFull says whether an error is the database refusing a write for lack of space, and
+   * remembers it for `writable`. SQLite reports ENOSPC as SQLITE_FULL; its SQLITE_IOERR_*
+   * codes cover every I/O failure, so one counts only when the file's filesystem is in fact
+   * below the floor. PostgreSQL reports ENOSPC on a data or temporary file as SQLSTATE 53100
+   * `disk_full` (its `errcode_for_file_access`); the statement failed and its transaction
+   * rolled back, so nothing was half-stored. (Running out of WAL space stops the PostgreSQL
+   * server itself: the console then sees an unreachable database, not this.)
+   */
+  isDiskFull(error: unknown): boolean {
+    const e = error as { code?: unknown; errno?: unknown; message?: unknown } | null;
+    const code = typeof e?.code === "string" ? e.code : "";
+    let full: boolean;
+    if (this.dialect === "sqlite")
+      full = code === "SQLITE_FULL" || (code.startsWith("SQLITE_IOERR") && this.#freeBytes() < FREE_FLOOR_BYTES);
+    else full = code === "53100" || e?.errno === "53100";
+    if (full) this.#diskFullAt = Date.now();
+    return full;
+  }
+
+  /** #freeBytes is the room left for this process on the SQLite file's filesystem (root may use the reserved blocks). */
+  #freeBytes(): number {
+    if (!this.#directory) return Number.POSITIVE_INFINITY;
+    try {
+      const stats = statfsSync(this.#directory);
+      const blocks = process.getuid?.() === 0 ? stats.bfree : stats.bavail;
+      return Number(blocks) * Number(stats.bsize);
+    } catch {
+      return Number.POSITIVE_INFINITY;
+    }
+  }
+
+  /**
+   * writable answers whether a write would be stored now (GET /api/ready's
+   * `database_writable`). It costs nothing while no write has failed for lack of space —
+   * on SQLite, one statfs of the file's filesystem, false below FREE_FLOOR_BYTES before any
+   * write fails. After such a failure it probes, until a probe succeeds: on SQLite the free
+   * space must be back above the floor and a committed write must succeed; on PostgreSQL a
+   * rolled-back transaction creates a table and inserts a row, which makes the server
+   * allocate a new file and extend it by a block in the default tablespace — a rolled-back
+   * insert into an existing table can land in a page with room and prove nothing.
+   */
+  async writable(): Promise<boolean> {
+    if (this.dialect === "sqlite" && this.#freeBytes() < FREE_FLOOR_BYTES) return false;
+    if (this.#diskFullAt === null) return true;
+    try {
+      if (this.dialect === "sqlite") {
+        await this.#client.begin("IMMEDIATE", async (tx) => {
+          await tx`INSERT INTO write_probe (id, at) VALUES (1, ${Date.now()}) ON CONFLICT (id) DO UPDATE SET at = excluded.at`;
+        });
+      } else {
+        await this.#client.begin(async (tx) => {
+          await tx`CREATE TABLE write_probe_scratch (pad TEXT)`;
+          await tx`INSERT INTO write_probe_scratch (pad) VALUES ('x')`;
+          throw new ProbeDone();
+        });
+      }
+    } catch (error) {
+      if (!(error instanceof ProbeDone)) return false;
+    }
+    this.#diskFullAt = null;
+    return true;
   }
 
   /**
@@ -126,6 +206,15 @@ export class Database {
     await this.#client.close();
   }
 }
+
+/**
+ * FREE_FLOOR_BYTES is the free space below which a SQLite database counts as unwritable:
+ * a commit appends to the WAL and a checkpoint may grow the file by as much again.
+ */
+export const FREE_FLOOR_BYTES = 1024 * 1024;
+
+/** ProbeDone rolls the PostgreSQL write probe back once its insert has succeeded. */
+class ProbeDone extends Error {}
 
 /** num reads a BIGINT or INTEGER column: PostgreSQL returns int8 as a string, SQLite as a number. */
 export function num(value: unknown): number {

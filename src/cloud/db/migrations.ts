@@ -138,4 +138,10 @@ export const MIGRATIONS: Migration[] = [
       )`,
     ],
   },
+  {
+    id: "2026-11-23-01-write-probe",
+    // One row that GET /api/ready rewrites after a write failed for lack of space, to learn
+    // whether a commit is stored again (Database.writable).
+    statements: () => ["CREATE TABLE write_probe (id INTEGER PRIMARY KEY, at BIGINT NOT NULL)"],
+  },
 ];

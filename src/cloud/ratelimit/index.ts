@@ -1,11 +1,14 @@
 import { AppError } from "../../lib/errors";
+import { clientNetwork } from "../../lib/forwarded";
 import { type Database, num } from "../db";
 
-/** Limit is one token bucket: `burst` requests at once, refilled at `perMinute` a minute. */
+/** Limit is one token bucket: `burst` requests at once, refilled at `perMinute` a minute (a fraction for slower ones). */
 export interface Limit {
   name: string;
   burst: number;
   perMinute: number;
+  /** byAddress says the key is a client address: an IPv6 one is counted by its /64 (see clientNetwork). */
+  byAddress?: true;
 }
 
 /**
@@ -16,18 +19,21 @@ export interface Limit {
  * from these (the poll's `slow_down`).
  */
 export const LIMITS = {
-  claimBySource: { name: "claim.source", burst: 10, perMinute: 10 },
+  claimBySource: { name: "claim.source", burst: 10, perMinute: 10, byAddress: true },
   claimByCode: { name: "claim.code", burst: 5, perMinute: 5 },
-  deviceBySource: { name: "device.source", burst: 10, perMinute: 10 },
-  pollBySource: { name: "poll.source", burst: 60, perMinute: 120 },
+  deviceBySource: { name: "device.source", burst: 10, perMinute: 10, byAddress: true },
+  pollBySource: { name: "poll.source", burst: 60, perMinute: 120, byAddress: true },
   pollByDevice: { name: "poll.device", burst: 20, perMinute: 30 },
   lookupBySession: { name: "lookup.session", burst: 20, perMinute: 20 },
-  lookupBySource: { name: "lookup.source", burst: 30, perMinute: 30 },
+  lookupBySource: { name: "lookup.source", burst: 30, perMinute: 30, byAddress: true },
   decideBySession: { name: "approval.session", burst: 20, perMinute: 20 },
+  // An account and an address each get 10 decisions at once, then one every 6 minutes (docs/decisions.md 160).
+  decideByAccount: { name: "approval.account", burst: 10, perMinute: 1 / 6 },
+  decideBySource: { name: "approval.source", burst: 20, perMinute: 1 / 3, byAddress: true },
   authorizeBySession: { name: "authorize.session", burst: 60, perMinute: 60 },
-  preauthBySource: { name: "preauth.source", burst: 20, perMinute: 20 },
+  preauthBySource: { name: "preauth.source", burst: 20, perMinute: 20, byAddress: true },
   preauthByKey: { name: "preauth.key", burst: 20, perMinute: 20 },
-  loginBySource: { name: "login.source", burst: 30, perMinute: 30 },
+  loginBySource: { name: "login.source", burst: 30, perMinute: 30, byAddress: true },
 } as const satisfies Record<string, Limit>;
 
 /** Decision is one charge's outcome: allowed, or refused with how long until a token returns. */
@@ -76,11 +82,27 @@ export class MemoryBuckets implements BucketStore {
   }
 }
 
-/** DatabaseBuckets keeps buckets in `rate_buckets`, so replicas behind one database share them. */
+/**
+ * DatabaseBuckets keeps buckets in `rate_buckets`, so replicas behind one database share them.
+ * A charge the database cannot store for lack of disk space is charged in this process's
+ * memory instead: the request is still limited, and a read behind the limit (lookup) still
+ * works on a full disk rather than failing at its rate limit.
+ */
 export class DatabaseBuckets implements BucketStore {
+  readonly #fallback = new MemoryBuckets();
+
   constructor(private readonly db: Database) {}
 
   async take(key: string, limit: Limit, now: number): Promise<Decision> {
+    try {
+      return await this.#takeStored(key, limit, now);
+    } catch (error) {
+      if (!this.db.isDiskFull(error)) throw error;
+      return this.#fallback.take(key, limit, now);
+    }
+  }
+
+  #takeStored(key: string, limit: Limit, now: number): Promise<Decision> {
     return this.db.transaction(async (tx) => {
       await tx`INSERT INTO rate_buckets (key, tokens, updated_at) VALUES (${key}, ${limit.burst}, ${now}) ON CONFLICT (key) DO NOTHING`;
       // Touching the row first takes its lock on PostgreSQL, so concurrent charges queue here.
@@ -105,7 +127,7 @@ export class RateLimiter {
   /** charge takes one token from each named bucket, in order, and refuses at the first empty one. */
   async charge(...charges: [Limit, string][]): Promise<void> {
     for (const [limit, key] of charges) {
-      const decision = await this.store.take(`${limit.name}:${key}`, limit, this.clock());
+      const decision = await this.store.take(`${limit.name}:${limit.byAddress ? clientNetwork(key) : key}`, limit, this.clock());
       if (!decision.allowed) {
         throw new AppError("rate_limited", `too many requests (${limit.name}); retry in ${decision.retryAfterS} s`, {
           retry_after_s: decision.retryAfterS,

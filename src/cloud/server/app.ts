@@ -9,6 +9,9 @@ import { assertNotCrossSite } from "./csrf";
 import type { CloudDeps } from "./deps";
 import { STATUS_BY_CODE } from "./errors";
 
+/** DISK_FULL_RETRY_AFTER_S is the Retry-After of a write refused for lack of disk space: room comes back when an operator makes it. */
+const DISK_FULL_RETRY_AFTER_S = 30;
+
 /** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
 export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
 
@@ -35,6 +38,10 @@ async function readiness(deps: CloudDeps): Promise<Record<string, boolean | numb
   names.forEach((name, i) => {
     answer[name] = results[i] as boolean;
   });
+  // Reported beside `ready`, not folded into it: a full database is not cured by sending
+  // traffic elsewhere (replicas share it), and this process still serves reads and a clear
+  // 503 for writes (docs/decisions.md 163).
+  answer.database_writable = answer.database === false ? false : await bounded(() => deps.db.writable());
   return answer;
 }
 
@@ -50,6 +57,8 @@ const REFUSED_BODY_LIMITS: Record<string, Limit> = {
   "/api/link/device/poll": LIMITS.pollBySource,
   "/api/link/preauth": LIMITS.preauthBySource,
   "/api/nodes/device-approvals/lookup": LIMITS.lookupBySource,
+  "/api/nodes/device-approvals/approve": LIMITS.decideBySource,
+  "/api/nodes/device-approvals/deny": LIMITS.decideBySource,
 };
 
 /**
@@ -85,9 +94,14 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
         },
         headersFor: (status, error): Record<string, string> | undefined => {
           if (status === 401) return { "www-authenticate": `Bearer realm="engine-cloud"` };
+          if (error.code === "disk_full") return { "retry-after": String(DISK_FULL_RETRY_AFTER_S) };
           const retry = error.details?.retry_after_s;
           return status === 429 && typeof retry === "number" ? { "retry-after": String(retry) } : undefined;
         },
+        translateError: (error) =>
+          deps.db.isDiskFull(error)
+            ? new AppError("disk_full", "the console's database is out of disk space; nothing was stored: retry later")
+            : undefined,
         fieldsFor: (error) => (error.code === "slow_down" ? { interval: error.details?.interval } : undefined),
       }),
     )

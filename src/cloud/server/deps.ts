@@ -38,6 +38,6 @@ export interface CloudDeps {
   readyChecks: Record<string, () => Promise<boolean>>;
   /** site is where the console is reached, fixed once the port is bound. */
   site: { publicUrl: string; hostedBaseDomain: string };
-  /** sourceOf is the client's network address (X-Forwarded-For only when configured to trust it). */
+  /** sourceOf is the client's network address: the socket's peer, or X-Forwarded-For's rightmost untrusted hop when the peer is a trusted proxy. */
   sourceOf(request: Request): string;
 }

@@ -34,6 +34,9 @@ export const STATUS_BY_CODE: Record<CloudErrorCode, number> = {
   invalid_return_to: 400,
   not_supported: 501,
   database_unavailable: 503,
+  // 503 with Retry-After, not the engine's 507: the contract's status lists name only
+  // client-caused outcomes, and a full disk is the server's condition (docs/decisions.md 162).
+  disk_full: 503,
   identity_provider_unavailable: 503,
   config_invalid: 500,
   data_dir_unwritable: 500,

@@ -3,6 +3,7 @@ import { accessSync, constants, mkdirSync } from "node:fs";
 import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { loadSecretKey } from "../../lib/files";
+import { clientAddress } from "../../lib/forwarded";
 import { lastResortResponse } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
@@ -41,14 +42,14 @@ export interface RunningCloud {
   stop(): Promise<void>;
 }
 
+/**
+ * sourceResolver answers each request's client address: the socket's peer, or, when the peer
+ * is a configured proxy, the address X-Forwarded-For names (src/lib/forwarded).
+ */
 function sourceResolver(config: CloudConfig, server: () => Bun.Server<undefined> | null) {
   return (request: Request): string => {
-    if (config.trustForwardedFor) {
-      const forwarded = request.headers.get("x-forwarded-for");
-      const first = forwarded?.split(",")[0]?.trim();
-      if (first && /^[0-9a-fA-F:.]{2,45}$/.test(first)) return first;
-    }
-    return server()?.requestIP(request)?.address ?? "unknown";
+    const peer = server()?.requestIP(request)?.address ?? "unknown";
+    return clientAddress(peer, request.headers.get("x-forwarded-for"), config.trustedProxies);
   };
 }
 
@@ -147,7 +148,13 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const port = bound.port ?? config.port;
     if (config.port === 0 && site.publicUrl.endsWith(":0")) site.publicUrl = site.publicUrl.replace(/:0$/, `:${port}`);
     log.info(
-      { url: `http://${config.host}:${port}`, role: config.role, dialect: db.dialect, public_url: site.publicUrl },
+      {
+        url: `http://${config.host}:${port}`,
+        role: config.role,
+        dialect: db.dialect,
+        public_url: site.publicUrl,
+        trusted_proxies: config.trustedProxies.entries,
+      },
       "engine-cloud listening",
     );
     return { url: `http://${config.host === "0.0.0.0" ? "127.0.0.1" : config.host}:${port}`, port, deps, secrets, stop };

@@ -1,5 +1,5 @@
 import { Elysia } from "elysia";
-import { DaemonRestartRequest, Empty, Health, LinkStatus, VcsTokenPush, VcsTokenPushResult } from "../../contract/engine";
+import { DaemonRestartRequest, Empty, Health, LinkStatus, Ready, VcsTokenPush, VcsTokenPushResult } from "../../contract/engine";
 import type { ApiDeps } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
@@ -12,6 +12,18 @@ export function daemonRoutes(deps: ApiDeps) {
       {
         response: { 200: Health },
         detail: { tags: ["daemon"], summary: "Liveness: answers while the daemon serves requests (no credential)", security: [] },
+      },
+    )
+    .get(
+      "/api/ready",
+      (): Ready => deps.ready?.() ?? { ready: true, database: true, data_dir_writable: true, data_dir_free_bytes: 0, log_writable: true },
+      {
+        response: { 200: Ready },
+        detail: {
+          tags: ["daemon"],
+          summary: "Readiness: whether the database answers and the data dir takes writes (no credential; 200 either way)",
+          security: [],
+        },
       },
     )
     .post(

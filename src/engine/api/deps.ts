@@ -1,3 +1,4 @@
+import type { Ready } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
 import type { NodeIdentity, VcsTokenStore } from "../link";
@@ -26,6 +27,8 @@ export interface ApiDeps {
   linkIdentity?: () => NodeIdentity | null;
   /** baseUrl is where browsers reach this engine (the web UI's login links); unset before it listens. */
   baseUrl?: () => string | undefined;
+  /** ready checks the database and the data dir for GET /api/ready; unset: ready by definition. */
+  ready?: () => Ready;
 }
 
 /** RequestContext resolves per-request facts the auth hook established. */

@@ -21,7 +21,7 @@ summary{cursor:pointer}code,pre{font:12px ui-monospace,monospace}pre{overflow:au
 <div id="ops">Loading…</div>
 <script>
 const esc=s=>String(s).replace(/[&<>"]/g,c=>({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"})[c]);
-const pub=new Set(["/api/health","/api/openapi.json"]);
+const pub=new Set(["/api/health","/api/ready","/api/openapi.json"]);
 fetch("/api/openapi.json").then(r=>r.json()).then(doc=>{
   const byTag={};
   for(const [path,ops] of Object.entries(doc.paths||{}))for(const [method,op] of Object.entries(ops)){

@@ -1,6 +1,6 @@
 import { openapi } from "@elysiajs/openapi";
 import { Elysia } from "elysia";
-import { AppError } from "../../lib/errors";
+import { AppError, diskFullError } from "../../lib/errors";
 import { apiBasics, BodySchemas, cookieValue, pathOf, RequestIds } from "../../lib/http";
 import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
 import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
@@ -55,6 +55,8 @@ function buildApp(
         bodySchemas: hooks.bodySchemas,
         // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
         oversizeStatus: 413,
+        // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
+        translateError: diskFullError,
         headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
       }),
     )

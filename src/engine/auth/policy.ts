@@ -23,6 +23,7 @@ export const ACCESS_ROLES: Record<Exclude<Access, "public">, readonly Role[]> = 
  */
 export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "GET /api/health": "public",
+  "GET /api/ready": "public",
   "GET /api/openapi.json": "public",
   "GET /api/docs": "public",
   "GET /api/tokens": "read",

@@ -48,7 +48,14 @@ export class TokenStore {
 
   /** start begins the periodic flush of coalesced `last_used_at` values. */
   start(flushMs: number): void {
-    this.#flushTimer = setInterval(() => this.flushLastUsed(), flushMs);
+    this.#flushTimer = setInterval(() => {
+      try {
+        this.flushLastUsed();
+      } catch {
+        // A full disk: the times stay pending and go out with a later flush (issue 13); a
+        // timer that throws would end the daemon.
+      }
+    }, flushMs);
     this.#flushTimer.unref?.();
   }
 
@@ -64,9 +71,15 @@ export class TokenStore {
     const pending = [...this.#pendingLastUsed];
     this.#pendingLastUsed.clear();
     const update = this.#db.query("UPDATE tokens SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)");
-    this.#db.transaction(() => {
-      for (const [id, at] of pending) update.run(at, id, at);
-    })();
+    try {
+      this.#db.transaction(() => {
+        for (const [id, at] of pending) update.run(at, id, at);
+      })();
+    } catch (error) {
+      // Not stored: keep them for the next flush, unless a newer use came in meanwhile.
+      for (const [id, at] of pending) if (!this.#pendingLastUsed.has(id)) this.#pendingLastUsed.set(id, at);
+      throw error;
+    }
   }
 
   list(): Token[] {

@@ -5,12 +5,13 @@ import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { SecretBox } from "../../lib/crypto";
-import { AppError } from "../../lib/errors";
+import { AppError, isDiskFull } from "../../lib/errors";
 import { lastResortResponse } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
 import { bootstrapAdminToken, TokenStore } from "../auth";
+import { firstUnreachable, lookupUser } from "../databases";
 import { GpuInventory } from "../gpu";
 import { IdentityStore, loadSecretKey, MetadataRefresher, VcsTokenStore } from "../link";
 import { MdnsPublisher } from "../mdns";
@@ -20,6 +21,7 @@ import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
+import { checkReady } from "./ready";
 import { reexecSelf } from "./reexec";
 
 export interface DaemonOptions {
@@ -60,17 +62,58 @@ function withRoutableUrl(request: Request): Request {
   return new Request(`http://localhost${request.url.slice(slash)}`, request);
 }
 
-/** prepareDataDir creates the data dir (0700) and proves it writable, with one clear error if not. */
-function prepareDataDir(dataDir: string): void {
+/**
+ * DATABASE_USERS are the system users the engine runs database servers as when it is root
+ * (PostgreSQL and MariaDB refuse to run as root): they must traverse the data dir to data/<name>.
+ */
+const DATABASE_USERS = ["postgres", "mysql"] as const;
+
+/**
+ * prepareDataDir creates the data dir and proves it writable, with one clear error if not.
+ *
+ * As root the data dir and its data/ folder are 0711, set again at every start as dockerd does
+ * with /var/lib/docker: the database servers run as their own users (postgres, mysql) and must
+ * traverse both to reach data/<name>, which they own. Traverse-only lists nothing, and
+ * everything else in the data dir is root's and closed to others (the socket 0600, secrets
+ * 0600, folders 0750 or 0700). A directory others may write to (a shared one such as /tmp) is
+ * never changed. As another user the workloads run as the engine's own user: 0700.
+ */
+function prepareDataDir(dataDir: string, asRoot: boolean): void {
+  const mode = asRoot ? 0o711 : 0o700;
   try {
-    if (!existsSync(dataDir)) mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    if (!existsSync(dataDir)) mkdirSync(dataDir, { recursive: true, mode });
     if (!statSync(dataDir).isDirectory()) throw new Error("it is not a directory");
     accessSync(dataDir, constants.W_OK | constants.R_OK | constants.X_OK);
+    if (asRoot) {
+      const data = join(dataDir, "data");
+      mkdirSync(data, { recursive: true, mode });
+      for (const dir of [dataDir, data]) {
+        const current = statSync(dir).mode;
+        if ((current & 0o7022) === 0 && (current & 0o777) !== mode) chmodSync(dir, mode);
+      }
+    }
   } catch (error) {
     throw new AppError(
       "data_dir_unwritable",
       `the data dir ${dataDir} is not usable (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}): choose another with --data-dir or ENGINE_DATA_DIR`,
     );
+  }
+}
+
+/**
+ * warnUnreachableData says at start-up, rather than at a database's first deploy, when a data
+ * dir given explicitly lies where the database users cannot reach (under /root, say).
+ */
+function warnUnreachableData(dataDir: string, log: Logger): void {
+  for (const name of DATABASE_USERS) {
+    const user = lookupUser(name);
+    const blocked = user ? firstUnreachable(join(dataDir, "data", "service"), user) : null;
+    if (blocked) {
+      log.warn(
+        { user: name, directory: blocked },
+        `database services that run as ${name} cannot start: ${name} may not enter ${blocked}; choose a data dir they can reach (the default as root, /var/lib/engine, is one) or let ${name} search ${blocked}`,
+      );
+    }
   }
 }
 
@@ -115,9 +158,24 @@ function listen(config: EngineConfig, log: Logger, fetchHandler: (request: Reque
 export async function startDaemon(config: EngineConfig, options: DaemonOptions = {}): Promise<RunningDaemon> {
   const clock = options.clock ?? systemClock;
   const startedAt = Date.now();
-  prepareDataDir(config.dataDir);
-  const { log, flush } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
+  const asRoot = process.getuid?.() === 0;
+  prepareDataDir(config.dataDir, asRoot);
+  const { log, flush, sinks } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
+  if (config.dataDirWarning) log.warn({ data_dir: config.dataDir }, config.dataDirWarning);
+  if (asRoot) warnUnreachableData(config.dataDir, log);
   const cleanups: (() => void | Promise<void>)[] = [flush];
+  // The last resort of issue 13: work started in the background (a `void` promise: a build, a
+  // database readiness wait, a certificate renewal) whose write the disk refused must not end
+  // the daemon; its owner tries again or the next action redoes it. Any other rejection still
+  // ends the process, as it would with no handler, by being thrown again.
+  const onRejection = (reason: unknown) => {
+    if (!isDiskFull(reason)) throw reason;
+    log.error({ err: reason }, "a background write was refused for lack of space");
+  };
+  process.on("unhandledRejection", onRejection);
+  cleanups.push(() => {
+    process.off("unhandledRejection", onRejection);
+  });
   const runCleanups = async () => {
     while (cleanups.length > 0) {
       const cleanup = cleanups.pop();
@@ -255,22 +313,30 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       },
       services,
       daemon,
+      ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
     const tcp = listen(config, log, (request) => api.app.handle(withRoutableUrl(request)));
     const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${tcp.port ?? config.port}`;
     cleanups.push(() => tcp.stop(true));
-    // The data dir is 0700, so the socket is private from the moment it exists; chmod makes it explicit.
-    const unix = Bun.serve({
-      unix: config.socketPath,
-      ...serveSafety(log),
-      fetch(raw) {
-        const request = withRoutableUrl(raw);
-        api.markLocal(request);
-        return api.app.handle(request);
-      },
-    });
+    // The socket counts as admin and the data dir may be 0711 (root): a umask of 077 makes it
+    // private from the moment it exists, before the chmod that states its mode.
+    const umask = process.umask(0o077);
+    let unix: Server<undefined>;
+    try {
+      unix = Bun.serve({
+        unix: config.socketPath,
+        ...serveSafety(log),
+        fetch(raw) {
+          const request = withRoutableUrl(raw);
+          api.markLocal(request);
+          return api.app.handle(request);
+        },
+      });
+    } finally {
+      process.umask(umask);
+    }
     chmodSync(config.socketPath, 0o600);
     cleanups.push(() => {
       unix.stop(true);

@@ -233,7 +233,7 @@ export class MariaDbEngine implements DatabaseEngine {
       const blocked = firstUnreachable(data, runAs) ?? firstUnreachable(socket, runAs);
       if (blocked) {
         throw new Error(
-          `MariaDB refuses to run as root, so the engine runs it as the user ${runAs.user}, who may not enter ${blocked}: run the engine as an unprivileged user, or let ${runAs.user} search the directories above the data dir (e.g. chmod o+x ${blocked})`,
+          `MariaDB refuses to run as root, so the engine runs it as the user ${runAs.user}, who may not enter ${blocked}: choose a data dir ${runAs.user} can reach (the default as root, /var/lib/engine, is one), run the engine as an unprivileged user, or let ${runAs.user} search ${blocked} (e.g. chgrp ${runAs.user} ${blocked} && chmod g+x ${blocked})`,
         );
       }
     }

@@ -3,7 +3,7 @@ import { basename, join } from "node:path";
 import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { randomId, type SecretBox } from "../../lib/crypto";
-import { AppError } from "../../lib/errors";
+import { AppError, isDiskFull } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
 import { InputError } from "../../lib/validation";
 import { assertServiceInScope, type Principal } from "../auth";
@@ -54,6 +54,8 @@ import {
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
 /** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
 const GPU_REFRESH_MS = 60_000;
+/** SETTLE_RETRY_MS is how often an exit the store refused (a full disk) is tried again. */
+const SETTLE_RETRY_MS = 1000;
 /** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
 const DIAGNOSIS_LOG_LINES = 50;
 const SETTLED_STATUSES = new Set(["stopped", "failed", "completed", "cancelled"]);
@@ -136,6 +138,10 @@ export class ServiceManager implements ServiceDirectory {
   private scheduleQueued = false;
   private draining = false;
   private stopped = false;
+  /** unsettled holds exits reported by the supervisor that the store has not taken yet. */
+  private readonly unsettled = new Map<string, ExitRecord>();
+  private settleTimer: ReturnType<typeof setTimeout> | null = null;
+  private settleFailing = false;
   private gpuTimer: ReturnType<typeof setInterval> | null = null;
   private readonly o: ManagerOptions;
   private readonly databases: DatabaseEngines;
@@ -206,7 +212,7 @@ export class ServiceManager implements ServiceDirectory {
           continue;
         }
         this.o.log.info({ service: service.name, exit: adopted.exit }, "a service ended while the daemon was away");
-        this.settleExit(service.id, run, adopted.exit);
+        this.unsettled.set(run.id, adopted.exit);
         continue;
       }
       if (service.desired_state !== "running") continue;
@@ -221,6 +227,9 @@ export class ServiceManager implements ServiceDirectory {
         this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       }
     }
+    // Exits that ended while no daemon watched; on a full disk they wait for space, the
+    // daemon starts anyway (a throw here was a crash loop under systemd).
+    this.settlePending();
     this.schedule();
   }
 
@@ -231,6 +240,7 @@ export class ServiceManager implements ServiceDirectory {
   handOver(): void {
     this.stopped = true;
     if (this.gpuTimer) clearInterval(this.gpuTimer);
+    if (this.settleTimer) clearTimeout(this.settleTimer);
     for (const runtime of this.runtimes.values()) {
       if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
       runtime.health?.stop();
@@ -290,13 +300,15 @@ export class ServiceManager implements ServiceDirectory {
     const { spec } = this.currentSpec(service);
     const runtime = this.runtime(service.id);
     const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
-    const live = run !== null && run.ended_at === null;
+    // An exit the store could not take yet (a full disk) is still an exit: no process is shown.
+    const pendingExit = run ? this.unsettled.get(run.id) : undefined;
+    const live = run !== null && run.ended_at === null && !pendingExit;
     return {
       id: service.id,
       name: service.name,
       kind: service.kind,
       status: service.status as ServiceRecord["status"],
-      status_message: service.status_message,
+      status_message: pendingExit ? `${describeExit(pendingExit)}; recorded once the disk has room` : service.status_message,
       desired_state: service.desired_state,
       version: service.version,
       pid: live ? run.pid : null,
@@ -964,8 +976,26 @@ export class ServiceManager implements ServiceDirectory {
           memory_mb: allocation.memory_mb,
         };
       }
-      void this.launch(service.id, hold);
+      void this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
     }
+  }
+
+  /**
+   * launchFailed handles a launch that threw before its run was settled: on a full disk the
+   * run could not be recorded (so nothing was started, or the supervisor reports its exit).
+   * The service stays pending and is scheduled again a moment later, so it starts once the
+   * disk has room, without a restart of the daemon.
+   */
+  private launchFailed(serviceId: string, error: unknown): void {
+    const runtime = this.runtime(serviceId);
+    runtime.launching = false;
+    this.o.log.error({ err: error, service: serviceId, disk_full: isDiskFull(error) }, "launch failed: trying again");
+    if (runtime.retryTimer || this.stopped) return;
+    runtime.retryTimer = setTimeout(() => {
+      runtime.retryTimer = null;
+      this.schedule();
+    }, SETTLE_RETRY_MS);
+    runtime.retryTimer.unref?.();
   }
 
   private setWaiting(service: ServiceRow, message: string): void {
@@ -1126,7 +1156,9 @@ export class ServiceManager implements ServiceDirectory {
           exitCode: null,
           signal: null,
           endedAt: iso(this.now()),
-          execError: "ESETUP",
+          // A run directory or data dir refused for lack of space is the disk's fault, not the
+          // service's: settleExit queues it again instead of failing it.
+          execError: isDiskFull(error) ? "ENOSPC" : "ESETUP",
           execStage: "setup",
           execMessage: (error as Error).message,
           oomKilled: false,
@@ -1141,7 +1173,8 @@ export class ServiceManager implements ServiceDirectory {
       return;
     }
     if (!result.ok) {
-      this.settleExit(serviceId, run, result.exit);
+      this.unsettled.set(runId, result.exit);
+      this.settlePending();
       return;
     }
     // A workload that exits at once can be reported, and settled, before this point.
@@ -1220,15 +1253,49 @@ export class ServiceManager implements ServiceDirectory {
   // ---------------------------------------------------------------- exits
 
   private onRunExit(handle: RunHandle, exit: ExitRecord): void {
-    const run = this.o.store.getRun(handle.runId);
-    if (!run || run.ended_at !== null) return;
-    this.settleExit(run.service_id, run, exit);
+    this.unsettled.set(handle.runId, exit);
+    this.settlePending();
+  }
+
+  /**
+   * settlePending records every exit the supervisor reported and the store has not taken yet.
+   * It never throws: it runs from the supervisor's exit handler, where an uncaught SQLITE_FULL
+   * used to end the daemon (issue 13). A settle refused for lack of space stays pending, the
+   * service is known to have exited meanwhile (record() shows no process), and it is tried
+   * again every second until the disk has room; the shim's exit.json keeps the truth for a
+   * daemon that restarts first.
+   */
+  private settlePending(): void {
+    for (const [runId, exit] of this.unsettled) {
+      try {
+        const run = this.o.store.getRun(runId);
+        if (run && run.ended_at === null) this.settleExit(run.service_id, run, exit);
+        this.unsettled.delete(runId);
+      } catch (error) {
+        if (!this.settleFailing) {
+          this.settleFailing = true;
+          this.o.log.error({ err: error, run: runId, disk_full: isDiskFull(error) }, "cannot record a service's exit yet: retrying");
+        }
+      }
+    }
+    if (this.unsettled.size === 0) {
+      if (this.settleFailing) this.o.log.info("recorded the exits that were waiting for the disk");
+      this.settleFailing = false;
+      return;
+    }
+    if (this.settleTimer || this.stopped) return;
+    this.settleTimer = setTimeout(() => {
+      this.settleTimer = null;
+      this.settlePending();
+    }, SETTLE_RETRY_MS);
+    this.settleTimer.unref?.();
   }
 
   /**
    * settleExit records how a run ended and decides what follows: nothing more for a run
    * ended on purpose; otherwise the restart policy (restart after backoff, or settle as
-   * completed or failed).
+   * completed or failed). Its writes are one transaction, made before anything in memory
+   * changes: if the disk refuses them, nothing was half-settled and the settle can be retried.
    */
   private settleExit(serviceId: string, run: RunRow, exit: ExitRecord): void {
     const service = this.o.store.getService(serviceId);
@@ -1243,16 +1310,7 @@ export class ServiceManager implements ServiceDirectory {
     const endReason = runtime.stopping ? "stopped" : runtime.healthKill ? "health" : exit.lost ? "lost" : "exit";
     const endedAt = exit.endedAt;
     const stopped = runtime.stopping ? { forced_kill: runtime.forcedKill, stop_method: runtime.stopMethod } : {};
-    runtime.forcedKill = false;
-    this.o.store.endRun(run.id, endedAt, { ...exit, gpu_oom: gpuOom, priv_denied: privDenied, ...stopped }, endReason);
-    for (const dir of this.o.store.pruneRuns(serviceId)) rmSync(dir, { recursive: true, force: true });
-    runtime.handle = null;
-    runtime.gpuHold = null;
-    runtime.health?.stop();
-    runtime.health = null;
     const wasHealthKill = runtime.healthKill;
-    runtime.healthKill = false;
-    const waiters = runtime.exitWaiters.splice(0);
     const succeeded = exit.exitCode === 0 && !exit.lost;
     const crashed = !succeeded && !runtime.stopping;
     const forensics: Forensics = crashed
@@ -1267,56 +1325,86 @@ export class ServiceManager implements ServiceDirectory {
           error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb),
         }
       : { ...service.forensics, last_exit_code: exit.exitCode, last_signal: exit.signal };
+
+    // What follows the exit, decided before anything is written.
+    let patch: Partial<ServiceRow>;
+    let retryDelayMs: number | null = null;
+    let requeue = false;
+    const waiting = runtime.exitWaiters.length > 0 || runtime.stopping;
+    if (waiting) {
+      patch = { forensics, current_run_id: run.id };
+    } else if (service.desired_state === "stopped") {
+      patch = { forensics, status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped" };
+    } else if (exit.execError === "ENOSPC" && exit.execStage === "setup") {
+      // Never started for lack of space: no crash, no restart counted; pending again, and
+      // scheduled again until the disk has room (issue 13).
+      patch = { status: "pending", status_message: "could not start: the disk is full; trying again when it has room" };
+      requeue = true;
+    } else {
+      // An exec that failed (no such program, permission denied) fails the same way every time.
+      const decision = exit.execError
+        ? ({
+            action: "settle",
+            status: "failed",
+            budgetSpent: false,
+            state: { ...service.restart_state, last_exit_at: endedAt, next_retry_at: null },
+          } as const)
+        : decideAfterExit(service.kind, spec.restart, service.restart_state, succeeded, Date.parse(endedAt) || this.now().getTime());
+      if (decision.action === "restart") {
+        retryDelayMs = Math.max(0, Date.parse(decision.state.next_retry_at ?? endedAt) - this.now().getTime());
+        patch = {
+          forensics,
+          restart_state: decision.state,
+          status: service.kind === "batch" ? "retrying" : "restarting",
+          status_message: `${describeExit(exit)}; restarting in ${(retryDelayMs / 1000).toFixed(1)} s (restart ${decision.state.restarts.length} of ${spec.restart.max_restarts} in ${spec.restart.window_seconds} s)`,
+        };
+      } else {
+        const message =
+          decision.status === "completed"
+            ? `${describeExit(exit)}`
+            : decision.budgetSpent
+              ? `${describeExit(exit)}; gave up after ${spec.restart.max_restarts} restarts in ${spec.restart.window_seconds} s`
+              : describeExit(exit);
+        patch = {
+          forensics: decision.budgetSpent
+            ? { ...forensics, error: { class: "crash_loop", message: `${message} (last cause: ${forensics.error?.class ?? "exit"})` } }
+            : forensics,
+          restart_state: decision.state,
+          status: decision.status,
+          desired_state: decision.status === "completed" ? "completed" : service.desired_state,
+          status_message: message,
+        };
+      }
+    }
+
+    const pruned = this.o.store.transaction(() => {
+      this.o.store.endRun(run.id, endedAt, { ...exit, gpu_oom: gpuOom, priv_denied: privDenied, ...stopped }, endReason);
+      this.o.store.updateService({ ...service, ...patch, updated_at: iso(this.now()) });
+      return this.o.store.pruneRuns(serviceId);
+    });
+
+    // Stored: now the process's own state follows.
+    for (const dir of pruned) rmSync(dir, { recursive: true, force: true });
+    runtime.forcedKill = false;
+    runtime.handle = null;
+    runtime.gpuHold = null;
+    runtime.health?.stop();
+    runtime.health = null;
+    runtime.healthKill = false;
+    this.changed(serviceId);
     this.o.log.info(
       { service: service.name, run: run.id, exit_code: exit.exitCode, signal: exit.signal, oom_killed: exit.oomKilled, reason: endReason },
       "service process ended",
     );
-
-    if (waiters.length > 0 || runtime.stopping) {
-      this.update(serviceId, { forensics, current_run_id: run.id });
-      for (const resolve of waiters) resolve();
-      this.schedule();
+    if (waiting) for (const resolve of runtime.exitWaiters.splice(0)) resolve();
+    if (retryDelayMs !== null) this.armRetry(serviceId, retryDelayMs);
+    if (requeue && !runtime.retryTimer && !this.stopped) {
+      runtime.retryTimer = setTimeout(() => {
+        runtime.retryTimer = null;
+        this.schedule();
+      }, SETTLE_RETRY_MS);
+      runtime.retryTimer.unref?.();
       return;
-    }
-    if (service.desired_state === "stopped") {
-      this.update(serviceId, { forensics, status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped" });
-      this.schedule();
-      return;
-    }
-    // An exec that failed (no such program, permission denied) fails the same way every time.
-    const decision = exit.execError
-      ? ({
-          action: "settle",
-          status: "failed",
-          budgetSpent: false,
-          state: { ...service.restart_state, last_exit_at: endedAt, next_retry_at: null },
-        } as const)
-      : decideAfterExit(service.kind, spec.restart, service.restart_state, succeeded, Date.parse(endedAt) || this.now().getTime());
-    if (decision.action === "restart") {
-      const delayMs = Math.max(0, Date.parse(decision.state.next_retry_at ?? endedAt) - this.now().getTime());
-      this.update(serviceId, {
-        forensics,
-        restart_state: decision.state,
-        status: service.kind === "batch" ? "retrying" : "restarting",
-        status_message: `${describeExit(exit)}; restarting in ${(delayMs / 1000).toFixed(1)} s (restart ${decision.state.restarts.length} of ${spec.restart.max_restarts} in ${spec.restart.window_seconds} s)`,
-      });
-      this.armRetry(serviceId, delayMs);
-    } else {
-      const message =
-        decision.status === "completed"
-          ? `${describeExit(exit)}`
-          : decision.budgetSpent
-            ? `${describeExit(exit)}; gave up after ${spec.restart.max_restarts} restarts in ${spec.restart.window_seconds} s`
-            : describeExit(exit);
-      this.update(serviceId, {
-        forensics: decision.budgetSpent
-          ? { ...forensics, error: { class: "crash_loop", message: `${message} (last cause: ${forensics.error?.class ?? "exit"})` } }
-          : forensics,
-        restart_state: decision.state,
-        status: decision.status,
-        desired_state: decision.status === "completed" ? "completed" : service.desired_state,
-        status_message: message,
-      });
     }
     this.schedule();
   }
@@ -1330,11 +1418,18 @@ export class ServiceManager implements ServiceDirectory {
         const service = this.o.store.getService(serviceId);
         if (service?.desired_state !== "running") return;
         if (service.status !== "restarting" && service.status !== "retrying") return;
-        this.update(serviceId, {
-          status: "pending",
-          status_message: "waiting to be scheduled",
-          restart_state: { ...service.restart_state, next_retry_at: null },
-        });
+        try {
+          this.update(serviceId, {
+            status: "pending",
+            status_message: "waiting to be scheduled",
+            restart_state: { ...service.restart_state, next_retry_at: null },
+          });
+        } catch (error) {
+          // A timer must not throw (that ends the daemon): on a full disk, try again shortly.
+          this.o.log.error({ err: error, service: service.name, disk_full: isDiskFull(error) }, "cannot schedule a restart yet: retrying");
+          this.armRetry(serviceId, SETTLE_RETRY_MS);
+          return;
+        }
         this.schedule();
       },
       Math.max(0, delayMs),

@@ -1,5 +1,6 @@
-import { Database } from "bun:sqlite";
-import { AppError } from "../../lib/errors";
+import { constants, Database } from "bun:sqlite";
+import { chmodSync, closeSync, existsSync, openSync } from "node:fs";
+import { AppError, isDiskFull } from "../../lib/errors";
 import { MIGRATIONS, type Migration } from "./migrations";
 
 export type { Database } from "bun:sqlite";
@@ -15,13 +16,38 @@ const PRAGMAS = ["journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 5
 export function openStore(path: string, migrations: readonly Migration[] = MIGRATIONS): Database {
   let db: Database;
   try {
+    keepPrivate(path);
     db = new Database(path, { create: true, strict: true });
   } catch (error) {
     throw new AppError("data_dir_unwritable", `cannot open the state database ${path}: ${(error as Error).message}`);
   }
-  for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
-  migrate(db, migrations);
+  try {
+    for (const pragma of PRAGMAS) db.exec(`PRAGMA ${pragma}`);
+    // The WAL and its index (-shm) stay on disk after close: a daemon restarted on a full disk
+    // can open the database again (creating a 32 KiB -shm needs room; issue 13).
+    db.fileControl(constants.SQLITE_FCNTL_PERSIST_WAL, 1);
+    migrate(db, migrations);
+  } catch (error) {
+    db.close();
+    const code = (error as { code?: string }).code;
+    if (isDiskFull(error) || code === "SQLITE_IOERR_SHMSIZE") {
+      throw new AppError("disk_full", `cannot open the state database ${path}: its disk is full; free some space and start again`);
+    }
+    throw error;
+  }
   return db;
+}
+
+/**
+ * keepPrivate makes the database file 0600 before SQLite opens it: SQLite gives its -wal and
+ * -shm files the mode of the database, and the data dir may be traversable by others (0711 as
+ * root), so a mode from the umask (0644) would let any local user read the tokens' digests and
+ * the services' sealed secrets. Files an older engine made 0644 are closed too.
+ */
+function keepPrivate(path: string): void {
+  if (path === ":memory:" || path.startsWith("file:")) return;
+  closeSync(openSync(path, "a", 0o600));
+  for (const file of [path, `${path}-wal`, `${path}-shm`]) if (existsSync(file)) chmodSync(file, 0o600);
 }
 
 /** migrate applies, in order and each in its own transaction, the migrations not yet recorded. */

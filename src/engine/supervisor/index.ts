@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, rmdirSync, unlinkSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmdirSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../../lib/logger";
 import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
@@ -102,6 +102,19 @@ export class Supervisor {
 
   start(): void {
     if (existsSync(this.notifySocket)) unlinkSync(this.notifySocket);
+    // Only the shims (the engine's user) may report exits: a line from anyone else would end a
+    // run that is still alive. A umask of 077 makes the socket private from the moment it exists.
+    const umask = process.umask(0o077);
+    try {
+      this.listen();
+    } finally {
+      process.umask(umask);
+    }
+    chmodSync(this.notifySocket, 0o600);
+    this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
+  }
+
+  private listen(): void {
     this.listener = Bun.listen<{ buffer: string }>({
       unix: this.notifySocket,
       socket: {
@@ -120,7 +133,6 @@ export class Supervisor {
         },
       },
     });
-    this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
   }
 
   stop(): void {

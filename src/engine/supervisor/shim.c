@@ -17,6 +17,11 @@
  *   "ok SHIM_PID CHILD_PID\n"            the workload is running;
  *   "err ERRNO STAGE\n"                   it could not start (STAGE: exec, cgroup, chdir, setup).
  * The shim is written to stay small: no allocation in the loop, a few hundred KB of RSS.
+ *
+ * A full disk loses neither the exit nor the shim (issue 13): exit.json's space is reserved
+ * when the run starts and overwritten in place at exit, and where even that failed the shim
+ * retries every second and notifies only once exit.json is written. The log stops at a floor
+ * of free space (see FLOOR_PERCENT) and says, in one marker line, how many lines it dropped.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +35,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -46,6 +52,24 @@ static int log_fd = -1;
 static long long log_size;
 static int sig_pipe[2] = {-1, -1};
 static pid_t child = -1;
+/* The free-space floor under which the shim stops writing the service's log (issue 13): 5 % of
+   the log's filesystem, at most 1 GiB. On an 8 MiB tmpfs that leaves ~400 KiB for the
+   engine's database and exit records; on a 2 TB disk, 1 GiB. Free space is read (statvfs) at
+   most every FLOOR_CHECK_BYTES written or FLOOR_CHECK_MS elapsed, so a flood costs one cheap
+   syscall per 64 KiB. */
+#define FLOOR_PERCENT 5
+#define FLOOR_CAP_BYTES (1024LL * 1024 * 1024)
+#define FLOOR_CHECK_BYTES (64 * 1024)
+#define FLOOR_CHECK_MS 250
+#define EXIT_RESERVE_BYTES 4096
+/* Disk-aware logging: lines dropped while below the floor (or refused by the disk), and when
+   free space was last read. */
+static long long log_dropped;
+static int log_below_floor;
+static long long bytes_since_check = FLOOR_CHECK_BYTES;
+static long long last_check_ms;
+/* exit_fd is exit.json.tmp, preallocated when the run starts so the exit fits on a full disk. */
+static int exit_fd = -1;
 
 struct stream {
   int fd;
@@ -100,21 +124,92 @@ static void timestamp(char *out, size_t size) {
   snprintf(out + n, size - n, ".%09ldZ", ts.tv_nsec);
 }
 
-/* emit writes one CRI log record: full (F) or partial (P) line. */
+static long long monotonic_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* above_floor says whether the log's filesystem has more free space than the floor. It reads
+   statvfs only now and then (see FLOOR_CHECK_*) and keeps the last answer in between. */
+static int above_floor(long long record) {
+  long long now = monotonic_ms();
+  bytes_since_check += record;
+  if (bytes_since_check < FLOOR_CHECK_BYTES && now - last_check_ms < FLOOR_CHECK_MS) return !log_below_floor;
+  bytes_since_check = 0;
+  last_check_ms = now;
+  struct statvfs vfs;
+  if (statvfs(log_path, &vfs) != 0) return !log_below_floor;
+  long long size = (long long)vfs.f_blocks * (long long)vfs.f_frsize;
+  long long avail = (long long)vfs.f_bavail * (long long)vfs.f_frsize;
+  long long floor = size / 100 * FLOOR_PERCENT;
+  if (floor > FLOOR_CAP_BYTES) floor = FLOOR_CAP_BYTES;
+  log_below_floor = avail - record < floor;
+  return !log_below_floor;
+}
+
+/* write_record writes one whole record or none: a record cut by a full disk is taken back. */
+static int write_record(const char *line, size_t len) {
+  ssize_t n;
+  do n = write(log_fd, line, len);
+  while (n < 0 && errno == EINTR);
+  if (n == (ssize_t)len) return 0;
+  if (n > 0) {
+    struct stat st;
+    if (fstat(log_fd, &st) == 0) (void)!ftruncate(log_fd, st.st_size - n);
+  }
+  return -1;
+}
+
+static void emit_raw(const char *stream, const char *text, size_t len, char tag);
+
+/* emit writes one CRI log record, full (F) or partial (P), unless the disk is below its floor:
+   then the record is dropped and counted, and one marker line says how many when writing
+   resumes. */
 static void emit(const char *stream, const char *text, size_t len, char tag) {
+  long long record = 80 + (long long)len;
+  if (!above_floor(record)) {
+    log_dropped++;
+    return;
+  }
+  if (log_dropped > 0) {
+    char marker[160];
+    long long dropped = log_dropped;
+    int n = snprintf(marker, sizeof marker,
+                     "[engine-shim] dropped %lld log lines while the disk was below its free-space floor or full", dropped);
+    log_dropped = 0;
+    emit_raw("stderr", marker, (size_t)n, 'F');
+    if (log_dropped > 0) {
+      /* The marker itself did not fit: still dropping, this line included. */
+      log_dropped = dropped + 1;
+      return;
+    }
+  }
+  emit_raw(stream, text, len, tag);
+}
+
+static void emit_raw(const char *stream, const char *text, size_t len, char tag) {
   char head[80];
   char ts[48];
   timestamp(ts, sizeof ts);
   int head_len = snprintf(head, sizeof head, "%s %s %c ", ts, stream, tag);
   long long record = head_len + (long long)len + 1;
   if (log_size > 0 && log_size + record > log_max_bytes) rotate_log();
-  if (log_fd < 0) return;
+  /* A log that could not be created (no inode left) is tried again when there is room. */
+  if (log_fd < 0) open_log();
+  if (log_fd < 0) {
+    log_dropped++;
+    return;
+  }
   /* One write per record keeps records whole even with two streams interleaving. */
   char line[LINE_MAX_BYTES + 96];
   memcpy(line, head, (size_t)head_len);
   memcpy(line + head_len, text, len);
   line[head_len + len] = '\n';
-  if (write_all(log_fd, line, (size_t)head_len + len + 1) == 0) log_size += record;
+  if (write_record(line, (size_t)head_len + len + 1) == 0)
+    log_size += record;
+  else
+    log_dropped++;
 }
 
 /* pump reads what the stream has and emits each complete line; returns 0 at EOF. */
@@ -164,8 +259,23 @@ static const char *signal_name(int sig) {
   return buf;
 }
 
-/* write_exit records how the run ended in exit.json, atomically (write then rename). */
-static void write_exit(int status, int exec_errno, const char *stage) {
+/* reserve_exit preallocates exit.json.tmp when the run starts, so that the exit record fits
+   even when the disk is full by the time the workload ends (issue 13). */
+static void reserve_exit(void) {
+  char tmp[PATH_MAX];
+  path_in_run(tmp, sizeof tmp, "exit.json.tmp");
+  exit_fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (exit_fd < 0) return;
+  if (posix_fallocate(exit_fd, 0, EXIT_RESERVE_BYTES) != 0) {
+    /* No fallocate here (or no room yet): reserve by writing. */
+    static const char spaces[EXIT_RESERVE_BYTES] = {0};
+    if (pwrite(exit_fd, spaces, sizeof spaces, 0) != (ssize_t)sizeof spaces) (void)!ftruncate(exit_fd, 0);
+  }
+}
+
+/* write_exit records how the run ended in exit.json, atomically (write then rename), into the
+   space reserved at start when there is one. It returns 0 once exit.json holds the record. */
+static int write_exit(int status, int exec_errno, const char *stage) {
   char tmp[PATH_MAX], path[PATH_MAX], ts[48], body[512];
   timestamp(ts, sizeof ts);
   int len;
@@ -185,12 +295,16 @@ static void write_exit(int status, int exec_errno, const char *stage) {
   }
   path_in_run(tmp, sizeof tmp, "exit.json.tmp");
   path_in_run(path, sizeof path, "exit.json");
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return;
-  write_all(fd, body, (size_t)len);
-  fsync(fd);
+  int fd = exit_fd;
+  exit_fd = -1;
+  if (fd < 0) fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return -1;
+  /* Overwrite in place (the reserved pages need no new space), then cut to the record. */
+  int ok = pwrite(fd, body, (size_t)len, 0) == len && ftruncate(fd, len) == 0;
+  if (ok) fsync(fd);
   close(fd);
-  rename(tmp, path);
+  if (!ok) return -1;
+  return rename(tmp, path);
 }
 
 /* notify tells the daemon the run ended; a daemon that is away finds exit.json later. */
@@ -323,13 +437,17 @@ int main(int argc, char **argv) {
     int status;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }
-    write_exit(status, code ? code : EIO, stage);
+    if (write_exit(status, code ? code : EIO, stage) != 0) {
+      /* The daemon reads the failure from this report too; exit.json is best effort here. */
+    }
     char line[96];
     snprintf(line, sizeof line, "err %d %s\n", code, stage);
     report(status_fd, line);
     return 0;
   }
 
+  /* Reserved before "ok" is reported: from then on, the exit record has its room. */
+  reserve_exit();
   {
     char pids[64], path[PATH_MAX], tmp[PATH_MAX];
     int len = snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
@@ -401,7 +519,10 @@ int main(int argc, char **argv) {
       if (open_streams == 0 || waited_ms > 1000) break;
     }
   }
-  write_exit(status, 0, NULL);
+  /* exit.json is the source of truth: on a disk with no room even for it, try again every
+     second until it is written, and only then tell the daemon (it sees the shim alive and the
+     run not yet ended meanwhile). */
+  while (write_exit(status, 0, NULL) != 0) sleep(1);
   if (log_fd >= 0) fsync(log_fd);
   notify();
   return 0;

@@ -60,11 +60,14 @@ export function ensureShim(binDir: string, override?: string): string {
     if (!existsSync(override)) throw new AppError("shim_unavailable", `ENGINE_SHIM names ${override}, which does not exist`);
     return override;
   }
+  // The shims run as the engine's user, and nobody else needs bin/: in a data dir others may
+  // traverse (0711 as root) it stays closed, also when an older engine made it 0755.
+  mkdirSync(binDir, { recursive: true, mode: 0o700 });
+  chmodSync(binDir, 0o700);
   if (typeof __ENGINE_EMBEDDED_SHIM__ === "string") {
     const bytes = Buffer.from(__ENGINE_EMBEDDED_SHIM__, "base64");
     const path = join(binDir, `engine-shim-${shortHash(bytes)}`);
     if (!existsSync(path)) {
-      mkdirSync(binDir, { recursive: true });
       const tmp = `${path}.${process.pid}.tmp`;
       writeFileSync(tmp, bytes, { mode: 0o755 });
       renameSync(tmp, path);

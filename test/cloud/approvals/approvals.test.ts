@@ -168,11 +168,55 @@ describeEachDialect("device approvals", (dialect) => {
     expect(await link.cloud.deps.nodes.list(accountId)).toEqual([]);
   });
 
-  test("decisions are limited per session (20), charged first", async () => {
-    const { token } = await link.cloud.signIn("decide-limits@example.com");
-    const statuses = [];
-    for (let i = 0; i < 21; i++) statuses.push((await call(i % 2 ? "deny" : "approve", token, "BCDF-GHJK")).status);
-    expect(statuses).toEqual([...Array(20).fill(404), 429]);
+  let scenario = 0;
+  // Each row spreads a burst of guesses round-robin over its sessions, accounts and addresses.
+  test.each([
+    {
+      label: "one account, 10 sessions, one address (the reported 180-guess burst)",
+      accounts: 1,
+      sessions: 10,
+      addresses: 1,
+      guesses: 180,
+      processed: 10,
+    },
+    { label: "one account, 10 sessions, 10 addresses", accounts: 1, sessions: 10, addresses: 10, guesses: 60, processed: 10 },
+    { label: "10 accounts, one session each, one address", accounts: 10, sessions: 1, addresses: 1, guesses: 60, processed: 20 },
+    { label: "25 accounts from one address, two guesses each", accounts: 25, sessions: 1, addresses: 1, guesses: 50, processed: 20 },
+    { label: "10 accounts from 10 addresses, five guesses each", accounts: 10, sessions: 1, addresses: 10, guesses: 50, processed: 50 },
+  ])(
+    "approve and deny are limited per account (10) and per address (20): $label",
+    async ({ accounts, sessions, addresses, guesses, processed }) => {
+      scenario += 1;
+      const callers = [];
+      for (let a = 0; a < accounts; a++) {
+        for (let s = 0; s < sessions; s++) callers.push((await link.cloud.signIn(`guesser-${scenario}-${a}@example.com`)).token);
+      }
+      const sources = Array.from({ length: addresses }, () => link.source());
+      const statuses: number[] = [];
+      let retryAfter: string | null = null;
+      for (let i = 0; i < guesses; i++) {
+        const answer = await call(i % 2 ? "deny" : "approve", callers[i % callers.length], "BCDF-GHJK", sources[i % sources.length]);
+        statuses.push(answer.status);
+        if (answer.status === 429) retryAfter ??= answer.headers.get("retry-after");
+      }
+      expect(statuses.filter((status) => status === 404).length).toBe(processed);
+      expect(statuses.filter((status) => status === 429).length).toBe(guesses - processed);
+      if (processed < guesses) expect(Number(retryAfter)).toBeGreaterThan(0);
+    },
+  );
+
+  test("a refused account does not drain its address: a neighbour behind it still decides; a real user never meets the limits", async () => {
+    const address = link.source();
+    const guesser = await link.cloud.signIn("greedy@example.com");
+    const spent = [];
+    for (let i = 0; i < 15; i++) spent.push((await call("approve", guesser.token, "BCDF-GHJK", address)).status);
+    expect(spent).toEqual([...Array(10).fill(404), ...Array(5).fill(429)]);
+    // The address paid for 10 of the 15: the neighbour has the other 10 of its 20.
+    const neighbour = await link.cloud.signIn("neighbour@example.com");
+    const machines = await Promise.all([1, 2, 3].map((n) => link.requestDevice({ hostname: `desk-${n}` })));
+    expect((await call("approve", neighbour.token, "BCDF-GHJK", address)).status).toBe(404); // a typo
+    for (const machine of machines) expect((await call("approve", neighbour.token, machine.user_code, address)).status).toBe(200);
+    expect((await call("deny", neighbour.token, (await link.requestDevice()).user_code, address)).status).toBe(200);
   });
 
   test("an expired request is 404 to lookup, approve and deny, and spends nothing", async () => {
@@ -186,10 +230,10 @@ describeEachDialect("device approvals", (dialect) => {
     expect(await attemptsLeft(device_code)).toBe(5);
   });
 
-  test("100 concurrent approvals of one code by one account: exactly one 200 and one node", async () => {
+  test("10 concurrent approvals of one code by one account: exactly one 200 and one node", async () => {
     const { accountId } = await link.cloud.signIn("race@example.com");
-    // A session each, so the per-session limit lets every one of them reach the budget and the compare-and-set.
-    const tokens = await Promise.all(Array.from({ length: 100 }, async () => (await link.cloud.signIn("race@example.com")).token));
+    // Ten sessions (the account's burst), more than the code's five attempts, all at once.
+    const tokens = await Promise.all(Array.from({ length: 10 }, async () => (await link.cloud.signIn("race@example.com")).token));
     const { user_code, device_code } = await link.requestDevice({ hostname: "contested-box" });
     const answers = await Promise.all(tokens.map((token) => call("approve", token, user_code)));
     const statuses = answers.map((a) => a.status);

@@ -61,7 +61,7 @@ describeEachDialect("sign-in through an OpenID provider", (dialect) => {
     idp = await startTestIdp();
     cloud = await startTestCloud(
       dialect,
-      { ...idp.cloudConfig, trustForwardedFor: true, oidcPublishableKey: "pk_test_browser_safe" },
+      { ...idp.cloudConfig, trustedProxies: "127.0.0.1", oidcPublishableKey: "pk_test_browser_safe" },
       { modules: [signinRoutes], log: logs.log },
     );
     const api = cloud.api;
@@ -375,7 +375,7 @@ describeEachDialect("sign-in when the IdP is down at start, over plain http on l
   beforeAll(async () => {
     idp = await startTestIdp({ tls: false, claimsInIdToken: false });
     idp.setAvailable(false);
-    cloud = await startTestCloud(dialect, { ...idp.cloudConfig, trustForwardedFor: true }, { modules: [signinRoutes] });
+    cloud = await startTestCloud(dialect, { ...idp.cloudConfig, trustedProxies: "127.0.0.1" }, { modules: [signinRoutes] });
   }, HOOK_TIMEOUT_MS);
   afterAll(async () => {
     await cloud?.close();

@@ -29,7 +29,7 @@ describeEachDialect("enrollment with a pre-authorized link key", (dialect) => {
   const inventedKey = () => `epk_${Buffer.from(crypto.getRandomValues(new Uint8Array(32))).toString("base64url")}`;
 
   beforeAll(async () => {
-    cloud = await startTestCloud(dialect, { trustForwardedFor: true });
+    cloud = await startTestCloud(dialect, { trustedProxies: "127.0.0.1" });
   });
   afterAll(async () => {
     await cloud?.close();

@@ -29,7 +29,7 @@ describeEachDialect("pre-authorized link keys: mint, list, revoke", (dialect) =>
   };
 
   beforeAll(async () => {
-    cloud = await startTestCloud(dialect, { trustForwardedFor: true });
+    cloud = await startTestCloud(dialect, { trustedProxies: "127.0.0.1" });
   });
   afterAll(async () => {
     await cloud?.close();

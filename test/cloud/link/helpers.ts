@@ -17,7 +17,7 @@ export class ManualClock {
 export interface LinkTestCloud {
   cloud: TestCloud;
   clock: ManualClock;
-  /** source returns a fresh client address (X-Forwarded-For is trusted), so tests do not share rate-limit buckets. */
+  /** source returns a fresh client address (X-Forwarded-For from the test's loopback peer, a trusted proxy), so tests do not share rate-limit buckets. */
   source(): string;
   /** from is the header that makes a request come from `address`. */
   from(address: string): Record<string, string>;
@@ -38,7 +38,7 @@ export async function startLinkCloud(dialect: Dialect, options: Omit<LinkOptions
   const pollLimiter = new RateLimiter(new MemoryBuckets(), clock.read);
   const cloud = await startTestCloud(
     dialect,
-    { trustForwardedFor: true },
+    { trustedProxies: "127.0.0.1" },
     {
       modules: [
         (deps) => linkRoutes(deps, { ...options, clock: clock.read, pollLimiter }),

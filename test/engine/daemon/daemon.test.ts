@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
@@ -27,7 +27,9 @@ describe("daemon process", () => {
     const tokenFile = join(dir, "admin.token");
     expect(statSync(tokenFile).mode & 0o777).toBe(0o600);
     expect(statSync(join(dir, "engine.sock")).mode & 0o777).toBe(0o600);
-    expect(statSync(dir).mode & 0o777).toBe(0o700);
+    // As root, database servers run as their own users and must traverse it (docs/decisions.md 128).
+    expect(statSync(dir).mode & 0o777).toBe(process.getuid?.() === 0 ? 0o711 : 0o700);
+    expect(statSync(join(dir, "engine.db")).mode & 0o777).toBe(0o600);
     const token = (await Bun.file(tokenFile).text()).trim();
     expect(engine.output()).toContain(tokenFile);
     expect(engine.output()).not.toContain(token);
@@ -132,5 +134,32 @@ describe("daemon process", () => {
       id: string;
     }[];
     expect(list.map((t) => t.id)).not.toContain("custom");
+  });
+});
+
+(process.getuid?.() === 0 ? describe : describe.skip)("the data dir's layout as root (docs/decisions.md 128)", () => {
+  test("an existing data dir becomes 0711 with data/ 0711, and what an older engine left open is closed", async () => {
+    const dir = scratch();
+    chmodSync(dir, 0o755);
+    // An older engine's state: its database and bin/ made with the umask's modes.
+    mkdirSync(join(dir, "bin"), { mode: 0o755 });
+    chmodSync(join(dir, "bin"), 0o755);
+    const engine = await started(dir, { env: { ENGINE_SHIM: "" } });
+    await engine.stop();
+    chmodSync(join(dir, "engine.db"), 0o644);
+    const again = await started(dir, { env: { ENGINE_SHIM: "" } });
+    expect(statSync(dir).mode & 0o777).toBe(0o711);
+    expect(statSync(join(dir, "data")).mode & 0o777).toBe(0o711);
+    expect(statSync(join(dir, "engine.db")).mode & 0o777).toBe(0o600);
+    expect(statSync(join(dir, "bin")).mode & 0o777).toBe(0o700);
+    expect(statSync(join(dir, "shim.sock")).mode & 0o777).toBe(0o600);
+    expect(again.output()).toContain('"msg":"listening"');
+  });
+
+  test("a data dir others may write to (a shared one) is never changed", async () => {
+    const dir = scratch();
+    chmodSync(dir, 0o1777);
+    await started(dir);
+    expect(statSync(dir).mode & 0o7777).toBe(0o1777);
   });
 });

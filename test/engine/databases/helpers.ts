@@ -1,5 +1,8 @@
 import { describe } from "bun:test";
-import { chmodSync, mkdirSync, rmSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { SQL } from "bun";
 import type { Diagnosis } from "../../../src/contract/engine";
 import { PostgresEngine } from "../../../src/engine/databases";
@@ -66,24 +69,24 @@ export function run(argv: string[], env: Record<string, string> = { PATH: proces
   return result.stdout.toString();
 }
 
-/** DatabaseTestEngine is a test engine whose data dir a database server running as another user can reach. */
+/** DatabaseTestEngine is a test engine in its own data dir, with a scratch dir for the test's files. */
 export interface DatabaseTestEngine {
   engine: TestEngine;
   api: ServiceClient;
+  /** root is the test's scratch dir (dumps, reference servers' files): private to root, like a home. */
   root: string;
   close(services: string[]): Promise<void>;
 }
 
 /**
- * startDatabaseEngine starts a test engine in a temp dir. When the tests run as root, the
- * engine runs PostgreSQL as the postgres user, which must be able to enter the data dir: the
- * directories get o+x (search, not listing), as an operator would do (see docs/operations.md).
+ * startDatabaseEngine starts a test engine whose data dir it leaves to the engine to create, at
+ * a fresh path in the temp dir: reachable by everyone as /var/lib is, nothing pre-made or
+ * loosened. So when the tests run as root, PostgreSQL and MariaDB (run as postgres and mysql)
+ * reach their data through the engine's own layout (docs/decisions.md 128).
  */
 export async function startDatabaseEngine(): Promise<DatabaseTestEngine> {
   const root = tempDir("engine-db-");
-  const dataDir = `${root}/engine`;
-  mkdirSync(`${dataDir}/data`, { recursive: true });
-  for (const dir of [root, dataDir, `${dataDir}/data`]) chmodSync(dir, 0o711);
+  const dataDir = freshTempPath("engine-db-data-");
   const engine = await startTestEngine({ dataDir });
   const api = new ServiceClient(engine);
   return {
@@ -95,8 +98,14 @@ export async function startDatabaseEngine(): Promise<DatabaseTestEngine> {
       for (const name of services) await engine.call("POST", `/api/services/${name}/stop`).catch(() => undefined);
       await engine.close();
       rmSync(root, { recursive: true, force: true });
+      rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/** freshTempPath is a path in the temp dir that does not exist yet, for a program to create itself. */
+export function freshTempPath(prefix: string): string {
+  return join(tmpdir(), `${prefix}${process.pid}-${randomBytes(6).toString("hex")}`);
 }
 
 /** restore calls the restore route. */

@@ -1,12 +1,13 @@
-import { afterAll, beforeAll, expect, test } from "bun:test";
-import { chownSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { chownSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { lookupUser, MariaDbEngine, osUserName } from "../../../src/engine/databases";
-import { eventually, freePort } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { eventually, freePort, startTestEngine, tempDir } from "../../helpers";
+import { ServiceClient } from "../services/harness";
+import { type DatabaseTestEngine, freshTempPath, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const engineAdapter = new MariaDbEngine();
 const tools = engineAdapter.detectTools({ PATH: process.env.PATH ?? "" });
@@ -159,6 +160,7 @@ const REFERENCE_SQL = `
 let db: DatabaseTestEngine;
 let scratch: string;
 let reference: ReferenceServer | null = null;
+let referenceDir: string | undefined;
 let referenceChecksums: Record<string, unknown>;
 const dumps: Record<string, string> = {};
 
@@ -168,7 +170,9 @@ suite("MariaDB database services", () => {
   beforeAll(async () => {
     db = await startDatabaseEngine();
     scratch = db.root;
-    reference = await startReference(join(scratch, "reference"));
+    // The reference server runs as mysql when the tests are root: it gets a path mysql can reach, made by startReference.
+    referenceDir = freshTempPath("engine-mariadb-ref-");
+    reference = await startReference(referenceDir);
     await query(socketClient(reference.socket), "CREATE DATABASE ref");
     const client = socketClient(reference.socket, "ref");
     try {
@@ -205,8 +209,8 @@ suite("MariaDB database services", () => {
   }, 180_000);
 
   afterAll(async () => {
-    // The reference lives in the engine's temp dir, which close() removes: stop it first.
     await reference?.stop();
+    if (referenceDir) rmSync(referenceDir, { recursive: true, force: true });
     await db?.close(["shop", "mdb-gen", "mdb-forced"]);
   }, 90_000);
 
@@ -380,3 +384,28 @@ suite("MariaDB database services", () => {
     }
   });
 });
+
+(toolsOk && process.getuid?.() === 0 && lookupUser("mysql") ? describe : describe.skip)(
+  "MariaDB under a root engine whose data dir the mysql user cannot enter",
+  () => {
+    test("start-up warns, the start fails with the directory and the fix, and nothing above the data dir is loosened", async () => {
+      // A data dir given explicitly under a private directory, as /root/engine would be (/root is 0700).
+      const home = tempDir("engine-home-");
+      const engine = await startTestEngine({ dataDir: join(home, "engine") });
+      try {
+        const api = new ServiceClient(engine);
+        // The log is written asynchronously: wait for the line.
+        await eventually(() => readFileSync(join(engine.dataDir, "engine.log"), "utf8").includes(`mysql may not enter ${home}`));
+        await api.deployed({ name: "locked", template_id: "mariadb", restart: { policy: "never" } });
+        await api.waitFor("locked", "failed", () => true, 30_000);
+        const diagnosis = await api.diagnose("locked");
+        expect(diagnosis.error?.message).toContain(`mysql, who may not enter ${home}`);
+        expect(diagnosis.error?.message).toContain("/var/lib/engine");
+        expect(statSync(home).mode & 0o777).toBe(0o700);
+      } finally {
+        await engine.close();
+        rmSync(home, { recursive: true, force: true });
+      }
+    }, 60_000);
+  },
+);
