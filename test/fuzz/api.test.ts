@@ -59,6 +59,16 @@ const CONSOLE_STATUSES: Record<string, number[] | "not limited"> = {
   "GET /api/nodes": "not limited",
   "POST /api/link/codes": "not limited",
 };
+/**
+ * DECIDED_STATUSES are statuses a console route answers beyond the contract's list by a
+ * recorded decision: decision 69 charges the two sign-in starts to the source's bucket (each
+ * start writes a login attempt row), so they answer 429 when it is empty. The contract lists
+ * no 429 on them; the table check below keeps these apart so the gap stays visible.
+ */
+const DECIDED_STATUSES: Record<string, number[]> = {
+  "GET /api/auth/login": [429],
+  "GET /api/auth/social": [429],
+};
 /** DOCUMENTED_501 are the console's two boundaries, whose 501 the contract names. */
 const DOCUMENTED_501 = ["GET /api/auth", "GET /api/link"];
 /** LEAKS are what a source path looks like in an answer. */
@@ -72,7 +82,10 @@ const LEAKS = ["/work/", ".ts:", "node_modules", REPO_ROOT];
  */
 function refusedByBun(fuzz: FuzzCase, answer: RawAnswer): boolean {
   const native = fuzz.kind === "header" && (fuzz.label.includes("control character") || fuzz.label.includes("64 KB"));
-  return native && (answer.status === 400 || answer.status === 431) && answer.body === "" && answer.headers["content-type"] === undefined;
+  if (!native) return false;
+  // Bun may close while the oversized header block is still being written: the 431 is lost to an EPIPE.
+  if (answer.status === 0) return /EPIPE|ECONNRESET/.test(answer.body);
+  return (answer.status === 400 || answer.status === 431) && answer.body === "" && answer.headers["content-type"] === undefined;
 }
 
 interface Finding {
@@ -86,13 +99,15 @@ interface Finding {
 function judge(app: "engine" | "console", key: string, fuzz: FuzzCase, answer: RawAnswer, doc: DocumentValidator): string[] {
   const problems: string[] = [];
   const { status } = answer;
-  if (status === 0) return [`no answer (${answer.body})`];
   if (refusedByBun(fuzz, answer)) return [];
+  if (status === 0) return [`no answer (${answer.body})`];
   if (status >= 500 && !(app === "console" && status === 501 && DOCUMENTED_501.includes(key))) problems.push(`${status}`);
   if (app === "console" && fuzz.routed) {
     const allowed = CONSOLE_STATUSES[key];
     if (allowed === undefined) problems.push("route missing from CONSOLE_STATUSES");
-    else if (allowed !== "not limited" && !allowed.includes(status)) problems.push(`${status} is not a status the route lists`);
+    else if (allowed !== "not limited" && !allowed.includes(status) && !DECIDED_STATUSES[key]?.includes(status)) {
+      problems.push(`${status} is not a status the route lists`);
+    }
   }
   for (const leak of LEAKS) if (answer.body.includes(leak)) problems.push(`a source path (${leak}) in the answer`);
   if (status === 204 || status === 304) return problems;
