@@ -1,8 +1,8 @@
-import { openapi } from "@elysiajs/openapi";
 import { type AnyElysia, Elysia } from "elysia";
 import { CLOUD_INTERFACE_VERSION, ErrorEnvelope, HealthView, LinkMetadataView, ReadyView } from "../../contract/cloud";
 import { AppError } from "../../lib/errors";
 import { apiBasics, BodySchemas, pathOf, RequestIds } from "../../lib/http";
+import { openapiDocument } from "../../lib/openapi";
 import { sessionRoutes } from "../auth/session-routes";
 import { LIMITS, type Limit } from "../ratelimit";
 import { assertNotCrossSite } from "./csrf";
@@ -11,6 +11,16 @@ import { STATUS_BY_CODE } from "./errors";
 
 /** DISK_FULL_RETRY_AFTER_S is the Retry-After of a write refused for lack of disk space: room comes back when an operator makes it. */
 const DISK_FULL_RETRY_AFTER_S = 30;
+
+/** CLOUD_TAGS describe the groups of the console's operations in its OpenAPI document. */
+const CLOUD_TAGS = [
+  { name: "meta", description: "Liveness and readiness" },
+  { name: "auth", description: "Sign-in and sessions" },
+  { name: "link", description: "Linking an engine to this console" },
+  { name: "preauth-keys", description: "Keys that link an engine without a browser" },
+  { name: "device approvals", description: "Approving or denying an engine's device-flow request" },
+  { name: "nodes", description: "The account's linked engines" },
+];
 
 /** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
 export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
@@ -106,14 +116,16 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
       }),
     )
     .use(
-      openapi({
-        path: "/api/docs",
+      openapiDocument({
         specPath: "/api/openapi.json",
-        provider: null,
-        documentation: {
-          info: { title: "engine-cloud — cloud console API", version: CLOUD_INTERFACE_VERSION },
-          components: { securitySchemes: { session: { type: "http", scheme: "bearer" } } },
+        info: {
+          title: "engine-cloud — cloud console API",
+          version: CLOUD_INTERFACE_VERSION,
+          description: "The cloud console API: sign-in and sessions, the engine link, preauth keys, device approvals and nodes.",
         },
+        servers: () => [{ url: deps.site.publicUrl, description: "This console" }],
+        tags: CLOUD_TAGS,
+        securitySchemes: { session: { type: "http", scheme: "bearer" } },
       }),
     )
     .get(
