@@ -104,6 +104,7 @@ export const CloudErrorCodes = {
   login_failed: "login_failed",
   provider_not_configured: "provider_not_configured",
   rate_limited: "rate_limited",
+  sign_in_rate_limited: "sign_in_rate_limited",
   conflict: "conflict",
   not_supported: "not_supported",
   config_invalid: "config_invalid",

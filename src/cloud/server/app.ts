@@ -106,7 +106,9 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
           if (status === 401) return { "www-authenticate": `Bearer realm="engine-cloud"` };
           if (error.code === "disk_full") return { "retry-after": String(DISK_FULL_RETRY_AFTER_S) };
           const retry = error.details?.retry_after_s;
-          return status === 429 && typeof retry === "number" ? { "retry-after": String(retry) } : undefined;
+          return (status === 429 || error.code === "sign_in_rate_limited") && typeof retry === "number"
+            ? { "retry-after": String(retry) }
+            : undefined;
         },
         translateError: (error) =>
           deps.db.isDiskFull(error)
