@@ -41,7 +41,9 @@ async function compile(entry: string, target: string, define: Record<string, str
     compile: { outfile: target },
     minify: true,
     sourcemap: "linked",
-    define,
+    // Production mode: the servers also say `development: false`, but nothing bundled in the
+    // binary should take a development path (Bun's error page shows cwd, stacks and source).
+    define: { "process.env.NODE_ENV": JSON.stringify("production"), ...define },
   });
   if (!result.success) {
     for (const log of result.logs) console.error(log);

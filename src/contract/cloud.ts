@@ -9,6 +9,11 @@ import { type Static, Type as t } from "@sinclair/typebox";
 export const CLOUD_INTERFACE_VERSION = "0.1.0";
 
 const DateTime = t.String({ format: "date-time" });
+/**
+ * SafeInteger is every integer these schemas leave otherwise unbounded: within the range a JSON
+ * number holds exactly (2^53 - 1), so no value is silently rounded or overflows a column.
+ */
+const SafeInteger = t.Integer({ minimum: Number.MIN_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER });
 
 /** ErrorEnvelope is the body of every non-422 error (the same envelope as the engine's). */
 export const ErrorEnvelope = t.Object(
@@ -18,7 +23,7 @@ export const ErrorEnvelope = t.Object(
       message: t.String(),
       request_id: t.String(),
       /** interval is set on `slow_down`: the new polling interval in seconds (RFC 8628 §3.5). */
-      interval: t.Optional(t.Integer()),
+      interval: t.Optional(SafeInteger),
     }),
   },
   { $id: "ErrorEnvelope" },
@@ -27,7 +32,7 @@ export const HTTPValidationError = t.Object(
   {
     detail: t.Array(
       t.Object({
-        loc: t.Array(t.Union([t.String(), t.Integer()])),
+        loc: t.Array(t.Union([t.String(), SafeInteger])),
         msg: t.String(),
         type: t.String(),
         input: t.Unknown(),
@@ -39,7 +44,7 @@ export const HTTPValidationError = t.Object(
 );
 
 export const HealthView = t.Record(t.String(), t.Union([t.String(), t.Record(t.String(), t.String())]), { $id: "HealthView" });
-export const ReadyView = t.Record(t.String(), t.Union([t.Boolean(), t.Integer(), t.String()]), { $id: "ReadyView" });
+export const ReadyView = t.Record(t.String(), t.Union([t.Boolean(), SafeInteger, t.String()]), { $id: "ReadyView" });
 
 // ---- sign-in and sessions
 
@@ -47,9 +52,9 @@ export const SocialProviderName = t.Union([t.Literal("github"), t.Literal("googl
 export const ReturnTo = t.String({ default: "/", maxLength: 2048 });
 export const LoginQuery = t.Object({ return_to: t.Optional(ReturnTo), identity: t.Optional(t.String({ maxLength: 320 })) });
 export const SocialQuery = t.Object({ provider: SocialProviderName, return_to: t.Optional(ReturnTo) });
-export const CallbackQuery = t.Object({ code: t.String({ maxLength: 4096 }), state: t.String({ maxLength: 512 }) });
+export const CallbackQuery = t.Object({ code: t.String({ maxLength: 4096, writeOnly: true }), state: t.String({ maxLength: 512 }) });
 /** LoginStart is the answer of both sign-in starts: where the browser goes next. */
-export const LoginStart = t.Object({ url: t.String(), expires_in: t.Integer() }, { $id: "LoginStart" });
+export const LoginStart = t.Object({ url: t.String(), expires_in: SafeInteger }, { $id: "LoginStart" });
 /** SignedIn is the answer of both callbacks: the session is in the Set-Cookie header; `return_to` is where to go. */
 export const SignedIn = t.Object({ return_to: t.String(), account_id: t.String(), expires_at: DateTime }, { $id: "SignedIn" });
 
@@ -64,7 +69,7 @@ export const AccountView = t.Object({
   standing: t.String(),
   remote_link: t.Boolean(),
   paid: t.Boolean(),
-  node_limit: t.Integer(),
+  node_limit: SafeInteger,
 });
 export const SessionView = t.Object(
   {
@@ -77,7 +82,7 @@ export const SessionView = t.Object(
   },
   { $id: "SessionView" },
 );
-export const LogoutAllView = t.Object({ ended: t.Integer() }, { $id: "LogoutAllView" });
+export const LogoutAllView = t.Object({ ended: SafeInteger }, { $id: "LogoutAllView" });
 
 // ---- linking
 
@@ -104,7 +109,7 @@ const ReportedVersion = t.String({ maxLength: 1024, default: "" });
 
 export const LinkClaimRequest = t.Object(
   {
-    code: t.String({ minLength: 1, maxLength: 128 }),
+    code: t.String({ minLength: 1, maxLength: 128, writeOnly: true }),
     hostname: Hostname,
     os: t.Optional(ReportedOs),
     version: t.Optional(ReportedVersion),
@@ -121,20 +126,23 @@ export const DeviceLinkResponse = t.Object(
     user_code: t.String(),
     verification_uri: t.String(),
     verification_uri_complete: t.String(),
-    expires_in: t.Integer(),
-    interval: t.Integer(),
+    expires_in: SafeInteger,
+    interval: SafeInteger,
   },
   { $id: "DeviceLinkResponse" },
 );
 export type DeviceLinkResponse = Static<typeof DeviceLinkResponse>;
-export const DevicePollRequest = t.Object({ device_code: t.String({ minLength: 1, maxLength: 256 }) }, { $id: "DevicePollRequest" });
+export const DevicePollRequest = t.Object(
+  { device_code: t.String({ minLength: 1, maxLength: 256, writeOnly: true }) },
+  { $id: "DevicePollRequest" },
+);
 export const DevicePollPending = t.Object(
-  { status: t.Literal("authorization_pending"), interval: t.Integer(), expires_in: t.Integer() },
+  { status: t.Literal("authorization_pending"), interval: SafeInteger, expires_in: SafeInteger },
   { $id: "DevicePollPending" },
 );
 
 export const PreauthLinkRequest = t.Object(
-  { key: t.String({ minLength: 1, maxLength: 256 }), hostname: Hostname, os: ReportedOs, version: ReportedVersion },
+  { key: t.String({ minLength: 1, maxLength: 256, writeOnly: true }), hostname: Hostname, os: ReportedOs, version: ReportedVersion },
   { $id: "PreauthLinkRequest" },
 );
 export const PreauthKeyMintRequest = t.Object(
@@ -146,7 +154,7 @@ export const PreauthKeyMintRequest = t.Object(
   { $id: "PreauthKeyMintRequest" },
 );
 export const PreauthKeyMintResponse = t.Object(
-  { id: t.String({ format: "uuid" }), key: t.String(), expires_at: DateTime, max_uses: t.Integer() },
+  { id: t.String({ format: "uuid" }), key: t.String(), expires_at: DateTime, max_uses: SafeInteger },
   { $id: "PreauthKeyMintResponse" },
 );
 export const PreauthKeyView = t.Object({
@@ -154,8 +162,8 @@ export const PreauthKeyView = t.Object({
   description: t.String(),
   created_at: DateTime,
   expires_at: DateTime,
-  max_uses: t.Integer(),
-  uses: t.Integer(),
+  max_uses: SafeInteger,
+  uses: SafeInteger,
   revoked: t.Boolean(),
   expired: t.Boolean(),
 });
@@ -164,7 +172,10 @@ export const PreauthKeyIdParams = t.Object({ key_id: t.String({ format: "uuid" }
 
 // ---- device approvals
 
-export const DeviceApprovalRequest = t.Object({ user_code: t.String({ minLength: 1, maxLength: 32 }) }, { $id: "DeviceApprovalRequest" });
+export const DeviceApprovalRequest = t.Object(
+  { user_code: t.String({ minLength: 1, maxLength: 32, writeOnly: true }) },
+  { $id: "DeviceApprovalRequest" },
+);
 /** DeviceApprovalView shows a pending request: what the machine reported (unverified) and where it asked from. */
 export const DeviceApprovalView = t.Object(
   {
@@ -174,7 +185,7 @@ export const DeviceApprovalView = t.Object(
     source_address: t.String(),
     requested_at: DateTime,
     expires_at: DateTime,
-    attempts_left: t.Integer(),
+    attempts_left: SafeInteger,
   },
   { $id: "DeviceApprovalView" },
 );

@@ -9,8 +9,15 @@ import { type Static, Type as t } from "@sinclair/typebox";
 
 /** A date-time string in RFC 3339 form, as the spec's `date-time` fields are. */
 export const DateTime = t.String({ format: "date-time" });
+/**
+ * SafeInteger is every integer these schemas leave otherwise unbounded: within the range a JSON
+ * number holds exactly (2^53 - 1), so no value is silently rounded or overflows a column.
+ */
+const SafeInteger = t.Integer({ minimum: Number.MIN_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER });
+/** Duration is a non-negative count of seconds. */
+const Duration = t.Number({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER });
 const NullableDateTime = t.Union([DateTime, t.Null()]);
-const NullableInteger = t.Union([t.Integer(), t.Null()]);
+const NullableInteger = t.Union([SafeInteger, t.Null()]);
 
 /** Names of services, tokens and templates: lower-case DNS label rules, so they can be host names too. */
 export const NAME_PATTERN = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$";
@@ -102,14 +109,14 @@ const NullableString = t.Union([t.String(), t.Null()]);
 export const ProxyTls = t.Object(
   {
     listening: t.Boolean(),
-    https_port: t.Integer(),
+    https_port: SafeInteger,
     http_port: t.Integer({ description: "Plain HTTP: ACME http-01 answers, `.localhost` names, and a 308 to HTTPS for the rest" }),
     http_redirect: t.Boolean(),
     protocols: t.Array(t.String()),
     certificates: t.Integer({ description: "Certificates served (one per name, chosen by SNI)" }),
-    leaf_lifetime_hours: t.Integer(),
+    leaf_lifetime_hours: SafeInteger,
     last_renewal: t.Union([t.Object({ at: DateTime, names: t.Array(t.String()) }), t.Null()]),
-    max_body_bytes: t.Integer(),
+    max_body_bytes: SafeInteger,
     error: NullableString,
   },
   { description: "The listeners and the certificates they serve" },
@@ -136,7 +143,7 @@ export const ProxyApex = t.Object(
 export const ProxyRespawn = t.Object(
   {
     processes: t.Integer({ description: "Proxy processes serving now (they share the ports with SO_REUSEPORT)" }),
-    pids: t.Array(t.Integer()),
+    pids: t.Array(SafeInteger),
     count: t.Integer({ description: "Proxy processes respawned after an unexpected exit" }),
     last_at: NullableDateTime,
     last_reason: NullableString,
@@ -146,7 +153,7 @@ export const ProxyRespawn = t.Object(
 );
 export const ProxyRoutes = t.Object(
   {
-    count: t.Integer(),
+    count: SafeInteger,
     items: t.Array(
       t.Object({
         host: t.String(),
@@ -179,7 +186,7 @@ export const ProxyAcme = t.Object(
         {
           domain: t.String(),
           state: t.String({ description: "pending, valid, retrying or failed" }),
-          attempts: t.Integer(),
+          attempts: SafeInteger,
           last_error: NullableString,
           next_retry_at: NullableString,
           not_after: NullableString,
@@ -210,7 +217,7 @@ export const ProxyStatus = t.Object(
     base_domain: t.String(),
     enabled: t.Boolean(),
     available: t.Boolean(),
-    https_port: t.Integer(),
+    https_port: SafeInteger,
     tls: ProxyTls,
     ca: ProxyCa,
     apex: ProxyApex,
@@ -269,13 +276,13 @@ export const Diagnosis = t.Object(
       last_crash_at: NullableDateTime,
     }),
     restarts: t.Object({
-      max_restarts: t.Integer(),
-      window_seconds: t.Integer(),
+      max_restarts: SafeInteger,
+      window_seconds: SafeInteger,
       policy: t.String(),
-      count: t.Integer(),
+      count: SafeInteger,
       window_start: NullableDateTime,
       last_exit_at: NullableDateTime,
-      backoff_s: t.Integer(),
+      backoff_s: SafeInteger,
       next_retry_in_s: NullableInteger,
     }),
     health: t.Object({
@@ -284,7 +291,7 @@ export const Diagnosis = t.Object(
       observations: t.Array(t.String()),
     }),
     bindings: t.Object({ waiting: t.Boolean(), messages: t.Array(t.String()) }),
-    build: t.Object({ last_result: t.Union([t.String(), t.Null()]), version: t.Integer(), reason: t.Union([t.String(), t.Null()]) }),
+    build: t.Object({ last_result: t.Union([t.String(), t.Null()]), version: SafeInteger, reason: t.Union([t.String(), t.Null()]) }),
     injected_env_keys_source: t.String(),
     remediation: t.Union([t.Object({ code: t.String(), detail: t.String() }), t.Null()]),
     desired_state: t.String(),
@@ -305,7 +312,11 @@ export type Diagnosis = Static<typeof Diagnosis>;
 
 /** Environment variable names: POSIX portable names. */
 const EnvName = t.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$", maxLength: 128 });
-const EnvMap = t.Record(EnvName, t.String({ maxLength: 65536 }), { maxProperties: 256 });
+// additionalProperties: false makes a key outside EnvName an error; without it a Record checks
+// only the keys its pattern matches, and `"env":["x"]` passed as {"0":"x"} (issue 13).
+const EnvMap = t.Record(EnvName, t.String({ maxLength: 65536 }), { maxProperties: 256, additionalProperties: false });
+/** SecretMap is EnvMap whose values are secrets: writeOnly, so a 422 never echoes one. */
+const SecretMap = t.Record(EnvName, t.String({ maxLength: 65536, writeOnly: true }), { maxProperties: 256, additionalProperties: false });
 
 export const RestartPolicyName = t.Union([t.Literal("always"), t.Literal("on-failure"), t.Literal("never")]);
 export type RestartPolicyName = Static<typeof RestartPolicyName>;
@@ -352,7 +363,7 @@ export const ServiceDeploy = t.Object(
     template_id: t.Optional(t.String({ pattern: NAME_PATTERN, maxLength: 63 })),
     cwd: t.Optional(t.String({ pattern: "^/", maxLength: 4096 })),
     env: t.Optional(EnvMap),
-    secrets: t.Optional(EnvMap),
+    secrets: t.Optional(SecretMap),
     gpus: t.Optional(t.Integer({ minimum: 0, maximum: 64 })),
     gpu_memory_mb: t.Optional(t.Integer({ minimum: 1, maximum: 4194304 })),
     memory_mb: t.Optional(t.Integer({ minimum: 4, maximum: 16777216 })),
@@ -386,7 +397,7 @@ export const ServiceRecord = t.Object(
     status: ServiceStatus,
     status_message: t.Union([t.String(), t.Null()]),
     desired_state: t.String(),
-    version: t.Integer(),
+    version: SafeInteger,
     pid: NullableInteger,
     port: NullableInteger,
     command: t.Array(t.String()),
@@ -394,12 +405,12 @@ export const ServiceRecord = t.Object(
     cwd: t.Union([t.String(), t.Null()]),
     env: t.Record(t.String(), t.String()),
     secret_keys: t.Array(t.String(), { description: "Names of the secrets; their values are never returned." }),
-    gpus: t.Integer(),
-    gpu_memory_mb: t.Integer(),
+    gpus: SafeInteger,
+    gpu_memory_mb: SafeInteger,
     gpu_devices: t.Array(t.String(), { description: "Devices the running workload holds (CUDA_VISIBLE_DEVICES entries)." }),
     memory_mb: NullableInteger,
-    priority: t.Integer(),
-    restart: t.Object({ policy: RestartPolicyName, max_restarts: t.Integer(), window_seconds: t.Integer(), backoff_s: t.Integer() }),
+    priority: SafeInteger,
+    restart: t.Object({ policy: RestartPolicyName, max_restarts: SafeInteger, window_seconds: SafeInteger, backoff_s: SafeInteger }),
     health: t.Union([Obj("Health probe definition"), t.Null()]),
     build: t.Union([Obj("Build definition"), t.Null()]),
     bindings: t.Array(t.String()),
@@ -433,17 +444,17 @@ export const GpuInventoryRecord = t.Object(
     warnings: t.Array(t.String()),
     devices: t.Array(
       t.Object({
-        index: t.Integer(),
+        index: SafeInteger,
         uuid: t.String(),
         name: t.String(),
         source: t.String(),
-        memory_total_mb: t.Integer(),
+        memory_total_mb: SafeInteger,
         memory_used_mb: NullableInteger,
         utilization_pct: NullableInteger,
         mig_profile: t.Union([t.String(), t.Null()]),
         visible_id: t.String(),
-        reserved_mb: t.Integer(),
-        holders: t.Array(t.Object({ service: t.String(), whole: t.Boolean(), memory_mb: t.Integer() })),
+        reserved_mb: SafeInteger,
+        holders: t.Array(t.Object({ service: t.String(), whole: t.Boolean(), memory_mb: SafeInteger })),
       }),
     ),
   },
@@ -467,7 +478,7 @@ export const RestoreRequest = t.Object({
   timeout_s: t.Integer({ minimum: 1, maximum: 86400 }),
 });
 export const RestoreResult = t.Object(
-  { service_name: t.String(), dump: t.String(), engine: t.String(), duration_s: t.Number() },
+  { service_name: t.String(), dump: t.String(), engine: t.String(), duration_s: Duration },
   { $id: "RestoreResult" },
 );
 
@@ -500,8 +511,9 @@ export const DaemonRestartRequest = t.Object({ drain_timeout_s: t.Integer({ mini
 export const Empty = t.Object({}, { additionalProperties: false });
 
 export const VcsTokenPush = t.Object({
-  installation_id: t.Integer({ minimum: 1 }),
-  token: t.String({ minLength: 1, maxLength: 4096, description: "The code-host credential; never returned." }),
+  // A code host's installation id: positive and exact (a JSON number past 2^53 - 1 is rounded).
+  installation_id: t.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }),
+  token: t.String({ minLength: 1, maxLength: 4096, writeOnly: true, description: "The code-host credential; never returned." }),
   expires_at: DateTime,
   issued_at: DateTime,
   repos: t.Array(t.String({ minLength: 1, maxLength: 200 }), { maxItems: 10000 }),
@@ -524,11 +536,11 @@ export const LinkStatus = t.Object(
 );
 export type LinkStatus = Static<typeof LinkStatus>;
 export const VcsTokenPushResult = t.Object(
-  { applied: t.Boolean(), installation_id: t.Integer(), expires_at: DateTime, repos_count: t.Integer() },
+  { applied: t.Boolean(), installation_id: SafeInteger, expires_at: DateTime, repos_count: SafeInteger },
   { $id: "VcsTokenPushResult" },
 );
 
-export const Health = t.Object({ status: t.Literal("ok"), version: t.String(), pid: t.Integer(), uptime_s: t.Number() });
+export const Health = t.Object({ status: t.Literal("ok"), version: t.String(), pid: SafeInteger, uptime_s: Duration });
 
 /**
  * Ready says whether the daemon can do its work now: its database answers and its data dir
@@ -544,7 +556,7 @@ export const Ready = t.Object({
 export type Ready = Static<typeof Ready>;
 
 export const ValidationErrorItem = t.Object({
-  loc: t.Array(t.Union([t.String(), t.Integer()])),
+  loc: t.Array(t.Union([t.String(), SafeInteger])),
   msg: t.String(),
   type: t.String(),
   input: t.Unknown(),

@@ -17,6 +17,8 @@ export class AppError extends Error {
 
 /** The stable error codes of the engine. Clients branch on these; never rename one, only add. */
 export const EngineErrorCodes = {
+  // requests: a body over the size bound, refused before it is read to the end (decision 141)
+  body_too_large: "body_too_large",
   // authentication and authorization
   unauthenticated: "unauthenticated",
   invalid_token: "invalid_token",
@@ -102,6 +104,7 @@ export const CloudErrorCodes = {
   login_failed: "login_failed",
   provider_not_configured: "provider_not_configured",
   rate_limited: "rate_limited",
+  sign_in_rate_limited: "sign_in_rate_limited",
   conflict: "conflict",
   not_supported: "not_supported",
   config_invalid: "config_invalid",

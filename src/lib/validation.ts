@@ -25,6 +25,104 @@ export class InputError extends Error {
   }
 }
 
+/**
+ * VALIDATION_TYPES is every `type` a 422 entry may carry (docs/decisions.md 10 and 145): the
+ * pydantic v2 names the schema mapping below emits, and the codes modules give their own
+ * refusals. Clients branch on these; add one only with its decision.
+ */
+export const VALIDATION_TYPES = [
+  // schema checks (describeIssue)
+  "missing",
+  "extra_forbidden",
+  "int_type",
+  "number_type",
+  "string_type",
+  "bool_type",
+  "list_type",
+  "dict_type",
+  "none_required",
+  "greater_than_equal",
+  "less_than_equal",
+  "string_too_short",
+  "string_too_long",
+  "string_pattern_mismatch",
+  "string_format",
+  "datetime_parsing",
+  "too_long",
+  "too_short",
+  "unique_items",
+  "enum",
+  "union_type",
+  "json_invalid",
+  "value_error",
+  // modules' refusals
+  "command_not_found",
+  "binding_cycle",
+  "dump_unreadable",
+  "dump_unrecognized",
+  "dump_unsupported",
+  "restore_failed",
+] as const;
+
+/** MAX_DETAIL_ENTRIES bounds the entries of one 422 body: a list of 100,000 bad items is not 100,000 entries. */
+export const MAX_DETAIL_ENTRIES = 50;
+/** MAX_ECHO_CHARS is how much of a string `input` a 422 echoes; the rest is counted, not sent. */
+export const MAX_ECHO_CHARS = 256;
+/** Arrays and objects in `input` are echoed to this depth and this many entries, then summarized. */
+const MAX_ECHO_DEPTH = 3;
+const MAX_ECHO_ENTRIES = 20;
+
+/**
+ * SECRET_FIELD is a field name whose value a 422 never echoes, wherever it appears in `loc` or
+ * inside an echoed object: the vcs `token`, link codes, device codes and user codes, preauth
+ * keys, passwords, a deploy's `secrets` map. Schemas mark the same fields `writeOnly` (sent,
+ * never returned), which toValidationDetail honours; this name rule is the backstop for maps
+ * whose keys are the caller's own and for an object that holds one.
+ */
+const SECRET_FIELD = /^(token|secrets?|password|passphrase|code|key|credential)$|_(token|secret|password|key|code|credential)$/i;
+
+/** isSecretField says whether a field of this name carries a secret (see SECRET_FIELD). */
+export function isSecretField(name: string | number): boolean {
+  return typeof name === "string" && SECRET_FIELD.test(name);
+}
+
+/**
+ * echoInput is the bounded form of an input a 422 sends back: long strings cut with a marker
+ * that says how much was left out, arrays and objects shown to a few levels and entries, and
+ * a secret field's value replaced. It never recurses past MAX_ECHO_DEPTH, whatever it is given.
+ */
+export function echoInput(value: unknown, depth = 0): unknown {
+  if (typeof value === "string") {
+    return value.length > MAX_ECHO_CHARS ? `${value.slice(0, MAX_ECHO_CHARS)}…[${value.length - MAX_ECHO_CHARS} more characters]` : value;
+  }
+  if (value === null || typeof value !== "object") return typeof value === "bigint" ? String(value) : (value ?? null);
+  if (Array.isArray(value)) {
+    if (depth >= MAX_ECHO_DEPTH) return `[a list of ${value.length} items]`;
+    const shown: unknown[] = value.slice(0, MAX_ECHO_ENTRIES).map((item) => echoInput(item, depth + 1));
+    if (value.length > MAX_ECHO_ENTRIES) shown.push(`…[${value.length - MAX_ECHO_ENTRIES} more items]`);
+    return shown;
+  }
+  const keys = Object.keys(value);
+  if (depth >= MAX_ECHO_DEPTH) return `[an object of ${keys.length} fields]`;
+  const shown: Record<string, unknown> = {};
+  for (const key of keys.slice(0, MAX_ECHO_ENTRIES)) {
+    shown[echoInput(key) as string] = isSecretField(key) ? "[secret]" : echoInput((value as Record<string, unknown>)[key], depth + 1);
+  }
+  if (keys.length > MAX_ECHO_ENTRIES) shown["…"] = `[${keys.length - MAX_ECHO_ENTRIES} more fields]`;
+  return shown;
+}
+
+/**
+ * safeDetail is the form of a 422 entry that may leave the process: a bounded `input`, none at
+ * all under a secret field, and a bounded `msg`. validationResponse applies it to every entry,
+ * whoever built it (schema checks, modules' InputErrors, AppErrors mapped to 422).
+ */
+export function safeDetail(detail: ValidationDetail): ValidationDetail {
+  const secret = detail.loc.some(isSecretField);
+  const msg = detail.msg.length > 1024 ? `${detail.msg.slice(0, 1024)}…` : detail.msg;
+  return { loc: detail.loc.slice(0, 16), msg, type: detail.type, input: secret ? null : echoInput(detail.input), ctx: detail.ctx };
+}
+
 /** SchemaIssue is the part of a TypeBox ValueError this mapping reads. */
 export interface SchemaIssue {
   type: number;
@@ -156,7 +254,9 @@ export function toValidationDetail(part: string, issues: SchemaIssue[]): Validat
     if (seen.has(key)) continue;
     seen.add(key);
     const { type, msg, ctx } = describeIssue(issue);
-    detail.push({ loc: [part, ...pathSegments(issue.path)], msg, type, input: issue.value ?? null, ctx });
+    // A field the schema marks writeOnly (a secret: sent, never returned) is never echoed.
+    const input = issue.schema.writeOnly === true ? null : (issue.value ?? null);
+    detail.push({ loc: [part, ...pathSegments(issue.path)], msg, type, input, ctx });
   }
   return detail;
 }

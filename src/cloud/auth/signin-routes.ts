@@ -1,6 +1,6 @@
 import { Elysia } from "elysia";
 import { CallbackQuery, LoginQuery, LoginStart, ProviderConfigView, SignedIn, SocialQuery } from "../../contract/cloud";
-import { AppError } from "../../lib/errors";
+import { AppError, isAppError } from "../../lib/errors";
 import { cookieValue } from "../../lib/http";
 import { LIMITS } from "../ratelimit";
 import type { CloudDeps } from "../server/deps";
@@ -60,7 +60,7 @@ export function signinRoutes(deps: CloudDeps) {
   }
 
   const start = async (request: Request, set: { headers: Record<string, unknown> }, kind: LoginKind, returnTo: string, hint?: string) => {
-    await deps.limiter.charge([LIMITS.loginBySource, deps.sourceOf(request)]);
+    await chargeSignInStart(deps, request);
     if (!party) throw notConfigured();
     const callback = kind.provider ? CALLBACK_PATHS.social : CALLBACK_PATHS.login;
     const started = await party.begin(kind, {
@@ -127,7 +127,7 @@ export function signinRoutes(deps: CloudDeps) {
     }
   };
 
-  const startResponses = { 200: LoginStart, ...errorResponses(400, 404, 422, 429, 503) };
+  const startResponses = { 200: LoginStart, ...errorResponses(400, 404, 422, 503) };
   const callbackResponses = { 200: SignedIn, ...errorResponses(401, 422, 503) };
   return new Elysia({ tags: ["auth"] })
     .get("/api/auth/login", ({ request, set, query }) => start(request, set, { provider: null }, query.return_to ?? "/", query.identity), {
@@ -164,4 +164,20 @@ export function signinRoutes(deps: CloudDeps) {
         detail: { summary: "The three browser-safe values of the identity provider; never the client secret" },
       },
     );
+}
+
+/**
+ * chargeSignInStart charges a sign-in start to its source's bucket (each start writes a login
+ * attempt). The contract lists 400 ("refused request on login, social") and no 429 on these
+ * two routes, so an empty bucket is a 400 `sign_in_rate_limited`, still with Retry-After.
+ */
+async function chargeSignInStart(deps: CloudDeps, request: Request): Promise<void> {
+  try {
+    await deps.limiter.charge([LIMITS.loginBySource, deps.sourceOf(request)]);
+  } catch (error) {
+    if (isAppError(error) && error.code === "rate_limited") {
+      throw new AppError("sign_in_rate_limited", error.message, error.details);
+    }
+    throw error;
+  }
 }

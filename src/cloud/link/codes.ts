@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
+import { InputError } from "../../lib/validation";
 import { type Account, type AccountStore, assertStanding } from "../accounts";
 import type { AuditLog } from "../audit";
 import { type Database, num } from "../db";
@@ -89,13 +90,25 @@ export class LinkCodes {
    * account's standing is asserted, and the node is enrolled (created, or adopted by slug).
    * If anything after the consume fails (the node limit, a suspended account) the whole
    * transaction rolls back and the code stays usable. Unknown is `link_code_not_found`,
-   * used `link_code_used`, expired `link_code_expired`, no `NL-` prefix `invalid_request`.
+   * used `link_code_used`, expired `link_code_expired`; a code without the `NL-` prefix is
+   * unknown too (404: the contract lists no 400 on claim), and a hostname that is empty once
+   * cleaned is a 422 on `hostname`.
    */
   async claim(presented: string, reported: Reported, source: string): Promise<ClaimAnswer> {
     const code = normalizeLinkCode(presented);
-    if (!code.startsWith(LINK_CODE_PREFIX)) throw new AppError("invalid_request", `a link code starts with ${LINK_CODE_PREFIX}`);
+    if (!code.startsWith(LINK_CODE_PREFIX))
+      throw new AppError("link_code_not_found", `no such link code: a link code starts with ${LINK_CODE_PREFIX}`);
     const clean = cleanReported(reported);
-    if (!clean.hostname) throw new AppError("invalid_request", "the reported hostname is empty once control characters are removed");
+    if (!clean.hostname) {
+      throw new InputError([
+        {
+          loc: ["body", "hostname"],
+          msg: "the reported hostname is empty once control characters are removed",
+          type: "string_too_short",
+          input: null,
+        },
+      ]);
+    }
     const digest = digestSecret(code);
     const now = this.deps.clock();
     return this.deps.db.transaction(async (tx) => {

@@ -67,7 +67,7 @@ export function linkRoutes(deps: CloudDeps, options: LinkOptions = {}) {
       },
       {
         body: LinkClaimRequest,
-        response: { 200: LinkClaimResponse, ...errorResponses(400, 403, 404, 409, 410, 422, 429) },
+        response: { 200: LinkClaimResponse, ...errorResponses(403, 404, 409, 410, 422, 429) },
         detail: { summary: "Exchange a link code (NL-…) for the node's identity, once" },
       },
     )

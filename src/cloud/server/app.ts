@@ -1,15 +1,26 @@
-import { openapi } from "@elysiajs/openapi";
 import { type AnyElysia, Elysia } from "elysia";
 import { CLOUD_INTERFACE_VERSION, ErrorEnvelope, HealthView, LinkMetadataView, ReadyView } from "../../contract/cloud";
 import { AppError } from "../../lib/errors";
-import { apiBasics, RequestIds } from "../../lib/http";
+import { apiBasics, BodySchemas, pathOf, RequestIds } from "../../lib/http";
+import { openapiDocument } from "../../lib/openapi";
 import { sessionRoutes } from "../auth/session-routes";
+import { LIMITS, type Limit } from "../ratelimit";
 import { assertNotCrossSite } from "./csrf";
 import type { CloudDeps } from "./deps";
 import { STATUS_BY_CODE } from "./errors";
 
 /** DISK_FULL_RETRY_AFTER_S is the Retry-After of a write refused for lack of disk space: room comes back when an operator makes it. */
 const DISK_FULL_RETRY_AFTER_S = 30;
+
+/** CLOUD_TAGS describe the groups of the console's operations in its OpenAPI document. */
+const CLOUD_TAGS = [
+  { name: "meta", description: "Liveness and readiness" },
+  { name: "auth", description: "Sign-in and sessions" },
+  { name: "link", description: "Linking an engine to this console" },
+  { name: "preauth-keys", description: "Keys that link an engine without a browser" },
+  { name: "device approvals", description: "Approving or denying an engine's device-flow request" },
+  { name: "nodes", description: "The account's linked engines" },
+];
 
 /** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
 export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
@@ -45,12 +56,29 @@ async function readiness(deps: CloudDeps): Promise<Record<string, boolean | numb
 }
 
 /**
+ * REFUSED_BODY_LIMITS are the per-source limits a body refused before it is parsed (too large,
+ * too deep, not JSON) is charged against: the contract charges these routes' limits first, so
+ * a body the console will not even read still costs its sender what a readable one would. The
+ * per-code buckets need the parsed body and are not charged.
+ */
+const REFUSED_BODY_LIMITS: Record<string, Limit> = {
+  "/api/link/claim": LIMITS.claimBySource,
+  "/api/link/device": LIMITS.deviceBySource,
+  "/api/link/device/poll": LIMITS.pollBySource,
+  "/api/link/preauth": LIMITS.preauthBySource,
+  "/api/nodes/device-approvals/lookup": LIMITS.lookupBySource,
+  "/api/nodes/device-approvals/approve": LIMITS.decideBySource,
+  "/api/nodes/device-approvals/deny": LIMITS.decideBySource,
+};
+
+/**
  * buildCloudApp assembles the console's API: the shared request plumbing, the OpenAPI
  * document, the routes every role serves (health, ready, the two 501 boundaries, link
  * metadata, sessions) and the modules' route plugins.
  */
 export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
   const requestIds = new RequestIds();
+  const bodySchemas = new BodySchemas();
   // The metadata is static: one body and one ETag for the life of the process.
   const metadata = JSON.stringify({ hosted_base_domain: deps.site.hostedBaseDomain });
   const metadataTag = `"${Bun.hash(metadata).toString(36)}"`;
@@ -65,11 +93,22 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
         log: deps.log,
         requestIds,
         statusByCode: STATUS_BY_CODE,
+        bodySchemas,
+        // The console's bodies are a few short strings: 64 KiB is far past any of them.
+        bodyLimits: { maxBytes: 64 * 1024, maxDepth: 32 },
+        // The contract lists no 400/413/415 on the console's routes: an oversized body is a 422.
+        oversizeStatus: 422,
+        beforeRefusal: async (request) => {
+          const limit = request.method === "POST" ? REFUSED_BODY_LIMITS[pathOf(request.url)] : undefined;
+          if (limit) await deps.limiter.charge([limit, deps.sourceOf(request)]);
+        },
         headersFor: (status, error): Record<string, string> | undefined => {
           if (status === 401) return { "www-authenticate": `Bearer realm="engine-cloud"` };
           if (error.code === "disk_full") return { "retry-after": String(DISK_FULL_RETRY_AFTER_S) };
           const retry = error.details?.retry_after_s;
-          return status === 429 && typeof retry === "number" ? { "retry-after": String(retry) } : undefined;
+          return (status === 429 || error.code === "sign_in_rate_limited") && typeof retry === "number"
+            ? { "retry-after": String(retry) }
+            : undefined;
         },
         translateError: (error) =>
           deps.db.isDiskFull(error)
@@ -79,14 +118,16 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
       }),
     )
     .use(
-      openapi({
-        path: "/api/docs",
+      openapiDocument({
         specPath: "/api/openapi.json",
-        provider: null,
-        documentation: {
-          info: { title: "engine-cloud — cloud console API", version: CLOUD_INTERFACE_VERSION },
-          components: { securitySchemes: { session: { type: "http", scheme: "bearer" } } },
+        info: {
+          title: "engine-cloud — cloud console API",
+          version: CLOUD_INTERFACE_VERSION,
+          description: "The cloud console API: sign-in and sessions, the engine link, preauth keys, device approvals and nodes.",
         },
+        servers: () => [{ url: deps.site.publicUrl, description: "This console" }],
+        tags: CLOUD_TAGS,
+        securitySchemes: { session: { type: "http", scheme: "bearer" } },
       }),
     )
     .get(
@@ -128,5 +169,6 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
     )
     .use(sessionRoutes(deps));
   for (const module of modules) app = app.use(module(deps)) as unknown as typeof app;
+  bodySchemas.learn(app.routes);
   return app;
 }

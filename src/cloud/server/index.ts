@@ -4,6 +4,7 @@ import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { loadSecretKey } from "../../lib/files";
 import { clientAddress } from "../../lib/forwarded";
+import { lastResortResponse } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { AccountStore } from "../accounts";
@@ -128,7 +129,17 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
     const app = buildCloudApp(deps, modules);
     try {
-      server = Bun.serve({ hostname: config.host, port: config.port, fetch: (request) => app.handle(request), idleTimeout: 30 });
+      const bound = log;
+      server = Bun.serve({
+        hostname: config.host,
+        port: config.port,
+        fetch: (request) => app.handle(request),
+        idleTimeout: 30,
+        // Never Bun's development error page (cwd, stack, source lines); an error that escapes the
+        // app answers the error envelope (decision 142).
+        development: false,
+        error: (error) => lastResortResponse(bound, error),
+      });
     } catch (error) {
       throw new AppError("port_in_use", `cannot listen on ${config.host}:${config.port}: ${(error as Error).message}`);
     }

@@ -23,6 +23,10 @@ summary{cursor:pointer}code,pre{font:12px ui-monospace,monospace}pre{overflow:au
 const esc=s=>String(s).replace(/[&<>"]/g,c=>({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"})[c]);
 const pub=new Set(["/api/health","/api/ready","/api/openapi.json"]);
 fetch("/api/openapi.json").then(r=>r.json()).then(doc=>{
+  // Shared records are components behind a $ref: show them inline (a bounded number of hops).
+  const ref=(s,d=0)=>s===null||typeof s!=="object"?s:Array.isArray(s)?s.map(x=>ref(x,d))
+    :typeof s.$ref==="string"&&d<8?ref(doc.components?.schemas?.[decodeURIComponent(s.$ref.split("/").pop())]??s,d+1)
+    :Object.fromEntries(Object.entries(s).map(([k,v])=>[k,ref(v,d)]));
   const byTag={};
   for(const [path,ops] of Object.entries(doc.paths||{}))for(const [method,op] of Object.entries(ops)){
     const tag=(op.tags||["other"])[0];(byTag[tag]??=[]).push({path,method:method.toUpperCase(),op});}
@@ -30,9 +34,9 @@ fetch("/api/openapi.json").then(r=>r.json()).then(doc=>{
   for(const tag of Object.keys(byTag).sort()){
     html+="<h2>"+esc(tag)+"</h2>";
     for(const {path,method,op} of byTag[tag]){
-      const params=(op.parameters||[]).map(p=>"<li><code>"+esc(p.in)+" "+esc(p.name)+"</code> "+esc(JSON.stringify(p.schema))+"</li>").join("");
-      const body=op.requestBody?.content?.["application/json"]?.schema;
-      const responses=Object.entries(op.responses||{}).map(([s,r])=>"<li><b>"+esc(s)+"</b> <pre>"+esc(JSON.stringify(r.content?.["application/json"]?.schema??{},null,1))+"</pre></li>").join("");
+      const params=(op.parameters||[]).map(p=>"<li><code>"+esc(p.in)+" "+esc(p.name)+"</code> "+esc(JSON.stringify(ref(p.schema)))+"</li>").join("");
+      const body=ref(op.requestBody?.content?.["application/json"]?.schema);
+      const responses=Object.entries(op.responses||{}).map(([s,r])=>"<li><b>"+esc(s)+"</b> <pre>"+esc(JSON.stringify(ref(r.content?.["application/json"]?.schema??{}),null,1))+"</pre></li>").join("");
       html+="<details><summary><span class='m "+method+"'>"+method+"</span><code>"+esc(path)+"</code> "+esc(op.summary||"")+(pub.has(path)?" <span class=muted>(public)</span>":"")+"</summary>"
         +(params?"<h4>Parameters</h4><ul>"+params+"</ul>":"")
         +(body?"<h4>Body</h4><pre>"+esc(JSON.stringify(body,null,1))+"</pre>":"")

@@ -2,6 +2,7 @@ import type { EngineErrorCode } from "../../lib/errors";
 
 /** STATUS_BY_CODE maps every domain error code to its HTTP status: the one place that does. */
 export const STATUS_BY_CODE: Record<EngineErrorCode, number> = {
+  body_too_large: 413,
   unauthenticated: 401,
   invalid_token: 401,
   token_revoked: 401,

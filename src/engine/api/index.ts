@@ -1,7 +1,7 @@
-import { openapi } from "@elysiajs/openapi";
 import { Elysia } from "elysia";
 import { AppError, diskFullError } from "../../lib/errors";
-import { apiBasics, cookieValue, pathOf, RequestIds } from "../../lib/http";
+import { apiBasics, BodySchemas, cookieValue, pathOf, RequestIds } from "../../lib/http";
+import { openapiDocument } from "../../lib/openapi";
 import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
 import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
 import { daemonRoutes } from "./daemon";
@@ -34,6 +34,19 @@ function compileRouteAccess(): CompiledRoute[] {
   });
 }
 
+/** ENGINE_TAGS describe the groups of the engine's operations in its OpenAPI document. */
+const ENGINE_TAGS = [
+  { name: "tokens", description: "Access tokens: roles, caps and scopes" },
+  { name: "app-templates", description: "Built-in templates a service can be deployed from" },
+  { name: "proxy", description: "The reverse proxy" },
+  { name: "services", description: "Services: deploy, control, logs, diagnosis and domains" },
+  { name: "databases", description: "Database services" },
+  { name: "gpus", description: "The GPU inventory" },
+  { name: "daemon", description: "The daemon itself: health, restart and this document" },
+  { name: "link", description: "The link to a cloud console" },
+  { name: "ui", description: "The web UI's sessions" },
+];
+
 export interface Api {
   app: ReturnType<typeof buildApp>;
   /** markLocal flags a request as arriving over the unix socket, which counts as admin. */
@@ -43,7 +56,7 @@ export interface Api {
 function buildApp(
   deps: ApiDeps,
   ctx: RequestContext,
-  hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions },
+  hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions; bodySchemas: BodySchemas },
 ) {
   return new Elysia()
     .onRequest(({ request }) => hooks.onRequest(request))
@@ -52,37 +65,40 @@ function buildApp(
         log: deps.log,
         requestIds: hooks.requestIds,
         statusByCode: STATUS_BY_CODE,
+        bodySchemas: hooks.bodySchemas,
+        // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
+        oversizeStatus: 413,
         // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
         translateError: diskFullError,
         headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
       }),
     )
     .use(
-      openapi({
-        path: "/api/docs",
+      openapiDocument({
         specPath: "/api/openapi.json",
-        provider: null,
-        documentation: {
-          info: {
-            title: "engine — local engine API",
-            version: deps.version,
-            description: "The local engine API: tokens, app templates, proxy, services, databases, daemon and the link.",
-          },
-          components: { securitySchemes: { bearer: { type: "http", scheme: "bearer" } } },
-          // The plugin serves the contract but does not list its own route; the spec does.
-          paths: {
-            "/api/openapi.json": {
-              get: {
-                tags: ["daemon"],
-                summary: "The installed contract (OpenAPI 3.1); no credential",
-                security: [],
-                responses: {
-                  "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
-                },
+        info: {
+          title: "engine — local engine API",
+          version: deps.version,
+          description: "The local engine API: tokens, app templates, proxy, services, databases, daemon and the link.",
+        },
+        // The default address stands in until the engine has listened and knows its own.
+        servers: () => [{ url: deps.baseUrl?.() ?? "http://127.0.0.1:9321", description: "This engine" }],
+        tags: ENGINE_TAGS,
+        securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
+        security: [{ bearer: [] }],
+        // The document's own route is not generated from a route declaration; the spec lists it.
+        paths: {
+          "/api/openapi.json": {
+            get: {
+              tags: ["daemon"],
+              operationId: "getApiOpenapiJson",
+              summary: "The installed contract (OpenAPI 3.1); no credential",
+              security: [],
+              responses: {
+                "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
               },
             },
           },
-          security: [{ bearer: [] }],
         },
       }),
     )
@@ -108,6 +124,7 @@ export function createApi(deps: ApiDeps): Api {
   const principals = new WeakMap<Request, Principal>();
   const sessions = new UiSessions(deps.tokens);
   const requestIds = new RequestIds();
+  const bodySchemas = new BodySchemas();
 
   /**
    * authenticateCookie resolves the web UI's session cookie when no Authorization header is
@@ -152,7 +169,8 @@ export function createApi(deps: ApiDeps): Api {
     },
   };
 
-  const app = buildApp(deps, ctx, { onRequest, requestIds, sessions });
+  const app = buildApp(deps, ctx, { onRequest, requestIds, sessions, bodySchemas });
+  bodySchemas.learn(app.routes);
   const declared = new Set(app.routes.filter((r) => r.method !== "HEAD" && r.method !== "OPTIONS").map((r) => `${r.method} ${r.path}`));
   const missing = [...declared].filter((key) => !(key in ROUTE_ACCESS));
   const stale = Object.keys(ROUTE_ACCESS).filter((key) => !declared.has(key));

@@ -1,3 +1,4 @@
+import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { Elysia, t } from "elysia";
 import {
   GpuInventoryRecord,
@@ -16,6 +17,34 @@ import { AUTHED, errorResponses } from "./responses";
 const DEFAULT_LOG_TAIL = 100;
 /** SSE_HEARTBEAT_MS keeps idle log streams alive through proxies that close silent connections. */
 const SSE_HEARTBEAT_MS = 15_000;
+
+/** recordShape checks each listed record against the schema the list answers with. */
+const recordShape = TypeCompiler.Compile(ServiceRecord);
+
+/**
+ * listableRecords keeps the records that fit the contract and reports the rest: one row stored
+ * by an older engine that let a malformed value in (`"env":[["x"]]`, issue 13) must not turn the
+ * whole list, the UI's dashboard included, into a 500 for every caller. The row is left out of
+ * the list, logged with its name and what is wrong, and counted in `X-Engine-Unlisted`; it can
+ * still be deleted by name (decision 143).
+ */
+function listableRecords(records: ServiceRecord[], deps: ApiDeps, set: { headers: Record<string, string | number> }): ServiceRecord[] {
+  const listable: ServiceRecord[] = [];
+  for (const record of records) {
+    if (recordShape.Check(record)) {
+      listable.push(record);
+      continue;
+    }
+    const problems = [...recordShape.Errors(record)].slice(0, 5).map((error) => `${error.path}: ${error.message}`);
+    deps.log.error(
+      { service: (record as ServiceRecord).name, problems },
+      "a stored service does not fit the contract; left out of the list",
+    );
+  }
+  if (listable.length === records.length) return records;
+  set.headers["x-engine-unlisted"] = String(records.length - listable.length);
+  return listable;
+}
 
 /**
  * workloadRoutes serves services: deploy, list, read, control, delete, logs (with SSE follow)
@@ -40,7 +69,7 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
         },
       },
     )
-    .get("/api/services", ({ request }) => deps.services.list(ctx.principalOf(request)), {
+    .get("/api/services", ({ request, set }) => listableRecords(deps.services.list(ctx.principalOf(request)), deps, set), {
       response: { 200: t.Array(ServiceRecord), ...errorResponses(...AUTHED) },
       detail: { tags: ["services"], summary: "List services (a scoped token sees its scope only)" },
     })

@@ -6,6 +6,7 @@ import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
+import { lastResortResponse } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
@@ -152,9 +153,18 @@ async function claimSocket(socketPath: string): Promise<void> {
   rmSync(socketPath, { force: true });
 }
 
-function listen(config: EngineConfig, fetchHandler: (request: Request) => Response | Promise<Response>): Server<undefined> {
+/**
+ * serveSafety gives the Bun.serve options both of the engine's listeners take: never Bun's
+ * development error page (it shows the working directory, stack frames and source lines),
+ * and an error that escapes the app answers the error envelope (decision 142).
+ */
+function serveSafety(log: Logger) {
+  return { development: false, error: (error: Error) => lastResortResponse(log, error) } as const;
+}
+
+function listen(config: EngineConfig, log: Logger, fetchHandler: (request: Request) => Response | Promise<Response>): Server<undefined> {
   try {
-    return Bun.serve({ hostname: config.host, port: config.port, fetch: fetchHandler, idleTimeout: 120 });
+    return Bun.serve({ hostname: config.host, port: config.port, fetch: fetchHandler, idleTimeout: 120, ...serveSafety(log) });
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
     if (code === "EADDRINUSE") {
@@ -333,7 +343,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
-    const tcp = listen(config, (request) => api.app.handle(withRoutableUrl(request)));
+    const tcp = listen(config, log, (request) => api.app.handle(withRoutableUrl(request)));
     const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${tcp.port ?? config.port}`;
     cleanups.push(() => tcp.stop(true));
@@ -344,6 +354,7 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     try {
       unix = Bun.serve({
         unix: config.socketPath,
+        ...serveSafety(log),
         fetch(raw) {
           const request = withRoutableUrl(raw);
           api.markLocal(request);

@@ -153,7 +153,8 @@ export class RedisEngine implements DatabaseEngine {
           loc: ["body", "env", "EXTRA_ARGS"],
           msg: `EXTRA_ARGS may not set ${owned.map((option) => `--${option}`).join(", ")}: the engine sets ${owned.length === 1 ? "it" : "them"} for a managed Redis`,
           type: "value_error",
-          input: given.EXTRA_ARGS,
+          // Not echoed: the refused options are often `--requirepass <password>` (decision 147).
+          input: null,
         },
       ]);
     }

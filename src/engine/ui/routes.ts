@@ -84,7 +84,7 @@ export function uiRoutes(deps: UiRouteDeps) {
           });
         }
       },
-      { query: t.Object({ code: t.Optional(t.String({ maxLength: 512 })) }), detail: { hide: true } },
+      { query: t.Object({ code: t.Optional(t.String({ maxLength: 512, writeOnly: true })) }), detail: { hide: true } },
     )
     .post(
       "/ui/session",
@@ -99,7 +99,7 @@ export function uiRoutes(deps: UiRouteDeps) {
         return info({ role: session.principal.role, name: session.principal.name, csrf: session.csrf, expiresAt: session.expiresAt });
       },
       {
-        body: t.Object({ token: t.String({ minLength: 1, maxLength: 512 }) }, { additionalProperties: false }),
+        body: t.Object({ token: t.String({ minLength: 1, maxLength: 512, writeOnly: true }) }, { additionalProperties: false }),
         response: { 201: SessionInfo, 401: ErrorBody, 403: ErrorBody, 422: ValidationErrorBody },
         detail: { tags: ["ui"], summary: "Open a web UI session with an access token (sets an HttpOnly cookie)", security: [] },
       },

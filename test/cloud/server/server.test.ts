@@ -80,12 +80,17 @@ describeEachDialect("console basics", (dialect) => {
     expect(missing.status).toBe(404);
     expect(missing.body.error.code).toBe("not_found");
     const { token } = await cloud.signIn("ada@example.com");
-    const bad = await fetch(`${cloud.url}/api/auth/logout-all`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-      body: "[1,2]",
-    });
+    const post = (path: string) =>
+      fetch(`${cloud.url}${path}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+        body: "[1,2]",
+      });
+    const bad = await post("/api/link/codes");
     expect(bad.status).toBe(422);
+    expect((await bad.json()).detail[0]).toMatchObject({ loc: ["body"], type: "dict_type" });
+    // A route that takes no body ignores one, and answers from its own list (logout-all lists 401 only).
+    expect((await post("/api/auth/logout-all")).status).toBe(200);
   });
 
   test("the OpenAPI document lists the routes", async () => {

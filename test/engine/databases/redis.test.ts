@@ -328,6 +328,11 @@ suite("Redis database services", () => {
     });
     expect(status).toBe(422);
     expect(JSON.stringify(body)).toContain("--dir");
+    // The refusal names the option, never the password that came with it.
+    const secret = await db.api.deploy({ name: "cache-bad", template_id: "redis", env: { EXTRA_ARGS: "--requirepass hunter2-extra" } });
+    expect(secret.status).toBe(422);
+    expect(JSON.stringify(secret.body)).toContain("--requirepass");
+    expect(JSON.stringify(secret.body)).not.toContain("hunter2");
   });
 });
 
