@@ -42,17 +42,12 @@ async function logLines(name: string): Promise<string[]> {
 }
 
 describe("the contract", () => {
-  test("the engine's own OpenAPI document declares user in Diagnosis and in the service record", async () => {
+  test("the engine's own OpenAPI document declares user in Diagnosis and in the service record, and on the deploy body", async () => {
     type Schema = { properties?: Record<string, unknown> };
-    const doc = (
-      await engine.json<{ paths: Record<string, Record<string, { responses: Record<string, unknown> }>> }>("GET", "/api/openapi.json")
-    ).body;
-    const schemaOf = (path: string, method: string, status: string) => {
-      const response = doc.paths[path]?.[method]?.responses[status] as { content?: Record<string, { schema: Schema }> } | undefined;
-      return response?.content?.["application/json"]?.schema;
-    };
-    expect(schemaOf("/api/services/{ident}/diagnose", "get", "200")?.properties?.user).toBeDefined();
-    expect(schemaOf("/api/services/{ident}", "get", "200")?.properties?.user).toBeDefined();
+    const doc = (await engine.json<{ components: { schemas: Record<string, Schema> } }>("GET", "/api/openapi.json")).body;
+    expect(doc.components.schemas.Diagnosis?.properties?.user).toBeDefined();
+    expect(doc.components.schemas.Service?.properties?.user).toBeDefined();
+    expect(doc.components.schemas.ServiceDeploy?.properties?.user).toBeDefined();
   });
 });
 
