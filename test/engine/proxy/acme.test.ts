@@ -92,12 +92,13 @@ describe.skipIf(!available)("ACME refusal", () => {
   });
 
   test("a certificate the CA will not issue is a 422 acme_failed with the CA's reason, and nothing is stored", async () => {
-    const response = await engine.json<{ error: { code: string; message: string } }>("POST", "/api/services/shop/domains", {
+    const response = await engine.json<{ detail: { msg: string; ctx: { code: string } }[] }>("POST", "/api/services/shop/domains", {
       body: { domain: "refused.example.com" },
     });
+    // Every 422 has the contract's detail shape; the error's code travels in ctx.code (decision 148).
     expect(response.status).toBe(422);
-    expect(response.body.error.code).toBe("acme_failed");
-    expect(response.body.error.message).toContain("refused.example.com");
+    expect(response.body.detail[0]?.ctx.code).toBe("acme_failed");
+    expect(response.body.detail[0]?.msg).toContain("refused.example.com");
     const status = (await engine.json<{ domains: { domain: string }[]; routes: { items: { host: string }[] } }>("GET", "/api/proxy/status"))
       .body;
     expect(status.domains.map((d) => d.domain)).not.toContain("refused.example.com");
