@@ -75,6 +75,22 @@ export function removeServiceUsers(dataDir: string): void {
   }
 }
 
+/**
+ * collectOutput reads a spawned process's stdout and stderr as they come, and returns a
+ * function that answers everything read so far (both streams, in arrival order).
+ */
+export function collectOutput(proc: { stdout: unknown; stderr: unknown }): () => string {
+  let text = "";
+  const decoder = new TextDecoder();
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    const reader = stream.getReader();
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += decoder.decode(chunk.value, { stream: true });
+  };
+  void pump(proc.stdout as ReadableStream<Uint8Array>);
+  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  return () => text;
+}
+
 /** eventually polls `check` until it returns a truthy value or the deadline passes. */
 export async function eventually<T>(
   check: () => T | Promise<T>,
@@ -244,19 +260,12 @@ export async function spawnEngine(
     stdout: "pipe",
     stderr: "pipe",
   });
-  let text = "";
-  const decoder = new TextDecoder();
-  const pump = async (stream: ReadableStream<Uint8Array>) => {
-    const reader = stream.getReader();
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += decoder.decode(chunk.value, { stream: true });
-  };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  const textOf = collectOutput(proc);
   const port = await eventually(
     () => {
-      if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${text}`);
-      const match = /"msg":"listening"/.test(text)
-        ? /"port":(\d+)/.exec(text.slice(Math.max(0, text.lastIndexOf('"msg":"listening"') - 400)))
+      if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${textOf()}`);
+      const match = /"msg":"listening"/.test(textOf())
+        ? /"port":(\d+)/.exec(textOf().slice(Math.max(0, textOf().lastIndexOf('"msg":"listening"') - 400)))
         : null;
       return match ? Number(match[1]) : 0;
     },
@@ -266,7 +275,7 @@ export async function spawnEngine(
     proc,
     port,
     url: `http://127.0.0.1:${port}`,
-    output: () => text,
+    output: textOf,
     async stop() {
       if (proc.exitCode === null) proc.kill("SIGTERM");
       const exited = await Promise.race([proc.exited, Bun.sleep(10000).then(() => null)]);

@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SQL } from "bun";
-import { eventually, REPO_ROOT, runCli } from "../../helpers";
+import { collectOutput, eventually, REPO_ROOT, runCli } from "../../helpers";
 import { mountTmpfs, type Tmpfs } from "../../tmpfs";
 import { POSTGRES_URL, postgresAvailable } from "../helpers";
 
@@ -26,25 +26,18 @@ async function spawnCloud(dataDir: string, env: Record<string, string>): Promise
     stdout: "pipe",
     stderr: "pipe",
   });
-  let text = "";
-  const decoder = new TextDecoder();
-  const pump = async (stream: ReadableStream<Uint8Array>) => {
-    const reader = stream.getReader();
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += decoder.decode(chunk.value, { stream: true });
-  };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  const textOf = collectOutput(proc);
   const url = await eventually(
     () => {
-      if (proc.exitCode !== null) throw new Error(`engine-cloud exited with ${proc.exitCode}: ${text}`);
-      return /"msg":"engine-cloud listening"/.test(text) ? (/"url":"(http:\/\/[^"]+)"/.exec(text)?.[1] ?? "") : "";
+      if (proc.exitCode !== null) throw new Error(`engine-cloud exited with ${proc.exitCode}: ${textOf()}`);
+      return /"msg":"engine-cloud listening"/.test(textOf()) ? (/"url":"(http:\/\/[^"]+)"/.exec(textOf())?.[1] ?? "") : "";
     },
     { timeoutMs: 20000 },
   );
   return {
     proc,
     url,
-    output: () => text,
+    output: textOf,
     async stop() {
       if (proc.exitCode === null) proc.kill("SIGTERM");
       const exited = await Promise.race([proc.exited, Bun.sleep(10000).then(() => null)]);

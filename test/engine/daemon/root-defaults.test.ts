@@ -3,7 +3,7 @@ import { existsSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync }
 import { join } from "node:path";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { DatabaseEngines, isDatabaseEngineName, lookupUser } from "../../../src/engine/databases";
-import { eventually, REPO_ROOT, reapWorkloads, spawnEngine, tempDir } from "../../helpers";
+import { collectOutput, eventually, REPO_ROOT, reapWorkloads, spawnEngine, tempDir } from "../../helpers";
 import { suiteWhen } from "../databases/helpers";
 
 /**
@@ -61,14 +61,7 @@ async function startNamespacedEngine(home: string): Promise<NamespacedEngine> {
     stdout: "pipe",
     stderr: "pipe",
   });
-  let output = "";
-  const decoder = new TextDecoder();
-  const pump = async (stream: ReadableStream<Uint8Array>) => {
-    const reader = stream.getReader();
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) output += decoder.decode(chunk.value, { stream: true });
-  };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  const outputOf = collectOutput(proc);
   const namespace = await eventually(() => {
     try {
       const link = readlinkSync(`/proc/${proc.pid}/ns/mnt`);
@@ -79,7 +72,7 @@ async function startNamespacedEngine(home: string): Promise<NamespacedEngine> {
   });
   const engine: NamespacedEngine = {
     pid: proc.pid,
-    output: () => output,
+    output: outputOf,
     view: (path) => `/proc/${proc.pid}/root${path}`,
     async cli<T>(...args: string[]): Promise<T> {
       const argv = [nsenter as string, `--mount=/proc/${proc.pid}/ns/mnt`, "--", process.execPath, join(REPO_ROOT, "cli", "engine.ts")];
@@ -109,8 +102,8 @@ async function startNamespacedEngine(home: string): Promise<NamespacedEngine> {
   try {
     await eventually(
       () => {
-        if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${output}`);
-        return output.includes('"msg":"listening"');
+        if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${outputOf()}`);
+        return outputOf().includes('"msg":"listening"');
       },
       { timeoutMs: 60_000, intervalMs: 100 },
     );
