@@ -175,6 +175,9 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     expect(text).toContain("Restart window");
     const exitCode = report.locator("dt", { hasText: "Last exit code" }).locator("xpath=following-sibling::dd[1]");
     await eventually(async () => (await exitCode.textContent()) === "1", { timeoutMs: STEP_MS });
+    // A root engine runs each service as its own user; as a user, as the engine's own.
+    const runsAs = report.locator("dt", { hasText: "Runs as" }).locator("xpath=following-sibling::dd[1]");
+    expect(await runsAs.textContent()).toBe(process.getuid?.() === 0 ? "eng-crasher" : "the engine's own user");
     await page.getByRole("log", { name: "Logs of crasher" }).getByText("about to fail").first().waitFor();
     await shot("diagnosis");
   }, 60_000);

@@ -446,6 +446,8 @@ interface Diagnosis {
   last_dump: Record<string, unknown> | null;
   injected_env_keys: string[];
   pending_env_keys: string[];
+  /** user is the OS user the workload runs as; null when it runs as the engine's own user. */
+  user: string | null;
 }
 
 const yesNo = (value: boolean) => (value ? "yes" : "no");
@@ -474,6 +476,7 @@ function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
     ),
     h("h3", {}, "Forensics"),
     dl([
+      ["Runs as", d.user ?? "the engine's own user"],
       ["Last exit code", d.forensics.last_exit_code ?? "—"],
       ["Killed for memory (OOM)", yesNo(d.forensics.oom_killed)],
       ["GPU out of memory", yesNo(d.forensics.gpu_oom)],
