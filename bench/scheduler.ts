@@ -364,7 +364,7 @@ try {
         procs = group.procsPath;
       }
       const t = performance.now();
-      const proc = Bun.spawn([shimPath, runDir, join(runDir, "output.log"), "-", "10485760", "2", procs, "--", "sleep", "600"], {
+      const proc = Bun.spawn([shimPath, runDir, join(runDir, "output.log"), "-", "10485760", "2", procs, "-", "--", "sleep", "600"], {
         cwd: runDir,
         stdin: "ignore",
         stdout: "pipe",

@@ -29,8 +29,19 @@ export const SERVICE_USER_COMMENT = "engine service";
 const GPU_GROUPS = ["video", "render"];
 /** Linux user names are at most 32 bytes (useradd's limit, utmp's ut_user). */
 const NAME_MAX = 32;
-/** useradd exits 10 when another process holds the passwd lock: it is worth a retry. */
+/** useradd and groupadd exit 10 when another process holds the passwd lock: it is worth a retry. */
 const LOCK_BUSY_EXIT = 10;
+/** ... 4 when the uid or gid asked for is taken, and 9 when the name is. */
+const ID_TAKEN_EXIT = 4;
+const NAME_TAKEN_EXIT = 9;
+
+/**
+ * WORKLOAD_ID_RANGE is where the engine numbers its service users and their groups: the range
+ * systemd reserves for dynamic service users (61184-65519, systemd's UIDS-GIDS.md), which
+ * distributions keep free of their own users and of regular logins. Every id is checked
+ * against /etc/passwd, /etc/group and NSS before it is used.
+ */
+export const WORKLOAD_ID_RANGE = { min: 61184, max: 65519 } as const;
 
 /** canSwitchUsers says whether this process may run workloads as other users: only root may. */
 export function canSwitchUsers(): boolean {
@@ -103,6 +114,40 @@ function groupIds(names: string[]): number[] {
   return ids;
 }
 
+/** findGroup returns the gid of a group by name, or null when the host has none. */
+function findGroup(name: string): number | null {
+  const line =
+    readText("/etc/group")
+      .split("\n")
+      .find((l) => l.startsWith(`${name}:`)) ?? getent("group", name).trim();
+  const gid = line.split(":")[2];
+  return gid && /^\d+$/.test(gid) ? Number(gid) : null;
+}
+
+/** usedIds are the uids and gids the local passwd and group files hold. */
+function usedIds(): Set<number> {
+  const ids = new Set<number>();
+  for (const entry of parsePasswd(readText("/etc/passwd"))) ids.add(entry.uid).add(entry.gid);
+  for (const line of readText("/etc/group").split("\n")) {
+    const gid = line.split(":")[2];
+    if (gid && /^\d+$/.test(gid)) ids.add(Number(gid));
+  }
+  return ids;
+}
+
+/** runTool runs useradd or groupadd and answers its exit code and the start of its stderr. */
+async function runTool(tool: "useradd" | "groupadd", args: string[]): Promise<{ code: number; stderr: string }> {
+  const path = Bun.which(tool) ?? `/usr/sbin/${tool}`;
+  let proc: ReturnType<typeof Bun.spawn<"ignore", "ignore", "pipe">>;
+  try {
+    proc = Bun.spawn([path, ...args], { stdin: "ignore", stdout: "ignore", stderr: "pipe" });
+  } catch (error) {
+    throw new AppError("internal", `cannot run ${tool} to make a service's user: ${(error as Error).message}`);
+  }
+  const [stderr, code] = await Promise.all([new Response(proc.stderr).text(), proc.exited]);
+  return { code, stderr: stderr.trim().slice(0, 300) };
+}
+
 /** memberGroups returns the supplementary groups /etc/group lists `user` in (what initgroups(3) would set, for local files). */
 function memberGroups(user: string): number[] {
   const ids: number[] = [];
@@ -116,10 +161,32 @@ function memberGroups(user: string): number[] {
 /**
  * ServiceUsers makes and finds the users workloads run as. A root engine runs each service as
  * a system user of its own (as systemd's DynamicUser= and Nomad's exec driver do), made on
- * first launch with `useradd --system`, no login shell, and the service's data dir as home.
+ * first launch with `groupadd` and `useradd --system`, numbered from WORKLOAD_ID_RANGE, no
+ * login shell, and the service's data dir as home.
  */
 export class ServiceUsers {
   private gpuGroupIds: number[] | null = null;
+
+  constructor(private readonly idRange: { min: number; max: number } = WORKLOAD_ID_RANGE) {}
+
+  /** idFree says whether an id is neither a user's nor a group's, locally or through NSS. */
+  private idFree(id: number): boolean {
+    return !usedIds().has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
+  }
+
+  /** freeId is the lowest id of the range that no user or group has, locally or through NSS. */
+  private freeId(): number {
+    const used = usedIds();
+    for (let id = this.idRange.min; id <= this.idRange.max; id++) {
+      if (used.has(id)) continue;
+      if (getent("passwd", String(id)) === "" && getent("group", String(id)) === "") return id;
+      used.add(id);
+    }
+    throw new AppError(
+      "internal",
+      `no id is left for a new service user in ${this.idRange.min}-${this.idRange.max}: remove the users of services that are gone (userdel eng-...)`,
+    );
+  }
 
   /** gpuGroups are the gids of `video` and `render` where they exist, read once. */
   gpuGroups(): number[] {
@@ -157,32 +224,41 @@ export class ServiceUsers {
         }
         return { name, uid: entry.uid, gid: entry.gid, groups: this.gpuGroups(), home };
       }
-      const useradd = Bun.which("useradd") ?? "/usr/sbin/useradd";
-      const uidFree = recorded !== null && recorded.name === name && findPasswd(String(recorded.uid)) === null;
-      const argv = [
-        useradd,
+      // The id comes from the engine's own range, not useradd's system range (100-999 on
+      // Debian: it would run out after some 900 services, batch jobs included). The group gets
+      // the same number, as systemd's DynamicUser= does; a recorded id is asked for again so
+      // files the old user owned stay its own.
+      const id = recorded !== null && recorded.name === name && this.idFree(recorded.uid) ? recorded.uid : this.freeId();
+      const existingGroup = findGroup(name);
+      if (existingGroup === null) {
+        const made = await runTool("groupadd", ["--system", "--gid", String(id), name]);
+        if (made.code === ID_TAKEN_EXIT && attempt < 20) continue; // another process took the gid: choose again
+        if ((made.code === LOCK_BUSY_EXIT || made.code === NAME_TAKEN_EXIT) && attempt < 20) {
+          await Bun.sleep(50 + attempt * 25);
+          continue;
+        }
+        if (made.code !== 0) {
+          throw new AppError("internal", `groupadd could not make the service's group ${name} (exit ${made.code}): ${made.stderr}`);
+        }
+      }
+      const { code, stderr } = await runTool("useradd", [
         "--system",
-        "--user-group",
         "--no-create-home",
+        "--uid",
+        String(id),
+        "--gid",
+        String(existingGroup ?? id),
         "--home-dir",
         home,
         "--shell",
         Bun.which("nologin") ?? "/usr/sbin/nologin",
         "--comment",
         `${SERVICE_USER_COMMENT} ${serviceName}`,
-        ...(uidFree ? ["--uid", String(recorded.uid)] : []),
         name,
-      ];
-      let proc: ReturnType<typeof Bun.spawn<"ignore", "ignore", "pipe">>;
-      try {
-        proc = Bun.spawn(argv, { stdin: "ignore", stdout: "ignore", stderr: "pipe" });
-      } catch (error) {
-        throw new AppError("internal", `cannot run useradd to make the service's user ${name}: ${(error as Error).message}`);
-      }
-      const [stderr, code] = await Promise.all([new Response(proc.stderr).text(), proc.exited]);
-      if (code === 0) continue; // read it back, with the ids useradd chose
-      // Another useradd holds the lock, or made the same user a moment ago: look again.
-      if ((code === LOCK_BUSY_EXIT || code === 9) && attempt < 20) {
+      ]);
+      if (code === 0) continue; // read it back
+      // Another useradd holds the lock, made the same user, or took the uid a moment ago: look again.
+      if ((code === LOCK_BUSY_EXIT || code === NAME_TAKEN_EXIT || code === ID_TAKEN_EXIT) && attempt < 20) {
         await Bun.sleep(50 + attempt * 25);
         continue;
       }

@@ -5,6 +5,7 @@ export {
   SERVICE_USER_PREFIX,
   ServiceUsers,
   serviceUserName,
+  WORKLOAD_ID_RANGE,
   type WorkloadUser,
 } from "./accounts";
 export { asWorkloadUser, credentialsArg } from "./exec";

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, chownSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { serviceUserName } from "../../../src/engine/users";
+import { serviceUserName, WORKLOAD_ID_RANGE } from "../../../src/engine/users";
 import { createToken, ENGINE_ENTRY, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "./harness";
 
@@ -73,7 +73,10 @@ rootOnly("as root: each service runs as a user of its own", () => {
       ?.split(":");
     expect(passwd?.[6]).toMatch(/nologin$/);
     const [uid, gid] = [Number(passwd?.[2]), Number(passwd?.[3])];
-    expect(uid).toBeGreaterThan(0);
+    // Numbered from the engine's own range (not useradd's system range of ~900 ids), the group alike.
+    expect(uid).toBeGreaterThanOrEqual(WORKLOAD_ID_RANGE.min);
+    expect(uid).toBeLessThanOrEqual(WORKLOAD_ID_RANGE.max);
+    expect(gid).toBe(uid);
     expect(
       statusField(pid as number, "Uid")
         .split(/\s+/)
