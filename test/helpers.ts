@@ -75,6 +75,15 @@ export function removeServiceUsers(dataDir: string): void {
   }
 }
 
+/** stopGently ends a spawned process with SIGTERM, and SIGKILL if it is still there 10 s later. */
+export async function stopGently(proc: Bun.Subprocess): Promise<number> {
+  if (proc.exitCode === null) proc.kill("SIGTERM");
+  const exited = await Promise.race([proc.exited, Bun.sleep(10000).then(() => null)]);
+  if (exited !== null) return exited;
+  proc.kill("SIGKILL");
+  return proc.exited;
+}
+
 /**
  * collectOutput reads a spawned process's stdout and stderr as they come, and returns a
  * function that answers everything read so far (both streams, in arrival order).
@@ -276,15 +285,7 @@ export async function spawnEngine(
     port,
     url: `http://127.0.0.1:${port}`,
     output: textOf,
-    async stop() {
-      if (proc.exitCode === null) proc.kill("SIGTERM");
-      const exited = await Promise.race([proc.exited, Bun.sleep(10000).then(() => null)]);
-      if (exited === null) {
-        proc.kill("SIGKILL");
-        return proc.exited;
-      }
-      return exited;
-    },
+    stop: () => stopGently(proc),
   };
 }
 

@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SQL } from "bun";
-import { collectOutput, eventually, REPO_ROOT, runCli } from "../../helpers";
+import { collectOutput, eventually, REPO_ROOT, runCli, stopGently } from "../../helpers";
 import { mountTmpfs, type Tmpfs } from "../../tmpfs";
 import { POSTGRES_URL, postgresAvailable } from "../helpers";
 
@@ -39,12 +39,7 @@ async function spawnCloud(dataDir: string, env: Record<string, string>): Promise
     url,
     output: textOf,
     async stop() {
-      if (proc.exitCode === null) proc.kill("SIGTERM");
-      const exited = await Promise.race([proc.exited, Bun.sleep(10000).then(() => null)]);
-      if (exited === null) {
-        proc.kill("SIGKILL");
-        await proc.exited;
-      }
+      await stopGently(proc);
     },
   };
 }

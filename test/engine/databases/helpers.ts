@@ -1,12 +1,12 @@
-import { describe } from "bun:test";
+import { describe, expect } from "bun:test";
 import { randomBytes } from "node:crypto";
-import { rmSync } from "node:fs";
+import { readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SQL } from "bun";
 import type { Diagnosis } from "../../../src/contract/engine";
 import { PostgresEngine } from "../../../src/engine/databases";
-import { startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "../services/harness";
 
 /** REFERENCE_URL is the machine's PostgreSQL (trust auth), where reference data is made and dumped. */
@@ -128,4 +128,29 @@ export async function restore(
 export async function lastDump(api: ServiceClient, name: string): Promise<Record<string, unknown> | null> {
   const diagnosis: Diagnosis = await api.diagnose(name);
   return diagnosis.last_dump as Record<string, unknown> | null;
+}
+
+/**
+ * expectClosedDataDirRefused starts a root engine on a data dir under a private (0700)
+ * directory, as `/root/engine` would be, deploys a database whose server runs as `dbUser`,
+ * and checks what a user meets: a start-up warning naming the directory, a failed start whose
+ * message names it and the way out (`fixes`, the default location), and nothing above the
+ * data dir loosened.
+ */
+export async function expectClosedDataDirRefused(dbUser: string, deploy: Record<string, unknown>, fixes: string[]): Promise<void> {
+  const home = tempDir("engine-home-");
+  const engine = await startTestEngine({ dataDir: join(home, "engine") });
+  try {
+    const api = new ServiceClient(engine);
+    // The log is written asynchronously: wait for the line.
+    await eventually(() => readFileSync(join(engine.dataDir, "engine.log"), "utf8").includes(`${dbUser} may not enter ${home}`));
+    await api.deployed({ name: "locked", restart: { policy: "never" }, ...deploy });
+    await api.waitFor("locked", "failed", () => true, 30_000);
+    const message = (await api.diagnose("locked")).error?.message ?? "";
+    for (const part of [`may not enter ${home}`, "/var/lib/engine", ...fixes]) expect(message).toContain(part);
+    expect(statSync(home).mode & 0o777).toBe(0o700);
+  } finally {
+    await engine.close();
+    rmSync(home, { recursive: true, force: true });
+  }
 }

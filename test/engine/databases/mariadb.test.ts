@@ -1,13 +1,21 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chownSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chownSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { lookupUser, MariaDbEngine, osUserName } from "../../../src/engine/databases";
-import { eventually, freePort, startTestEngine, tempDir } from "../../helpers";
-import { ServiceClient } from "../services/harness";
-import { type DatabaseTestEngine, freshTempPath, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { eventually, freePort } from "../../helpers";
+import {
+  type DatabaseTestEngine,
+  expectClosedDataDirRefused,
+  freshTempPath,
+  lastDump,
+  restore,
+  run,
+  startDatabaseEngine,
+  suiteWhen,
+} from "./helpers";
 
 const engineAdapter = new MariaDbEngine();
 const tools = engineAdapter.detectTools({ PATH: process.env.PATH ?? "" });
@@ -389,23 +397,7 @@ suite("MariaDB database services", () => {
   "MariaDB under a root engine whose data dir the mysql user cannot enter",
   () => {
     test("start-up warns, the start fails with the directory and the fix, and nothing above the data dir is loosened", async () => {
-      // A data dir given explicitly under a private directory, as /root/engine would be (/root is 0700).
-      const home = tempDir("engine-home-");
-      const engine = await startTestEngine({ dataDir: join(home, "engine") });
-      try {
-        const api = new ServiceClient(engine);
-        // The log is written asynchronously: wait for the line.
-        await eventually(() => readFileSync(join(engine.dataDir, "engine.log"), "utf8").includes(`mysql may not enter ${home}`));
-        await api.deployed({ name: "locked", template_id: "mariadb", restart: { policy: "never" } });
-        await api.waitFor("locked", "failed", () => true, 30_000);
-        const diagnosis = await api.diagnose("locked");
-        expect(diagnosis.error?.message).toContain(`mysql, who may not enter ${home}`);
-        expect(diagnosis.error?.message).toContain("/var/lib/engine");
-        expect(statSync(home).mode & 0o777).toBe(0o700);
-      } finally {
-        await engine.close();
-        rmSync(home, { recursive: true, force: true });
-      }
+      await expectClosedDataDirRefused("mysql", { template_id: "mariadb" }, ["mysql, who may not enter"]);
     }, 60_000);
   },
 );

@@ -1,12 +1,11 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { rmSync, writeFileSync } from "node:fs";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
-import { eventually, startTestEngine, tempDir } from "../../helpers";
-import { ServiceClient } from "../services/harness";
+import { eventually } from "../../helpers";
 import {
   type DatabaseTestEngine,
+  expectClosedDataDirRefused,
   lastDump,
   libpqEnv,
   postgresTools,
@@ -323,23 +322,6 @@ function REFERENCE_URL_ADMIN(): string {
 const asRoot = process.getuid?.() === 0;
 (referenceOk && asRoot ? describe : describe.skip)("PostgreSQL under a root engine whose data dir the postgres user cannot enter", () => {
   test("start-up warns, the start fails with the directory and the fix, and nothing above the data dir is loosened", async () => {
-    // A data dir given explicitly under a private directory, as /root/engine would be (/root is 0700).
-    const home = tempDir("engine-home-");
-    const engine = await startTestEngine({ dataDir: join(home, "engine") });
-    try {
-      const api = new ServiceClient(engine);
-      // The log is written asynchronously: wait for the line.
-      await eventually(() => readFileSync(join(engine.dataDir, "engine.log"), "utf8").includes(`postgres may not enter ${home}`));
-      await api.deployed({ name: "locked", engine: "postgres", restart: { policy: "never" } });
-      await api.waitFor("locked", "failed", () => true, 30_000);
-      const diagnosis = await api.diagnose("locked");
-      expect(diagnosis.error?.message).toContain(`may not enter ${home}`);
-      expect(diagnosis.error?.message).toContain("chmod g+x");
-      expect(diagnosis.error?.message).toContain("/var/lib/engine");
-      expect(statSync(home).mode & 0o777).toBe(0o700);
-    } finally {
-      await engine.close();
-      rmSync(home, { recursive: true, force: true });
-    }
+    await expectClosedDataDirRefused("postgres", { engine: "postgres" }, ["chmod g+x"]);
   }, 60_000);
 });
