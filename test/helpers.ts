@@ -67,8 +67,8 @@ export function removeServiceUsers(dataDir: string): void {
     const [name, , , , comment, home] = line.split(":");
     if (!name?.startsWith(SERVICE_USER_PREFIX) || !comment?.startsWith(SERVICE_USER_COMMENT)) continue;
     if (!home?.startsWith(`${join(dataDir, "data")}/`)) continue;
-    // userdel refuses (exit 8) while a process of the user lives: the SIGKILLs above take a moment.
-    for (let attempt = 0; attempt < 25; attempt++) {
+    // userdel refuses (exit 8) while a process of the user lives: the SIGKILLs above take a moment (up to 2 s).
+    for (let attempt = 0; attempt < 100; attempt++) {
       if (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode !== 8) break;
       Bun.sleepSync(20);
     }
