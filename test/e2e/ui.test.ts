@@ -182,6 +182,20 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await shot("diagnosis");
   }, 60_000);
 
+  test("the logs of a service that has printed nothing say so at once, instead of connecting forever", async () => {
+    const deployed = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers: { ...bearer(adminToken), "content-type": "application/json" },
+      body: JSON.stringify({ name: "quiet", command: "exec sleep 300" }),
+    });
+    expect(deployed.status).toBe(201);
+    await page.goto(`${engine.url}/#/services/quiet`);
+    const panel = page.getByRole("region", { name: /^Logs/ });
+    await panel.getByText("No output yet.").waitFor({ timeout: STEP_MS });
+    expect(await panel.getByText("live").count()).toBe(1);
+    await fetch(`${engine.url}/api/services/quiet`, { method: "DELETE", headers: bearer(adminToken) });
+  }, 60_000);
+
   test("a token is created with its secret shown once, and revoked", async () => {
     await page.getByRole("link", { name: "Tokens" }).click();
     await page.getByRole("heading", { name: "Create a token" }).waitFor();

@@ -128,7 +128,7 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
         response: { 200: t.Array(LogLine), ...errorResponses(...AUTHED, 404, 422) },
         detail: {
           tags: ["services"],
-          summary: "The service's latest log lines; with follow=true a text/event-stream of lines as they are written",
+          summary: "The service's latest log lines; with follow=true a text/event-stream: a `ready` event at once ({lines: the tail's count}), then a `line` event for each line, the tail first",
         },
       },
     )
@@ -138,7 +138,10 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
     });
 }
 
-/** sseStream sends the tail, then each new line, as server-sent events until the client leaves. */
+/**
+ * sseStream sends a `ready` event, the tail, then each new line, as server-sent events until
+ * the client leaves.
+ */
 function sseStream(initial: LogLine[], follow: (signal: AbortSignal) => AsyncGenerator<LogLine>, clientSignal: AbortSignal): Response {
   const controller = new AbortController();
   clientSignal.addEventListener("abort", () => controller.abort(), { once: true });
@@ -152,6 +155,9 @@ function sseStream(initial: LogLine[], follow: (signal: AbortSignal) => AsyncGen
           controller.abort();
         }
       };
+      // The headers and a first event go out at once, even for a service that never printed:
+      // a client (the UI's log panel) learns the stream is live and how many lines the tail had.
+      send(`event: ready\ndata: ${JSON.stringify({ lines: initial.length })}\n\n`);
       for (const line of initial) send(`event: line\ndata: ${JSON.stringify(line)}\n\n`);
       const heartbeat = setInterval(() => send(": keep-alive\n\n"), SSE_HEARTBEAT_MS);
       try {

@@ -599,16 +599,24 @@ async function renderService(name: string): Promise<void> {
 
   // Live logs: the API's SSE stream, sent with the session cookie (a GET needs no CSRF token).
   const source = new EventSource(`/api/services/${encodeURIComponent(name)}/logs?follow=true&tail=200`);
+  const noOutput = h("span", { class: "muted" }, "No output yet.");
   source.addEventListener("open", () => {
     // A (re)connected stream starts with the tail again: start the view over with it.
     logs.replaceChildren();
     logState.textContent = "live";
+  });
+  source.addEventListener("ready", (event) => {
+    // Sent at once, before any line: a service that printed nothing says so instead of waiting.
+    const { lines } = JSON.parse((event as MessageEvent<string>).data) as { lines: number };
+    logState.textContent = "live";
+    if (lines === 0 && logs.childNodes.length === 0) logs.append(noOutput);
   });
   source.addEventListener("error", () => {
     logState.textContent = "reconnecting…";
   });
   source.addEventListener("line", (event) => {
     const line = JSON.parse((event as MessageEvent<string>).data) as { ts: string; stream: string; line: string };
+    noOutput.remove();
     const stick = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
     logs.append(h("span", { class: `line ${line.stream}` }, line.line, "\n"));
     while (logs.childNodes.length > 2000) logs.firstChild?.remove();

@@ -17,6 +17,49 @@ afterAll(async () => {
 });
 
 describe("statuses", () => {
+  test("following the logs of a service that never printed answers at once with a ready event, then its lines", async () => {
+    // The flag sits in the service's own data dir: a root engine runs the workload as its own user.
+    const flag = join(engine.dataDir, "data", "silent", "speak-now");
+    await api.deployed({
+      name: "silent",
+      command: 'while [ ! -e "$SERVICE_DATA_DIR/speak-now" ]; do sleep 0.05; done; echo at last; exec sleep 300',
+    });
+    await api.waitFor("silent", "running", (r) => r.pid !== null);
+    const stop = new AbortController();
+    try {
+      // The headers and the first event arrive before the service has printed anything.
+      const response = await Promise.race([
+        fetch(`${engine.url}/api/services/silent/logs?follow=true&tail=10`, {
+          headers: { authorization: `Bearer ${engine.adminToken}` },
+          signal: stop.signal,
+        }),
+        Bun.sleep(5000).then(() => null),
+      ]);
+      expect(response?.status).toBe(200);
+      expect(response?.headers.get("content-type")).toBe("text/event-stream");
+      const reader = (response?.body as ReadableStream<Uint8Array>).getReader();
+      const decoder = new TextDecoder();
+      let text = "";
+      const readUntil = async (needle: string) => {
+        const deadline = Date.now() + 5000;
+        while (!text.includes(needle) && Date.now() < deadline) {
+          const chunk = await Promise.race([reader.read(), Bun.sleep(deadline - Date.now()).then(() => null)]);
+          if (!chunk || chunk.done) break;
+          text += decoder.decode(chunk.value, { stream: true });
+        }
+        return text.includes(needle);
+      };
+      expect(await readUntil("event: ready")).toBe(true);
+      expect(text).toContain('data: {"lines":0}');
+      expect(text).not.toContain("event: line");
+      writeFileSync(flag, "");
+      expect(await readUntil("at last")).toBe(true);
+    } finally {
+      stop.abort();
+      await api.control("silent", "stop");
+    }
+  });
+
   test("a service runs under the shim, logs, and stops: pending → running → stopped", async () => {
     const deployed = await api.deploy({ name: "web", command: "echo hello from web; exec sleep 300" });
     expect(deployed.status).toBe(201);
