@@ -7,6 +7,7 @@ import { Database } from "../src/cloud/db";
 import { startCloud } from "../src/cloud/server";
 import { AppError, isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
+import { hintHelpAfterError } from "./output";
 
 /** serving is set once `serve` has started the console, which then runs until a signal. */
 let serving = false;
@@ -77,7 +78,6 @@ export function buildCloudProgram(): Command {
     .option("--data-dir <dir>", "data directory (ENGINE_CLOUD_DATA_DIR, default ~/.local/share/engine-cloud)")
     .option("--database-url <url>", "sqlite://<file> or postgres://... (DATABASE_URL, default sqlite in the data dir)")
     .option("--json", "machine-readable JSON output")
-    .showHelpAfterError()
     .exitOverride();
   const globals = () => program.opts<Globals>();
 
@@ -162,6 +162,7 @@ export function buildCloudProgram(): Command {
         process.stdout.write(`${minted.token}\n`);
       }
     });
+  hintHelpAfterError(program, "engine-cloud");
   return program;
 }
 

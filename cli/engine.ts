@@ -13,7 +13,7 @@ import { registerTemplates } from "./commands/templates";
 import { registerTls } from "./commands/tls";
 import { registerTokens } from "./commands/tokens";
 import { registerUi } from "./commands/ui";
-import { emit, type Output } from "./output";
+import { emit, hintHelpAfterError, type Output } from "./output";
 
 /** buildProgram assembles the `engine` command line. */
 export function buildProgram(): Command {
@@ -24,7 +24,6 @@ export function buildProgram(): Command {
     .option("--data-dir <dir>", "data directory (ENGINE_DATA_DIR, default ~/.local/share/engine; /var/lib/engine as root)")
     .option("--url <url>", "engine API base URL (ENGINE_URL); default: the local unix socket")
     .option("--token <token>", "bearer token (ENGINE_TOKEN); default: <data-dir>/admin.token")
-    .showHelpAfterError()
     .exitOverride();
 
   const globals = () => program.opts<{ json?: boolean; dataDir?: string; url?: string; token?: string }>();
@@ -53,6 +52,7 @@ export function buildProgram(): Command {
         process.stdout.write(`engine ${VERSION}${daemon ? ` (daemon ${daemon.version}, pid ${daemon.pid})` : " (daemon not reachable)"}\n`),
       );
     });
+  hintHelpAfterError(program, "engine");
   return program;
 }
 

@@ -1,3 +1,5 @@
+import type { Command } from "commander";
+
 /** Output prints either machine JSON (--json) or human tables. */
 export interface Output {
   json: boolean;
@@ -32,4 +34,14 @@ export function printPairs(rows: [string, string][]): void {
 export function emit(output: Output, value: unknown, human: () => void): void {
   if (output.json) printJson(value);
   else human();
+}
+
+/**
+ * hintHelpAfterError makes a usage error (a typo, a missing argument) end with its own hint
+ * ("Did you mean services?") and one line on where the help is, for every command, instead of
+ * burying the hint under the whole help text.
+ */
+export function hintHelpAfterError(command: Command, path: string): void {
+  command.showHelpAfterError(`(run '${path} --help' for usage)`);
+  for (const sub of command.commands) hintHelpAfterError(sub, `${path} ${sub.name()}`);
 }

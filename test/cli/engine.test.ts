@@ -99,4 +99,15 @@ describe("engine CLI", () => {
     expect(result.stderr).toStartWith("engine: cannot reach the engine at http://127.0.0.1:1: is `engine serve` running?");
     rmSync(empty, { recursive: true, force: true });
   });
+
+  test.each([
+    [["servics"], "error: unknown command 'servics'\n(Did you mean services?)\n(run 'engine --help' for usage)\n"],
+    [["services", "lst"], "error: unknown command 'lst'\n(Did you mean list?)\n(run 'engine services --help' for usage)\n"],
+    [["tokens", "create"], "error: missing required argument 'name'\n(run 'engine tokens create --help' for usage)\n"],
+  ])("a usage error (%p) ends with its hint and where the help is, not the whole help", async (args, stderr) => {
+    const result = await cli(...args);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toBe(stderr);
+    expect(result.stdout).toBe("");
+  });
 });
