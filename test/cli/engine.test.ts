@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { VERSION } from "../../src/lib/version";
-import { runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 
 let engine: SpawnedEngine;
 let dataDir: string;
@@ -109,5 +109,17 @@ describe("engine CLI", () => {
     expect(result.code).toBe(1);
     expect(result.stderr).toBe(stderr);
     expect(result.stdout).toBe("");
+  });
+
+  test("`npx engine` runs the CLI from the clone, as the README says", async () => {
+    const npx = Bun.spawn(["npx", "--no-install", "engine", "--help"], {
+      cwd: REPO_ROOT,
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    const [stdout, code] = await Promise.all([new Response(npx.stdout).text(), npx.exited]);
+    expect(code).toBe(0);
+    expect(stdout).toContain("Usage: engine");
   });
 });
