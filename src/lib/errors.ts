@@ -57,6 +57,7 @@ export const EngineErrorCodes = {
   restore_in_progress: "restore_in_progress",
   dump_engine_mismatch: "dump_engine_mismatch",
   restore_timed_out: "restore_timed_out",
+  port_taken: "port_taken",
   // daemon state
   draining: "draining",
   disk_full: "disk_full",

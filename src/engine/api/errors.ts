@@ -35,6 +35,7 @@ export const STATUS_BY_CODE: Record<EngineErrorCode, number> = {
   restore_in_progress: 409,
   dump_engine_mismatch: 409,
   restore_timed_out: 504,
+  port_taken: 409,
   draining: 503,
   // RFC 4918 §11.5 (507 Insufficient Storage): the server cannot store what the request needs.
   disk_full: 507,

@@ -128,7 +128,8 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
         response: { 200: t.Array(LogLine), ...errorResponses(...AUTHED, 404, 422) },
         detail: {
           tags: ["services"],
-          summary: "The service's latest log lines; with follow=true a text/event-stream: a `ready` event at once ({lines: the tail's count}), then a `line` event for each line, the tail first",
+          summary:
+            "The service's latest log lines; with follow=true a text/event-stream: a `ready` event at once ({lines: the tail's count}), then a `line` event for each line, the tail first",
         },
       },
     )

@@ -53,6 +53,8 @@ import {
 
 /** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
+/** ENDED_STATUSES hold no process and will not start one by themselves. */
+const ENDED_STATUSES = new Set(["completed", "failed", "cancelled", "stopped"]);
 /** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
 const GPU_REFRESH_MS = 60_000;
 /** SETTLE_RETRY_MS is how often an exit the store refused (a full disk) is tried again. */
@@ -617,6 +619,7 @@ export class ServiceManager implements ServiceDirectory {
     }
     const impossible = checkPossible(this.o.gpus.snapshot().devices, this.gpuRequest("new", spec, 0));
     if (impossible) throw new AppError("gpu_request_impossible", impossible);
+    this.assertPortFree(spec);
 
     const now = iso(this.now());
     const existing = this.o.store.findService(spec.name);
@@ -684,6 +687,25 @@ export class ServiceManager implements ServiceDirectory {
       await this.rollTo(existing.id, version);
     }
     return { record: this.get(existing.id), created: false };
+  }
+
+  /**
+   * assertPortFree refuses a deploy whose declared port another service that is meant to run
+   * already declares (409 `port_taken`, naming it), instead of accepting it and leaving it to
+   * a crash loop on EADDRINUSE. A stopped or ended service holds nothing; one that is pending,
+   * building or retrying is about to.
+   */
+  private assertPortFree(spec: ServiceSpec): void {
+    if (spec.port === null) return;
+    for (const other of this.o.store.listServices()) {
+      if (other.name === spec.name || other.desired_state === "stopped" || ENDED_STATUSES.has(other.status)) continue;
+      if (this.currentSpec(other).spec.port !== spec.port) continue;
+      throw new AppError(
+        "port_taken",
+        `port ${spec.port} is declared by the service ${other.name} (${other.status}): choose another port, or stop ${other.name} first`,
+        { holder: other.name, port: spec.port },
+      );
+    }
   }
 
   private versionRow(serviceId: string, version: number, spec: ServiceSpec, sealed: string | null, now: string): VersionRow {

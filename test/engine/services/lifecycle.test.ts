@@ -17,6 +17,22 @@ afterAll(async () => {
 });
 
 describe("statuses", () => {
+  test("a second service on a declared port another service holds is refused at deploy (409 naming it); once that one stops, it is not", async () => {
+    await api.deployed({ name: "first-port", port: 18931, command: "exec sleep 300" });
+    await api.waitFor("first-port", "running");
+    const clash = await api.deploy({ name: "second-port", port: 18931, command: "exec sleep 300" });
+    expect(clash.status).toBe(409);
+    const error = (clash.body as unknown as { error: { code: string; message: string } }).error;
+    expect(error.code).toBe("port_taken");
+    expect(error.message).toContain("first-port");
+    expect((await engine.call("GET", "/api/services/second-port")).status).toBe(404);
+    // Redeploying the holder itself on its own port is no clash.
+    expect((await api.deploy({ name: "first-port", port: 18931, command: "exec sleep 301" })).status).toBe(201);
+    await api.control("first-port", "stop");
+    expect((await api.deploy({ name: "second-port", port: 18931, command: "exec sleep 300" })).status).toBe(201);
+    await api.control("second-port", "stop");
+  });
+
   test("following the logs of a service that never printed answers at once with a ready event, then its lines", async () => {
     // The flag sits in the service's own data dir: a root engine runs the workload as its own user.
     const flag = join(engine.dataDir, "data", "silent", "speak-now");
