@@ -28,13 +28,19 @@ export function reapWorkloads(dataDir: string): void {
   for (const file of new Bun.Glob("services/*/runs/*/pids").scanSync({ cwd: dataDir })) {
     const [shim, child] = readFileSync(join(dataDir, file), "utf8").trim().split(" ").map(Number);
     runIds.push(file.split("/")[3] ?? "");
-    for (const target of [-(child ?? 0), child ?? 0, shim ?? 0]) {
+    const kill = (target: number) => {
       try {
         if (target !== 0) process.kill(target, "SIGKILL");
       } catch {
         // already gone
       }
-    }
+    };
+    kill(-(child ?? 0));
+    kill(child ?? 0);
+    // The shim reaps its workload: killed first, the workload's zombie would go to init, which
+    // may reap it late, and userdel refuses a user with a process, zombies included.
+    for (let waited = 0; child && existsSync(`/proc/${child}`) && waited < 1000; waited += 10) Bun.sleepSync(10);
+    kill(shim ?? 0);
   }
   removeServiceUsers(dataDir);
   const cgroups = detectCgroupDriver();
