@@ -751,6 +751,7 @@ export class ServiceManager implements ServiceDirectory {
       // The build runs the repository's code: as the service's user, in a directory it owns.
       const user = await this.workloadUser(serviceId);
       if (user) chownSync(buildsDir, user.uid, user.gid);
+      assertRepositoryReachable(row.spec.build.repo_url, user);
       for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in row.spec.env)) env[key] = value;
       result = await runBuild(row.spec.build, {
         workDir,
@@ -1731,4 +1732,21 @@ function classify(
   if (exit.exitCode === 127) return { class: "command_not_found", message: `${describeExit(exit)}: the shell could not find the command` };
   if (exit.signal) return { class: "signal", message: describeExit(exit) };
   return { class: "exit_code", message: describeExit(exit) };
+}
+
+/**
+ * assertRepositoryReachable refuses, with the directory and the fix, a build from a local
+ * repository (`file://` or a path) that the service's user may not read: the clone runs as
+ * that user, never as the engine, so a closed directory would otherwise end in git's vague
+ * "does not appear to be a git repository".
+ */
+function assertRepositoryReachable(repoUrl: string, user: WorkloadUser | null): void {
+  if (!user) return;
+  const path = repoUrl.startsWith("file://") ? decodeURIComponent(new URL(repoUrl).pathname) : repoUrl.startsWith("/") ? repoUrl : null;
+  if (!path || !existsSync(path)) return; // a missing repository is git's to report
+  const closed = firstUnreachableBy(path, user);
+  if (!closed) return;
+  throw new Error(
+    `the repository ${path} is under ${closed}, which the service's user ${user.name} may not enter (builds clone as that user, not as the engine): let it read the repository (e.g. chmod o+rx ${closed}) or clone from a place it can reach`,
+  );
 }

@@ -93,4 +93,28 @@ describe("builds from git", () => {
     expect(diagnosis.error?.class).toBe("build_failed");
     expect(diagnosis.remediation?.code).toBe("fix_build");
   });
+
+  (process.geteuid?.() === 0 ? test : test.skip)(
+    "as root, a local repository the service's user may not reach fails the build naming the directory and the fix",
+    async () => {
+      // As a user keeps a checkout: in a private directory (mkdtemp makes it 0700), not opened up.
+      const closed = tempDir("engine-private-");
+      const clone = join(closed, "repo");
+      Bun.spawnSync(["git", "clone", "-q", repo, clone]);
+      try {
+        await api.deploy({
+          name: "closed-repo",
+          command: "sh ./serve.sh",
+          build: { repo_url: `file://${clone}`, ref: "main", subdir: "app" },
+        });
+        await api.waitFor("closed-repo", "failed");
+        const diagnosis = await api.diagnose("closed-repo");
+        expect(diagnosis.build.last_result).toBe("failed");
+        expect(diagnosis.build.reason).toContain(`under ${closed}, which the service's user eng-closed-repo may not enter`);
+        expect(diagnosis.build.reason).toContain(`chmod o+rx ${closed}`);
+      } finally {
+        rmSync(closed, { recursive: true, force: true });
+      }
+    },
+  );
 });
