@@ -1,6 +1,17 @@
-import { existsSync, mkdtempSync, readFileSync, rmdirSync, rmSync } from "node:fs";
+import {
+  chmodSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  renameSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
 import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
@@ -105,6 +116,32 @@ export function collectOutput(proc: { stdout: unknown; stderr: unknown }): () =>
   void pump(proc.stderr as ReadableStream<Uint8Array>);
   return () => text;
 }
+
+/**
+ * workloadPath answers a copy of a file of this checkout that any service user can run or
+ * read. A root engine runs each workload as its own user (eng-<name>), and a checkout may sit
+ * in a private directory (`mktemp -d` makes one 0700), so a fixture program in the checkout,
+ * or the Bun binary under node_modules, is out of a workload's reach there, as it would be for
+ * a user's program kept in their home. The copy is made once per content, in a directory
+ * others may enter, and shared by test processes.
+ */
+export function workloadPath(file: string): string {
+  const stat = statSync(file);
+  const dir = join(tmpdir(), "engine-test-workload-files");
+  mkdirSync(dir, { recursive: true, mode: 0o755 });
+  chmodSync(dir, 0o755);
+  const key = new Bun.CryptoHasher("sha256").update(`${file}:${stat.size}:${stat.mtimeMs}`).digest("hex").slice(0, 16);
+  const target = join(dir, `${key}-${basename(file)}`);
+  if (existsSync(target)) return target;
+  const temporary = `${target}.${process.pid}.tmp`;
+  copyFileSync(file, temporary);
+  chmodSync(temporary, (stat.mode & 0o777 & ~0o022) | 0o444);
+  renameSync(temporary, target);
+  return target;
+}
+
+/** workloadBun is the Bun binary where every service user may run it (see workloadPath). */
+export const workloadBun = (): string => workloadPath(process.execPath);
 
 /** eventually polls `check` until it returns a truthy value or the deadline passes. */
 export async function eventually<T>(

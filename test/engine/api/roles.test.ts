@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ACCESS_ROLES, ROUTE_ACCESS } from "../../../src/engine/auth";
-import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine } from "../../helpers";
+import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, workloadBun } from "../../helpers";
 import { sampleRequests } from "./routes";
 
 let engine: TestEngine;
@@ -160,7 +160,7 @@ describe("role matrix", () => {
       `;
       const deployed = await engine.call("POST", "/api/services", {
         token: secrets.scoped ?? "",
-        body: { name: "web", kind: "batch", command: [process.execPath, "-e", probe] },
+        body: { name: "web", kind: "batch", command: [workloadBun(), "-e", probe] },
       });
       expect(deployed.status).toBe(201);
       const outcomes = await eventually(

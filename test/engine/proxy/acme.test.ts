@@ -1,7 +1,17 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { curlVerified, eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import {
+  curlVerified,
+  eventually,
+  freePort,
+  REPO_ROOT,
+  startTestEngine,
+  type TestEngine,
+  tempDir,
+  workloadBun,
+  workloadPath,
+} from "../../helpers";
 import { pebbleAvailable, type RunningPebble, startPebble } from "../tls/pebble";
 
 const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
@@ -25,7 +35,7 @@ async function startWithPebble(httpPort: number, challengePort: number): Promise
   });
   const upstreamPort = await freePort();
   const deployed = await engine.json("POST", "/api/services", {
-    body: { name: "shop", port: upstreamPort, command: [process.execPath, UPSTREAM], env: { SERVICE_NAME: "shop" } },
+    body: { name: "shop", port: upstreamPort, command: [workloadBun(), workloadPath(UPSTREAM)], env: { SERVICE_NAME: "shop" } },
   });
   expect(deployed.status).toBe(201);
   return { engine, pebble };

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { X509Certificate } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { curlVerified, eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine } from "../../helpers";
+import { curlVerified, eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, workloadBun, workloadPath } from "../../helpers";
 
 const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
 
@@ -15,7 +15,7 @@ let rootFile = "";
 async function deployUpstream(name: string, extra: Record<string, unknown> = {}): Promise<number> {
   const port = await freePort();
   const { status } = await engine.json("POST", "/api/services", {
-    body: { name, port, command: [process.execPath, UPSTREAM], env: { SERVICE_NAME: name }, ...extra },
+    body: { name, port, command: [workloadBun(), workloadPath(UPSTREAM)], env: { SERVICE_NAME: name }, ...extra },
   });
   expect(status).toBe(201);
   return port;

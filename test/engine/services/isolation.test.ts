@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, chownSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { serviceUserName, WORKLOAD_ID_RANGE } from "../../../src/engine/users";
-import { createToken, ENGINE_ENTRY, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { buildBinaries } from "../../e2e/binaries";
+import { createToken, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir, workloadPath } from "../../helpers";
 import { ServiceClient } from "./harness";
 
 // Workload isolation (issue 13, item 1): a root engine runs each service as a system user of
@@ -204,8 +205,10 @@ describe("an unprivileged engine", () => {
     async () => {
       const dataDir = tempDir("engine-unpriv-");
       chownSync(dataDir, 65534, 65534);
+      // The compiled binary, copied where nobody may run it: the checkout may be private.
+      const binary = workloadPath((await buildBinaries()).engine);
       const spawned = await spawnEngine(join(dataDir, "state"), {
-        command: ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", ...ENGINE_ENTRY],
+        command: ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", binary],
       });
       try {
         const token = readFileSync(join(dataDir, "state", "admin.token"), "utf8").trim();
@@ -231,6 +234,6 @@ describe("an unprivileged engine", () => {
         rmSync(dataDir, { recursive: true, force: true });
       }
     },
-    40_000,
+    120_000,
   );
 });

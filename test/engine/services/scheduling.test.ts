@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { eventually, REPO_ROOT, startTestEngine, type TestEngine } from "../../helpers";
+import { eventually, REPO_ROOT, startTestEngine, type TestEngine, workloadBun } from "../../helpers";
 import { ServiceClient } from "./harness";
 
 const FAKE_NVIDIA_SMI = join(REPO_ROOT, "test", "fixtures", "gpu", "nvidia-smi");
@@ -83,7 +83,7 @@ describe("GPUs (fake nvidia-smi, real format)", () => {
 describe("health probes", () => {
   /** A real HTTP server (Bun) whose answer follows a flag file: 503 while the file exists. */
   const server = (flag: string) => [
-    process.execPath,
+    workloadBun(),
     "-e",
     `Bun.serve({ port: Number(process.env.PORT), hostname: "127.0.0.1", fetch: () => new Response("x", { status: require("node:fs").existsSync(${JSON.stringify(flag)}) ? 503 : 200 }) })`,
   ];
