@@ -6,6 +6,7 @@
  * check against and cannot drift. The link client and the cloud server import the same ones.
  */
 import { type Static, Type as t } from "@sinclair/typebox";
+import { MAX_RESTORE_TIMEOUT_S } from "./defaults";
 
 /** A date-time string in RFC 3339 form, as the spec's `date-time` fields are. */
 export const DateTime = t.String({ format: "date-time" });
@@ -475,7 +476,7 @@ export const RestoreRequest = t.Object({
     maxLength: 4096,
     description: "The dump: an absolute path on the engine's host (a file, or a pg_dump directory), a file:// URL or an https:// URL",
   }),
-  timeout_s: t.Integer({ minimum: 1, maximum: 86400 }),
+  timeout_s: t.Integer({ minimum: 1, maximum: MAX_RESTORE_TIMEOUT_S }),
 });
 export const RestoreResult = t.Object(
   { service_name: t.String(), dump: t.String(), engine: t.String(), duration_s: Duration },
