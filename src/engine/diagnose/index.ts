@@ -88,7 +88,7 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
   if (f.error?.class === "crash_loop") {
     return {
       code: "crash_loop",
-      detail: `It failed ${spec.restart.max_restarts + 1} times within ${spec.restart.window_seconds} s and the engine stopped restarting it. Read the logs below, fix the cause, then start it again.`,
+      detail: `It failed ${spec.restart.max_restarts + 1} times within ${spec.restart.window_seconds} s and the engine stopped restarting it. Read its last log lines for the cause, fix it, then start it again.`,
     };
   }
   if (service.status === "degraded" || f.error?.class === "health_check_failed") {
@@ -98,7 +98,7 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
     };
   }
   if (service.status === "failed")
-    return { code: "inspect_logs", detail: `${service.status_message ?? "It failed"}. The last log lines are below.` };
+    return { code: "inspect_logs", detail: `${service.status_message ?? "It failed"}. Its last log lines say why.` };
   return null;
 }
 
