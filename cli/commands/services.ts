@@ -323,6 +323,8 @@ export function registerServices(program: Command, client: () => EngineClient, o
         const lines = await client().request<LogLine[]>("GET", servicePath(ident, `/logs?tail=${tail}`));
         emit(output(), lines, () => {
           for (const line of lines) process.stdout.write(formatLogLine(line, raw));
+          // Said on stderr, so a pipe still reads only log lines: an empty answer is not an error.
+          if (lines.length === 0) process.stderr.write(`${ident} has printed nothing yet\n`);
         });
         return;
       }
@@ -334,6 +336,10 @@ export function registerServices(program: Command, client: () => EngineClient, o
       try {
         for await (const event of client().events(servicePath(ident, `/logs?tail=${tail}&follow=true`), stop.signal)) {
           if (event.event === "line") print(JSON.parse(event.data) as LogLine);
+          // The stream opens with `ready {lines}`: a service that never printed says so at once
+          // instead of leaving an empty terminal (on stderr, so a pipe reads only lines).
+          else if (event.event === "ready" && !json && tail > 0 && (JSON.parse(event.data) as { lines?: number }).lines === 0)
+            process.stderr.write(`${ident} has printed nothing yet; waiting for output (Ctrl-C to stop)\n`);
         }
       } catch (error) {
         if (!stop.signal.aborted) throw error;

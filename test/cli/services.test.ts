@@ -136,6 +136,30 @@ describe("engine services CLI", () => {
     expect((await cli("services", "rm", "talker")).code).toBe(0);
   });
 
+  test("logs of a service that never printed say so on stderr, at once when following", async () => {
+    expect((await cli("services", "deploy", "quiet", "--", "sleep", "300")).code).toBe(0);
+    await eventually(async () => (await status("quiet")) === "running");
+    expect(await cli("logs", "quiet")).toMatchObject({ code: 0, stdout: "", stderr: "quiet has printed nothing yet\n" });
+    const follower = Bun.spawn([...ENGINE_ENTRY, "--data-dir", engine.dataDir, "logs", "-f", "quiet"], {
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    let stderr = "";
+    const reader = (follower.stderr as ReadableStream<Uint8Array>).getReader();
+    void (async () => {
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) stderr += new TextDecoder().decode(chunk.value);
+    })();
+    try {
+      await eventually(() => stderr.includes("quiet has printed nothing yet; waiting for output (Ctrl-C to stop)\n"), { timeoutMs: 10000 });
+    } finally {
+      follower.kill("SIGINT");
+    }
+    expect(await follower.exited).toBe(0);
+    expect(await new Response(follower.stdout).text()).toBe("");
+    expect((await cli("services", "rm", "quiet")).code).toBe(0);
+  });
+
   test("control commands answer with the new status", async () => {
     expect((await cli("services", "deploy", "ctl", "--", "sleep", "300")).code).toBe(0);
     await eventually(async () => (await status("ctl")) === "running");
