@@ -27,6 +27,17 @@ beforeAll(() => {
       if (path === "/redirect") return new Response(null, { status: 302, headers: { location: "/missing" } });
       if (path === "/missing") return new Response("gone", { status: 404 });
       if (path === "/slow") await hanging;
+      if (path === "/slow-body") {
+        // The status and a first chunk come at once; the rest never does.
+        const body = new ReadableStream({
+          async start(controller) {
+            controller.enqueue(new TextEncoder().encode("partial"));
+            await hanging;
+            controller.close();
+          },
+        });
+        return new Response(body, { status: 200 });
+      }
       return new Response(`status ${status}`, { status });
     },
   });
@@ -78,6 +89,11 @@ describe("http probe", () => {
 
   test("fails after timeout_s when the answer does not come", async () => {
     const result = await runProbe({ ...base, type: "http", path: "/slow", timeout_s: 0.2 }, target());
+    expect(result).toMatchObject({ ok: false, detail: "timed out after 200 ms" });
+  });
+
+  test("fails after timeout_s when the body does not end", async () => {
+    const result = await runProbe({ ...base, type: "http", path: "/slow-body", timeout_s: 0.2 }, target());
     expect(result).toMatchObject({ ok: false, detail: "timed out after 200 ms" });
   });
 
