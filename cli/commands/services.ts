@@ -96,6 +96,7 @@ interface DeployOptions {
   windowSeconds?: string;
   backoffS?: string;
   health?: string;
+  healthStartPeriod?: string;
   cwd?: string;
   bind?: string[];
   repo?: string;
@@ -120,6 +121,13 @@ export function deployBody(name: string, argv: string[], options: DeployOptions)
     window_seconds: wholeNumber("--window-seconds", options.windowSeconds),
     backoff_s: wholeNumber("--backoff-s", options.backoffS),
   };
+  let health = parseHealth(options.health);
+  const startPeriod = wholeNumber("--health-start-period", options.healthStartPeriod);
+  if (startPeriod !== undefined) {
+    if (health === null) throw new CliError("--health-start-period needs a health check, not --health none");
+    // Without --health it changes the template's probe.
+    health = { ...health, start_period_s: startPeriod };
+  }
   const priority = options.priority;
   if (priority !== undefined && !/^-?\d+$/.test(priority)) {
     throw new CliError(`--priority takes a whole number (got ${JSON.stringify(priority)})`);
@@ -138,7 +146,7 @@ export function deployBody(name: string, argv: string[], options: DeployOptions)
     port: wholeNumber("--port", options.port),
     priority: priority === undefined ? undefined : Number(priority),
     restart: Object.values(restart).some((value) => value !== undefined) ? restart : undefined,
-    health: parseHealth(options.health),
+    health,
     build: options.repo ? { repo_url: options.repo, ref: options.ref, subdir: options.subdir, command: options.build } : undefined,
     bindings: options.bind
       ?.flatMap((entry) => entry.split(","))
@@ -173,7 +181,8 @@ function describeHealth(health: Record<string, unknown> | null): string {
       : `${health.port ? ` port ${health.port}` : ""}${health.type === "http" ? ` ${health.path ?? "/"}` : ""}`;
   const every = health.interval_s === undefined ? "" : `, every ${health.interval_s} s`;
   const threshold = health.failure_threshold === undefined ? "" : `, ${health.failure_threshold} failures to fail`;
-  return `${health.type}${where}${every}${threshold}`;
+  const grace = health.start_period_s ? `, ${health.start_period_s} s start period` : "";
+  return `${health.type}${where}${every}${threshold}${grace}`;
 }
 
 function printService(service: ServiceRecord): void {
@@ -262,6 +271,10 @@ export function registerServices(program: Command, client: () => EngineClient, o
     .option("--window-seconds <n>", "the restart window")
     .option("--backoff-s <n>", "first delay before a restart; it doubles")
     .option("--health <check>", "http:/path, http:PORT/path, tcp, tcp:PORT, exec:COMMAND or none")
+    .option(
+      "--health-start-period <s>",
+      "seconds after start in which failed probes do not count (default: the template's, 600 for models, else 10; 0: none)",
+    )
     .option("--cwd <dir>", "working directory (absolute)")
     .option("--bind <services...>", "services this one needs (their connection env is injected)")
     .option("--repo <url>", "build from this git repository")
@@ -423,12 +436,19 @@ export function diagnosisReport(d: Diagnosis): string {
       duration_ms?: number;
       detail?: string;
       consecutive_failures?: number;
+      in_start_period?: boolean;
+      start_period_left_s?: number | null;
+      start_period_failures?: number;
     } | null;
     const parts = [describeHealth(health.spec)];
     if (probe) {
       parts.push(
         `last probe ${probe.ok ? "ok" : "failed"} at ${probe.at} (${probe.detail}, ${probe.duration_ms} ms), ${plural(probe.consecutive_failures ?? 0, "consecutive failure")}`,
       );
+      const uncounted = plural(probe.start_period_failures ?? 0, "failed probe");
+      if (probe.in_start_period) {
+        parts.push(`in start period: ${probe.start_period_left_s} s of ${health.spec.start_period_s} s left, ${uncounted} not counted`);
+      } else if (probe.start_period_failures) parts.push(`start period over, ${uncounted} in it not counted`);
     } else parts.push("not probed yet");
     rows.push(["health", [parts.join("; "), ...health.observations.map((o) => `  ${o}`)].join("\n")]);
   }

@@ -75,6 +75,14 @@ export const DeployDefaults = t.Object({
   gpus: t.Integer({ minimum: 0, maximum: 64 }),
   start: t.String({ minLength: 1 }),
   health: t.String(),
+  health_start_period_s: t.Optional(
+    t.Integer({
+      minimum: 0,
+      maximum: 86400,
+      description:
+        "Seconds after start during which failed health probes do not count (the app's usual start-up time); a pass ends them sooner.",
+    }),
+  ),
   engine: t.Optional(DatabaseEngineName),
 });
 
@@ -332,7 +340,12 @@ export const RestartSpec = t.Object(
 );
 export const HealthSpec = t.Object(
   {
-    type: t.Union([t.Literal("http"), t.Literal("tcp"), t.Literal("exec")]),
+    type: t.Optional(
+      t.Union([t.Literal("http"), t.Literal("tcp"), t.Literal("exec")], {
+        description:
+          "The probe. Left out, the other fields change the template's probe (e.g. only start_period_s); 422 when there is no template probe.",
+      }),
+    ),
     path: t.Optional(t.String({ pattern: "^/", maxLength: 2048 })),
     port: t.Optional(t.Integer({ minimum: 1, maximum: 65535 })),
     command: t.Optional(
@@ -341,6 +354,14 @@ export const HealthSpec = t.Object(
     interval_s: t.Optional(t.Number({ exclusiveMinimum: 0, maximum: 3600 })),
     timeout_s: t.Optional(t.Number({ exclusiveMinimum: 0, maximum: 3600 })),
     failure_threshold: t.Optional(t.Integer({ minimum: 1, maximum: 100 })),
+    start_period_s: t.Optional(
+      t.Integer({
+        minimum: 0,
+        maximum: 86400,
+        description:
+          "Grace after the workload starts: failed probes do not count (no degraded, no restart) until it runs out or a probe passes. Default: the template's, else 600 for kind model and 10 for the others; 0 turns it off.",
+      }),
+    ),
   },
   { additionalProperties: false },
 );

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Diagnosis, GpuInventoryRecord, ServiceRecord } from "../../src/contract/engine";
-import { ENGINE_ENTRY, eventually, runCli, startTestEngine, type TestEngine } from "../helpers";
+import { ENGINE_ENTRY, eventually, freePort, runCli, startTestEngine, type TestEngine } from "../helpers";
 
 let engine: TestEngine;
 beforeAll(async () => {
@@ -106,6 +106,34 @@ describe("engine services CLI", () => {
     expect((await cli("services", "rm", "job-bad")).code).toBe(0);
   });
 
+  test("--health-start-period sets the probe's grace; show and diagnose say where it stands", async () => {
+    const port = String(await freePort());
+    const deployed = await cli(
+      "services",
+      "deploy",
+      "graced",
+      "--port",
+      port,
+      "--health",
+      "http:/ready",
+      "--health-start-period",
+      "3600",
+      "--command",
+      "exec sleep 300",
+    );
+    expect(deployed.code).toBe(0);
+    const show = await cli("services", "show", "graced");
+    expect(show.stdout).toMatch(/^health\s+http \/ready, every 10 s, 3 failures to fail, 3600 s start period$/m);
+    const report = await eventually(async () => {
+      const result = await cli("diagnose", "graced");
+      return /in start period: \d+ s of 3600 s left, [1-9]\d* failed probes? not counted/.test(result.stdout) ? result : null;
+    });
+    expect(report.stdout.split("\n")[0]).toBe("graced: running");
+    expect(report.stdout).toMatch(/fail connect ECONNREFUSED 127\.0\.0\.1:\d+ \(\d+ ms\) \[start period: not counted\]$/m);
+    expect(await status("graced")).toBe("running");
+    expect((await cli("services", "rm", "graced")).code).toBe(0);
+  });
+
   test("logs -f prints a line written after it started, until it is stopped", async () => {
     const marker = `${engine.dataDir}/go`;
     const command = `echo first; while [ ! -e ${marker} ]; do sleep 0.05; done; echo second; exec sleep 300`;
@@ -187,6 +215,22 @@ describe("engine services CLI", () => {
     [
       ["services", "deploy", "x", "--health", "udp", "--", "true"],
       'engine: --health takes http:/path, http:PORT/path, tcp, tcp:PORT, exec:COMMAND or none (got "udp")\n',
+    ],
+    [
+      ["services", "deploy", "x", "--health-start-period", "soon", "--", "true"],
+      'engine: --health-start-period takes a whole number (got "soon")\n',
+    ],
+    [
+      ["services", "deploy", "x", "--health", "none", "--health-start-period", "5", "--", "true"],
+      "engine: --health-start-period needs a health check, not --health none\n",
+    ],
+    [
+      ["services", "deploy", "x", "--health-start-period", "5", "--", "true"],
+      "engine: health.type: give the probe's type (http, tcp or exec): no template gives one [validation]\n",
+    ],
+    [
+      ["services", "deploy", "x", "--health", "tcp:80", "--health-start-period", "86401", "--", "true"],
+      "engine: health.start_period_s: Input should be less than or equal to 86400 [validation]\n",
     ],
     [
       ["services", "deploy", "x", "--command", "true", "--", "true"],

@@ -295,7 +295,7 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     const report = page.getByRole("region", { name: "Diagnosis" });
     const probe = report.locator("dt", { hasText: /^Probe$/ }).locator("xpath=following-sibling::dd[1]");
     await probe.waitFor();
-    expect(await probe.textContent()).toBe(`HTTP GET :${port}/health every 10 s, timeout 2 s, 3 failures`);
+    expect(await probe.textContent()).toBe(`HTTP GET :${port}/health every 10 s, timeout 2 s, 3 failures, start period 10 s`);
     expect(await report.locator("dt", { hasText: "Last probe" }).count()).toBe(1);
     expect((await report.textContent()) ?? "").not.toContain('"type"');
     await fetch(`${engine.url}/api/services/probed`, { method: "DELETE", headers: bearer(adminToken) });

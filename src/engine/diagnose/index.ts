@@ -135,14 +135,7 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
     },
     health: {
       spec: spec.health ? { ...spec.health } : null,
-      probe: input.healthState?.last
-        ? {
-            ...input.healthState.last,
-            healthy: input.healthState.healthy,
-            consecutive_failures: input.healthState.consecutive_failures,
-            threshold_reached: input.healthState.threshold_reached,
-          }
-        : null,
+      probe: input.healthState?.last ? probeView(input.healthState, nowMs) : null,
       observations: input.healthState?.observations ?? [],
     },
     bindings: { waiting: input.bindingMessages.length > 0 && service.status === "pending", messages: input.bindingMessages },
@@ -184,5 +177,22 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
     pending_env_keys: input.pendingEnvKeys,
     logs: input.logs.map((line) => ({ ...line })),
     user: input.user ?? null,
+  };
+}
+
+/**
+ * probeView is the latest probe with the monitor's verdict on it, and where the start period
+ * stands: on or not, whole seconds left while on, and the failures it kept from counting.
+ */
+function probeView(state: HealthState, nowMs: number): Record<string, unknown> {
+  const endsAt = state.start_period_ends_at ? Date.parse(state.start_period_ends_at) : null;
+  return {
+    ...state.last,
+    healthy: state.healthy,
+    consecutive_failures: state.consecutive_failures,
+    threshold_reached: state.threshold_reached,
+    in_start_period: state.in_start_period,
+    start_period_left_s: state.in_start_period && endsAt !== null ? Math.max(0, Math.ceil((endsAt - nowMs) / 1000)) : null,
+    start_period_failures: state.start_period_failures,
   };
 }

@@ -361,7 +361,8 @@ export class ServiceManager implements ServiceDirectory {
       version,
       latest: this.o.store.latestVersion(service.id) ?? version,
       runs: this.o.store.lastRuns(service.id, 1),
-      healthState: runtime.health || LIVE_STATUSES.has(service.status) ? runtime.healthState : null,
+      // The monitor's own state is the latest; runtime.healthState is its last reported change.
+      healthState: runtime.health ? runtime.health.state() : LIVE_STATUSES.has(service.status) ? runtime.healthState : null,
       bindingMessages: runtime.bindingMessages,
       pendingEnvKeys: runtime.pendingEnvKeys,
       envSource: runtime.envSource,
@@ -1295,6 +1296,10 @@ export class ServiceManager implements ServiceDirectory {
     runtime.health?.stop();
     runtime.health = null;
     if (!spec.health) return;
+    // The start period counts from the run's start: a monitor started again for a workload that
+    // has been up a while (resumed, or adopted by a restarted daemon) gives it no fresh grace.
+    const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
+    const startedAt = run?.started_at ? Date.parse(run.started_at) : undefined;
     const monitor = new HealthMonitor(
       spec.health,
       {
@@ -1306,6 +1311,7 @@ export class ServiceManager implements ServiceDirectory {
         user: runtime.user,
       },
       { onChange: (state) => this.onHealth(serviceId, monitor, state) },
+      { now: () => this.now().getTime(), startedAt: Number.isFinite(startedAt) ? startedAt : undefined },
     );
     runtime.health = monitor;
     runtime.healthState = null;

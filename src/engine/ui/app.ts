@@ -465,6 +465,22 @@ interface Diagnosis {
 
 const yesNo = (value: boolean) => (value ? "yes" : "no");
 
+/** startPeriodNote says where the probe's start period stands, when it has one worth a word. */
+function startPeriodNote(health: Diagnosis["health"]): HTMLElement | null {
+  const probe = health.probe;
+  const failures = Number(probe?.start_period_failures ?? 0);
+  const uncounted = `${failures} failed probe${failures === 1 ? "" : "s"}`;
+  if (probe?.in_start_period) {
+    return h(
+      "p",
+      { class: "start-period" },
+      `In start period: ${probe.start_period_left_s} s of ${health.spec?.start_period_s} s left, ${uncounted} not counted.`,
+    );
+  }
+  if (failures > 0) return h("p", { class: "start-period muted" }, `Start period over; ${uncounted} in it not counted.`);
+  return null;
+}
+
 /** diagnosisReport renders a Diagnosis cause-and-remedy first, then the evidence. */
 function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
   const healthy = !d.error && !d.remediation;
@@ -512,6 +528,7 @@ function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
           ["Last probe", d.health.probe ? describeProbe(d.health.probe, when) : "not probed yet"],
         ])
       : h("p", { class: "muted" }, "No health probe."),
+    startPeriodNote(d.health),
     d.health.observations.length > 0
       ? h(
           "ul",

@@ -43,6 +43,7 @@ export function describeHealthSpec(spec: Record<string, unknown>, servicePort: n
   if (spec.interval_s !== undefined) parts[0] += ` every ${seconds(spec.interval_s)}`;
   if (spec.timeout_s !== undefined) parts.push(`timeout ${seconds(spec.timeout_s)}`);
   if (typeof spec.failure_threshold === "number") parts.push(plural(spec.failure_threshold, "failure"));
+  if (typeof spec.start_period_s === "number" && spec.start_period_s > 0) parts.push(`start period ${seconds(spec.start_period_s)}`);
   return parts.join(", ");
 }
 

@@ -47,6 +47,13 @@ describe("describeHealthSpec", () => {
       null,
       "run pg_isready -q every 30 s, timeout 3 s, 2 failures",
     ],
+    [
+      "a model's probe with a start period",
+      { type: "http", path: "/health", interval_s: 10, timeout_s: 2, failure_threshold: 3, start_period_s: 1800 },
+      8000,
+      "HTTP GET :8000/health every 10 s, timeout 2 s, 3 failures, start period 1800 s",
+    ],
+    ["a start period of 0 says nothing", { type: "tcp", interval_s: 5, start_period_s: 0 }, 6379, "TCP connect to :6379 every 5 s"],
     ["an exec probe's argv", { type: "exec", command: ["redis-cli", "ping"], interval_s: 5 }, null, "run redis-cli ping every 5 s"],
   ])("%s", (_name, spec, port, expected) => {
     expect(describeHealthSpec(spec, port)).toBe(expected);
