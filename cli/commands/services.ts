@@ -351,7 +351,7 @@ export function registerServices(program: Command, client: () => EngineClient, o
           if (event.event === "line") print(JSON.parse(event.data) as LogLine);
           // The stream opens with `ready {lines}`: a service that never printed says so at once
           // instead of leaving an empty terminal (on stderr, so a pipe reads only lines).
-          else if (event.event === "ready" && !json && tail > 0 && (JSON.parse(event.data) as { lines?: number }).lines === 0)
+          else if (event.event === "ready" && !json && (tail ?? 0) > 0 && (JSON.parse(event.data) as { lines?: number }).lines === 0)
             process.stderr.write(`${ident} has printed nothing yet; waiting for output (Ctrl-C to stop)\n`);
         }
       } catch (error) {
