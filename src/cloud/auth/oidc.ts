@@ -142,7 +142,7 @@ function formEncodedOnly(got: unknown, expected: unknown): boolean {
  * token endpoint's OAuth error with a hint at the likely setting. The claims object itself
  * (email, name) and every token stay out of it.
  */
-export function explainRefusal(error: unknown, authMethod: OidcAuthMethod): { reason: string; fields: Record<string, unknown> } {
+function explainRefusal(error: unknown, authMethod: OidcAuthMethod): { reason: string; fields: Record<string, unknown> } {
   const chain: Record<string, unknown>[] = [];
   for (let current = error, depth = 0; current && typeof current === "object" && depth < 5; depth++) {
     chain.push(current as Record<string, unknown>);
@@ -186,7 +186,7 @@ export function explainRefusal(error: unknown, authMethod: OidcAuthMethod): { re
     .find((challenge) => typeof challenge?.parameters?.error === "string")?.parameters?.error as string | undefined;
   const answered = (chain.find((link) => typeof link.error === "string")?.error as string | undefined) ?? challenged;
   // A bare 401 from the token endpoint is a failed client authentication too.
-  const oauth = answered ? { error: answered, status } : status === 401 ? { error: "invalid_client", status } : undefined;
+  const oauth = answered ? { error: answered.slice(0, 100), status } : status === 401 ? { error: "invalid_client", status } : undefined;
   if (oauth?.error === "invalid_client") {
     const other = authMethod === "client_secret_basic" ? "client_secret_post" : "client_secret_basic";
     return {
