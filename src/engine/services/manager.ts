@@ -216,7 +216,7 @@ export class ServiceManager implements ServiceDirectory {
           runtime.handle = handle;
           runtime.gpuHold = run.gpus;
           runtime.user = this.recordedUser(service);
-          this.o.log.info({ service: service.name, pid: handle.pid }, "adopted a running service");
+          this.o.log.info({ service: service.name, workload_pid: handle.pid }, "adopted a running service");
           const database = this.databaseOf(service);
           if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
             // It was still starting: it is running once it accepts connections, as at launch.
@@ -1271,7 +1271,7 @@ export class ServiceManager implements ServiceDirectory {
         this.update(serviceId, { status_message: `waiting for ${database.adapter.label} to accept connections` });
       });
       runtime.handle = result.handle;
-      this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "database server started");
+      this.o.log.info({ service: service.name, workload_pid: result.handle.pid, run: runId }, "database server started");
       void this.awaitDatabaseReady(serviceId, runId, database.adapter, database.instance);
       return;
     }
@@ -1280,7 +1280,7 @@ export class ServiceManager implements ServiceDirectory {
       this.update(serviceId, { status: "running", status_message: null });
     });
     runtime.handle = result.handle;
-    this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "service started");
+    this.o.log.info({ service: service.name, workload_pid: result.handle.pid, run: runId }, "service started");
     this.startHealth(serviceId);
     this.schedule(); // services bound to this one may now start
   }
