@@ -477,15 +477,21 @@ export class ServiceManager implements ServiceDirectory {
         const service = this.o.store.getService(serviceId);
         if (service?.status !== "scheduled") return;
         this.update(serviceId, { status: "running", status_message: null });
-        this.appendLog(serviceId, `${adapter.label} accepts connections on ${instance.host}:${instance.port ?? "-"}`);
-        this.o.log.info({ service: instance.serviceName, engine: adapter.name }, "database accepts connections");
+        // SQLite has no server and no port: it is ready at its file.
+        const where = adapter.hasServer ? null : (adapter.location?.(instance) ?? instance.dataDir);
+        this.appendLog(
+          serviceId,
+          where ? `${adapter.label} ready at ${where}` : `${adapter.label} accepts connections on ${instance.host}:${instance.port}`,
+        );
+        this.o.log.info({ service: instance.serviceName, engine: adapter.name }, where ? "database ready" : "database accepts connections");
         this.startHealth(serviceId);
         this.schedule(); // services bound to it may now start
         return;
       }
       if (result.detail !== lastDetail) {
         lastDetail = result.detail;
-        this.update(serviceId, { status_message: `waiting for ${adapter.label} to accept connections: ${result.detail}` });
+        const waiting = adapter.hasServer ? `waiting for ${adapter.label} to accept connections` : `waiting for ${adapter.label}`;
+        this.update(serviceId, { status_message: `${waiting}: ${result.detail}` });
       }
       await Bun.sleep(delay);
       delay = Math.min(READY_POLL_MS.max, delay * 2);
