@@ -8,11 +8,15 @@ const RESTART_POLICIES = ["always", "on-failure", "never"] as const;
 const DATABASE_ENGINES = ["postgres", "mariadb", "redis", "sqlite"] as const;
 const ACTIONS = {
   start: "start a stopped, failed or completed service",
-  stop: "stop a service (a batch job is cancelled)",
   restart: "stop and start a service",
   pause: "freeze a service's processes (SIGSTOP)",
   resume: "continue a paused service (SIGCONT)",
 } as const;
+/**
+ * SETTLED_STATUSES hold no process and start none by themselves: `stop --all` leaves them as
+ * they are (a stop would turn a completed batch job into a cancelled one).
+ */
+const SETTLED_STATUSES = new Set(["stopped", "completed", "failed", "cancelled"]);
 /** DIAGNOSIS_LOG_LINES is how many of the diagnosis's log lines the human report shows. */
 const DIAGNOSIS_LOG_LINES = 20;
 
@@ -236,6 +240,47 @@ function formatLogLine(line: LogLine, raw: boolean): string {
   return raw ? `${line.line}\n` : `${line.ts} ${line.stream} ${line.line}\n`;
 }
 
+/**
+ * stopAll stops every service the caller sees that is not settled (SETTLED_STATUSES), all at
+ * once, and reports each: what it stopped, and what it could not stop with the engine's reason
+ * (a readonly token may stop none). It fails, after stopping all it could, when any was refused.
+ */
+async function stopAll(api: EngineClient, out: Output): Promise<void> {
+  const targets = (await api.request<ServiceRecord[]>("GET", "/api/services")).filter((service) => !SETTLED_STATUSES.has(service.status));
+  type Outcome =
+    | { name: string; was: string; status: string; error?: undefined }
+    | { name: string; was: string; status?: undefined; error: { code: string; message: string } };
+  const results = await Promise.all(
+    targets.map(async (service): Promise<Outcome> => {
+      try {
+        const record = await api.request<ServiceRecord>("POST", servicePath(service.id, "/stop"));
+        return { name: service.name, was: service.status, status: record.status };
+      } catch (error) {
+        if (!(error instanceof CliError)) throw error;
+        return { name: service.name, was: service.status, error: { code: error.code, message: error.message } };
+      }
+    }),
+  );
+  const stopped = results.flatMap((result) =>
+    result.error === undefined ? [{ name: result.name, was: result.was, status: result.status }] : [],
+  );
+  const failed = results.flatMap((result) =>
+    result.error !== undefined ? [{ name: result.name, was: result.was, error: result.error }] : [],
+  );
+  emit(out, { stopped, failed }, () => {
+    if (targets.length === 0) process.stdout.write("nothing to stop: no service is running\n");
+    for (const result of stopped) process.stdout.write(`stopped ${result.name} (was ${result.was}, now ${result.status})\n`);
+    for (const result of failed)
+      process.stderr.write(`engine: could not stop ${result.name}: ${result.error.message} [${result.error.code}]\n`);
+  });
+  if (failed.length > 0) {
+    throw new CliError(
+      `${failed.length} of ${targets.length} services could not be stopped`,
+      failed.every((f) => f.error.code === "forbidden") ? "forbidden" : "error",
+    );
+  }
+}
+
 export function registerServices(program: Command, client: () => EngineClient, output: () => Output): void {
   const services = program.command("services").description("deploy, list and control services");
 
@@ -298,6 +343,23 @@ export function registerServices(program: Command, client: () => EngineClient, o
     .action(async (ident: string) => {
       const record = await client().request<ServiceRecord>("GET", servicePath(ident));
       emit(output(), record, () => printService(record));
+    });
+
+  services
+    .command("stop [name]")
+    .description("stop a service (a batch job is cancelled); --all stops every service you may stop")
+    .option("--all", "stop every service that is not stopped already and that this token may stop, and say which")
+    .action(async (ident: string | undefined, options: { all?: boolean }) => {
+      if (options.all && ident !== undefined) throw new CliError("give a service name or --all, not both");
+      if (options.all) {
+        await stopAll(client(), output());
+        return;
+      }
+      if (ident === undefined) throw new CliError("give the service to stop, or --all to stop every one");
+      const record = await client().request<ServiceRecord>("POST", servicePath(ident, "/stop"));
+      emit(output(), record, () =>
+        process.stdout.write(`${record.name}: ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`),
+      );
     });
 
   for (const [action, description] of Object.entries(ACTIONS)) {

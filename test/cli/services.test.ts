@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Diagnosis, GpuInventoryRecord, ServiceRecord } from "../../src/contract/engine";
-import { ENGINE_ENTRY, eventually, freePort, runCli, startTestEngine, type TestEngine } from "../helpers";
+import { createToken, ENGINE_ENTRY, eventually, freePort, runCli, startTestEngine, type TestEngine } from "../helpers";
 
 let engine: TestEngine;
 beforeAll(async () => {
@@ -206,6 +206,8 @@ describe("engine services CLI", () => {
     [["logs", "-f", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
     [["diagnose", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
     [["services", "stop", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [["services", "stop"], "engine: give the service to stop, or --all to stop every one\n"],
+    [["services", "stop", "nope", "--all"], "engine: give a service name or --all, not both\n"],
     [
       ["services", "deploy", "x", "--restart", "sometimes", "--", "true"],
       'engine: --restart takes always, on-failure or never (got "sometimes")\n',
@@ -245,6 +247,43 @@ describe("engine services CLI", () => {
     expect(await cli(...args)).toMatchObject({ code: 1, stderr: message });
   });
 });
+
+test("services stop --all stops every running service the caller may stop, leaves settled ones, and says which", async () => {
+  const own = await startTestEngine();
+  try {
+    const run = (...args: string[]) => runCli(["--data-dir", own.dataDir, ...args]);
+    const state = async (name: string) => (await own.json<ServiceRecord>("GET", `/api/services/${name}`)).body.status;
+    expect((await run("services", "deploy", "one", "--", "sleep", "300")).code).toBe(0);
+    expect((await run("services", "deploy", "two", "--", "sleep", "300")).code).toBe(0);
+    expect((await run("services", "deploy", "done", "--kind", "batch", "--restart", "never", "--", "true")).code).toBe(0);
+    await eventually(
+      async () => (await state("one")) === "running" && (await state("two")) === "running" && (await state("done")) === "completed",
+    );
+
+    // A readonly token may stop nothing: each refusal is said, and the exit is 1.
+    const readonly = await createToken(own, { name: "viewer", role: "readonly" });
+    const refused = await runCli(["--url", own.url, "--token", readonly.secret, "services", "stop", "--all"]);
+    expect(refused.code).toBe(1);
+    expect(refused.stdout).toBe("");
+    expect(refused.stderr).toMatch(/^engine: could not stop one: .* \[forbidden\]$/m);
+    expect(refused.stderr).toMatch(/^engine: could not stop two: .* \[forbidden\]$/m);
+    expect(refused.stderr.trim().split("\n").at(-1)).toBe("engine: 2 of 2 services could not be stopped [forbidden]");
+    expect(await state("one")).toBe("running");
+
+    const stopped = await run("services", "stop", "--all");
+    expect(stopped.code).toBe(0);
+    expect(stopped.stdout.split("\n").filter(Boolean).sort()).toEqual([
+      "stopped one (was running, now stopped)",
+      "stopped two (was running, now stopped)",
+    ]);
+    // A completed batch job stays completed (a stop would have made it cancelled).
+    expect(await state("done")).toBe("completed");
+    const again = JSON.parse((await run("--json", "services", "stop", "--all")).stdout);
+    expect(again).toEqual({ stopped: [], failed: [] });
+  } finally {
+    await own.close();
+  }
+}, 60_000);
 
 test("engine restart asks the daemon to drain and restart", async () => {
   let restarts = 0;
