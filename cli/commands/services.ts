@@ -461,12 +461,14 @@ export function registerServices(program: Command, client: () => EngineClient, o
 }
 
 /**
- * diagnosisReport renders a Diagnosis for people: what is wrong and what to do first, then
- * the facts behind it (restarts, forensics, health, bindings, build, env, last run), then the logs.
+ * diagnosisReport renders a Diagnosis for people: what is wrong, the log line that says it
+ * and what to do first, then the facts behind it (restarts, forensics, health, bindings,
+ * build, env, last run), then the logs.
  */
 export function diagnosisReport(d: Diagnosis): string {
   const lines: string[] = [];
   lines.push(`${d.service_name}: ${d.status}${d.error ? ` — ${d.error.class}: ${d.error.message}` : ""}`);
+  if (d.error?.key_line) lines.push(`key line: ${d.error.key_line}`);
   if (d.remediation) lines.push(`fix (${d.remediation.code}): ${d.remediation.detail}`);
   else if (!d.error) lines.push("nothing to fix");
   lines.push("");

@@ -276,7 +276,17 @@ export const Diagnosis = t.Object(
     service_name: t.String(),
     kind: ServiceKind,
     status: ServiceStatus,
-    error: t.Union([t.Object({ class: t.String(), message: t.String() }), t.Null()]),
+    error: t.Union([
+      t.Object({
+        class: t.String(),
+        message: t.String(),
+        key_line: t.Union([t.String(), t.Null()], {
+          description:
+            "The line of the last crashed run's output that says what went wrong (an exception, an error: or FATAL line), stderr first, at most 300 characters, secrets redacted; null when none was found.",
+        }),
+      }),
+      t.Null(),
+    ]),
     forensics: t.Object({
       last_exit_code: NullableInteger,
       oom_killed: t.Boolean(),

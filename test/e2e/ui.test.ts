@@ -203,10 +203,10 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await shot("services");
   }, 90_000);
 
-  test("a crashed service shows its diagnosis: cause and remediation first, then forensics", async () => {
+  test("a crashed service shows its diagnosis: cause, key log line and remediation first, then forensics", async () => {
     await page.goto(`${engine.url}/#/`);
     await page.getByLabel("Name", { exact: true }).fill("crasher");
-    await page.getByLabel("Command", { exact: true }).fill("echo about to fail >&2; exit 1");
+    await page.getByLabel("Command", { exact: true }).fill("echo about to fail: cannot open model.bin >&2; exit 1");
     await page.getByLabel("Kind", { exact: true }).selectOption("batch");
     await page.getByRole("button", { name: "Deploy", exact: true }).click();
     await page.waitForURL(`${engine.url}/#/services/crasher`);
@@ -215,6 +215,11 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await page.locator(".badge", { hasText: "failed" }).first().waitFor();
     const text = (await report.textContent()) ?? "";
     expect(text.indexOf("Cause")).toBeLessThan(text.indexOf("Forensics"));
+    // The line of its output that says what went wrong, and the class and fix it implies.
+    expect(await report.locator(".key-line").textContent()).toBe("about to fail: cannot open model.bin");
+    expect(text.indexOf("Key log line")).toBeLessThan(text.indexOf("Remediation"));
+    expect(await report.locator(".cause").textContent()).toStartWith("file_not_found: it could not open a file: model.bin");
+    expect(await report.locator(".remediation code").textContent()).toBe("provide_file");
     expect(text).toContain("Restart window");
     const exitCode = report.locator("dt", { hasText: "Last exit code" }).locator("xpath=following-sibling::dd[1]");
     await eventually(async () => (await exitCode.textContent()) === "1", { timeoutMs: STEP_MS });

@@ -3,6 +3,21 @@ import type { LastDump } from "../databases";
 import type { HealthState } from "../health";
 import { restartsInWindow } from "../services/restart-policy";
 import type { Forensics, RunRow, ServiceRow, VersionRow } from "../services/store";
+import { causeRule } from "./causes";
+
+export {
+  causeRule,
+  findLogCause,
+  KEY_LINE_MAX,
+  KEY_SCAN_BYTES,
+  KEY_SCAN_LINES,
+  LOG_CAUSES,
+  type LogCause,
+  type PortHolder,
+  portsInArgs,
+  redactor,
+} from "./causes";
+export { explainPortClash, findPortHolder, freePortNear } from "./ports";
 
 /** DiagnosisInput is everything the engine knows about one service, gathered by the manager. */
 export interface DiagnosisInput {
@@ -21,14 +36,20 @@ export interface DiagnosisInput {
   lastDump?: LastDump | null;
   /** user is the OS user the workload runs as; null when the engine does not switch users for it. */
   user?: string | null;
+  /** cwd is the directory the workload runs in (its build, its cwd setting or its data dir). */
+  cwd?: string;
 }
+
+/** updateCommand is the CLI command that changes a service's settings, as a remediation prints it. */
+const updateCommand = (name: string, flags: string) => `\`engine services update ${name} ${flags}\``;
 
 type Remediation = { code: string; detail: string };
 
 /**
  * remediationFor names what to do about a service, the most specific cause first: the
- * build, a missing binding, GPUs, a command that cannot run, memory, GPU memory, a crash
- * loop, a failing health check. It returns null for a service that needs nothing.
+ * build, a missing binding, GPUs, a command that cannot run, memory, GPU memory, the cause
+ * its output names (LOG_CAUSES), a crash loop, a failing health check. It returns null for a
+ * service that needs nothing. A remediation that changes a setting prints the command.
  */
 export function remediationFor(input: DiagnosisInput): Remediation | null {
   const { service, latest, version } = input;
@@ -73,22 +94,37 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
   }
   if (f.oom_killed) {
     const limit = spec.memory_mb;
+    const raise = limit ? `: ${updateCommand(service.name, `--memory-mb ${limit * 2}`)}` : "";
     return {
       code: "raise_memory_limit",
-      detail: `The kernel killed the process at its memory limit (memory_mb ${limit}). Raise memory_mb${limit ? ` above ${limit}` : ""} or make the workload use less memory.`,
+      detail: `The kernel killed the process at its memory limit (memory_mb ${limit}). Raise memory_mb${limit ? ` above ${limit}` : ""}${raise}, or make the workload use less memory.${gaveUp(input)}`,
     };
   }
   if (f.gpu_oom) {
+    const more = spec.gpus > 0 ? `: ${updateCommand(service.name, `--gpus ${spec.gpus + 1}`)}` : "";
     return {
       code: "reduce_batch_or_gpu_memory",
-      detail:
-        "The process ran out of GPU memory. Lower the batch size, context length or KV-cache share (e.g. vLLM --gpu-memory-utilization, --max-model-len), or ask for more GPUs.",
+      detail: `The process ran out of GPU memory. Lower the batch size, context length or KV-cache share (e.g. vLLM --gpu-memory-utilization, --max-model-len), or ask for more GPUs${more}.${gaveUp(input)}`,
     };
+  }
+  const cause = f.log_cause;
+  const rule = cause && f.error?.class === cause.class ? causeRule(cause) : null;
+  if (cause && rule) {
+    const detail = rule.detail({
+      name: service.name,
+      cause,
+      declaredPort: spec.port,
+      gpus: spec.gpus,
+      gpuMemoryMb: spec.gpu_memory_mb,
+      cwd: input.cwd ?? spec.cwd ?? "its data dir",
+      user: input.user ?? null,
+    });
+    return { code: rule.remediation, detail: `${detail}${detail.includes("engine services start") ? "" : gaveUp(input)}` };
   }
   if (f.error?.class === "crash_loop") {
     return {
       code: "crash_loop",
-      detail: `It failed ${spec.restart.max_restarts + 1} times within ${spec.restart.window_seconds} s and the engine stopped restarting it. Read its last log lines for the cause, fix it, then start it again.`,
+      detail: `It failed ${spec.restart.max_restarts + 1} times within ${spec.restart.window_seconds} s and the engine stopped restarting it. Read its last log lines for the cause, fix it, then start it again: \`engine services start ${service.name}\`.`,
     };
   }
   if (service.status === "degraded" || f.error?.class === "health_check_failed") {
@@ -100,6 +136,13 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
   if (service.status === "failed")
     return { code: "inspect_logs", detail: `${service.status_message ?? "It failed"}. Its last log lines say why.` };
   return null;
+}
+
+/** gaveUp says, for a failed service, that the engine stopped and how to start it again. */
+function gaveUp({ service }: DiagnosisInput): string {
+  return service.status === "failed"
+    ? ` The engine stopped restarting it: once the cause is fixed, \`engine services start ${service.name}\` starts it again.`
+    : "";
 }
 
 /** buildDiagnosis assembles the spec's Diagnosis record; every field comes from a recorded fact. */
@@ -115,7 +158,10 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
     service_name: service.name,
     kind: service.kind,
     status: service.status as Diagnosis["status"],
-    error: f.error && service.status !== "running" && service.status !== "completed" ? f.error : null,
+    error:
+      f.error && service.status !== "running" && service.status !== "completed"
+        ? { class: f.error.class, message: f.error.message, key_line: f.error.key_line ?? null }
+        : null,
     forensics: {
       last_exit_code: f.last_exit_code,
       oom_killed: f.oom_killed,

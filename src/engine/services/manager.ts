@@ -1,4 +1,4 @@
-import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, rmSync, statSync } from "node:fs";
+import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
@@ -19,7 +19,7 @@ import {
   type RestoreTarget,
   type ServerControl,
 } from "../databases";
-import { buildDiagnosis } from "../diagnose";
+import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "../diagnose";
 import {
   checkPossible,
   describeAllocation,
@@ -32,7 +32,7 @@ import {
 } from "../gpu";
 import { HealthMonitor, type HealthState } from "../health";
 import type { VcsTokenStore } from "../link";
-import type { ExitRecord, RunHandle, Supervisor } from "../supervisor";
+import { type ExitRecord, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
 import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
@@ -370,6 +370,7 @@ export class ServiceManager implements ServiceDirectory {
       nowMs: this.now().getTime(),
       lastDump: this.o.store.getLastDump(service.id),
       user: this.userNameOf(service, version.spec),
+      cwd: version.build_dir ?? version.spec.cwd ?? this.serviceDataDir(service.name),
     });
   }
 
@@ -1402,10 +1403,12 @@ export class ServiceManager implements ServiceDirectory {
     const service = this.o.store.getService(serviceId);
     if (!service) return;
     const runtime = this.runtime(serviceId);
-    const { spec } = this.currentSpec(service);
-    const logTail = tailLog(this.logFile(serviceId), 200, this.o.logMaxFiles)
-      .filter((line) => line.ts >= run.started_at.replace(/Z$/, ""))
-      .map((line) => line.line);
+    const version = this.currentSpec(service);
+    const { spec } = version;
+    const runLines = tailLog(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles).filter(
+      (line) => line.ts >= run.started_at.replace(/Z$/, ""),
+    );
+    const logTail = runLines.map((line) => line.line);
     const gpuOom = findGpuOom(logTail) !== null;
     const privDenied = exit.execError === "EACCES" || exit.execError === "EPERM" || findPermissionDenied(logTail) !== null;
     const endReason = runtime.stopping ? "stopped" : runtime.healthKill ? "health" : exit.lost ? "lost" : "exit";
@@ -1414,6 +1417,7 @@ export class ServiceManager implements ServiceDirectory {
     const wasHealthKill = runtime.healthKill;
     const succeeded = exit.exitCode === 0 && !exit.lost;
     const crashed = !succeeded && !runtime.stopping;
+    const logCause = crashed ? this.logCauseOf(service, version, runLines) : null;
     const forensics: Forensics = crashed
       ? {
           last_exit_code: exit.exitCode,
@@ -1423,7 +1427,8 @@ export class ServiceManager implements ServiceDirectory {
           priv_denied: privDenied,
           exec_error: exit.execError,
           last_crash_at: endedAt,
-          error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb),
+          error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb, logCause),
+          log_cause: logCause,
         }
       : { ...service.forensics, last_exit_code: exit.exitCode, last_signal: exit.signal };
 
@@ -1467,9 +1472,7 @@ export class ServiceManager implements ServiceDirectory {
               ? `${describeExit(exit)}; gave up after ${spec.restart.max_restarts} restarts in ${spec.restart.window_seconds} s`
               : describeExit(exit);
         patch = {
-          forensics: decision.budgetSpent
-            ? { ...forensics, error: { class: "crash_loop", message: `${message} (last cause: ${forensics.error?.class ?? "exit"})` } }
-            : forensics,
+          forensics: decision.budgetSpent ? { ...forensics, error: crashLoopError(forensics.error, message, spec.restart) } : forensics,
           restart_state: decision.state,
           status: decision.status,
           desired_state: decision.status === "completed" ? "completed" : service.desired_state,
@@ -1552,6 +1555,71 @@ export class ServiceManager implements ServiceDirectory {
         : null;
     if (problem || !user) throw new InputError([{ loc: ["body", "user"], msg: problem ?? "", type: "value_error", input: wanted }]);
     return user.name;
+  }
+
+  /**
+   * logCauseOf reads a crashed run's output for its key line and cause (see LOG_CAUSES), with
+   * the service's secrets redacted, and for a port clash finds who holds the port.
+   */
+  private logCauseOf(service: ServiceRow, version: VersionRow, lines: LogLine[]): LogCause | null {
+    try {
+      const cause = findLogCause(lines, redactor(this.secretValuesOf(version)));
+      if (cause?.class !== "port_in_use") return cause;
+      return explainPortClash(cause, version.spec, (pid) => this.serviceOfPid(pid));
+    } catch (error) {
+      this.o.log.warn({ err: error, service: service.name }, "cannot read the cause of a run's exit from its output");
+      return null;
+    }
+  }
+
+  /**
+   * secretValuesOf lists the values a Diagnosis must never show: the service's secrets, its env
+   * values under secret-looking names, and the secrets of the services bound to it.
+   */
+  private secretValuesOf(version: VersionRow): string[] {
+    const secretName = /PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE/i;
+    const values = Object.values(this.openSecrets(version));
+    for (const [key, value] of Object.entries(version.spec.env)) if (secretName.test(key)) values.push(value);
+    for (const name of version.spec.bindings) {
+      const bound = this.o.store.findService(name);
+      if (!bound) continue;
+      const service = this.boundService(bound);
+      values.push(...Object.values(service.secrets));
+      for (const [key, value] of Object.entries(bindingVariables(service))) if (secretName.test(key)) values.push(value);
+    }
+    return values;
+  }
+
+  /**
+   * serviceOfPid names the engine service a process belongs to: one whose live run is the
+   * process or one of its ancestors, or whose run's cgroup (named by the run id) holds it.
+   */
+  private serviceOfPid(pid: number): string | null {
+    const byPid = new Map<number, string>();
+    const byRun = new Map<string, string>();
+    for (const [id, runtime] of this.runtimes) {
+      const handle = runtime.handle;
+      const name = handle ? this.o.store.getService(id)?.name : undefined;
+      if (!handle || !name) continue;
+      byPid.set(handle.pid, name);
+      byPid.set(handle.shimPid, name);
+      byRun.set(handle.runId, name);
+    }
+    let current = pid;
+    for (let depth = 0; depth < 64 && current > 1; depth++) {
+      const name = byPid.get(current);
+      if (name) return name;
+      current = readProcessStat(current)?.ppid ?? 0;
+    }
+    try {
+      for (const line of readFileSync(`/proc/${pid}/cgroup`, "utf8").split("\n")) {
+        const name = byRun.get(basename(line.split(":").slice(2).join(":")));
+        if (name) return name;
+      }
+    } catch {
+      // gone, or no cgroups
+    }
+    return null;
   }
 
   /** userNameOf is the user a service's workload runs (or will run) as, for its record and Diagnosis; null: the engine's own. */
@@ -1726,24 +1794,50 @@ export function describeExit(exit: ExitRecord): string {
   return `exited with code ${exit.exitCode}${oom}`;
 }
 
+type ErrorCause = NonNullable<Forensics["error"]>;
+
+/**
+ * classify names why a run ended, the engine's own facts first: an OOM kill, an exec failure,
+ * GPU memory, a denied permission, a health kill, a lost shim, the shell's 127; then the cause
+ * the run's output names (LOG_CAUSES); else how it exited. The key line comes along whatever
+ * the class, so even an OOM kill shows the last thing the process said.
+ */
 function classify(
   exit: ExitRecord,
   gpuOom: boolean,
   privDenied: boolean,
   healthKill: boolean,
   memoryMb: number | null,
-): { class: string; message: string } {
-  if (exit.oomKilled)
-    return { class: "oom_killed", message: `the kernel's OOM killer ended the process at its memory limit of ${memoryMb} MiB` };
-  if (exit.execError === "ENOENT") return { class: "command_not_found", message: describeExit(exit) };
-  if (exit.execError) return { class: privDenied ? "permission_denied" : "exec_failed", message: describeExit(exit) };
-  if (gpuOom) return { class: "gpu_oom", message: `the process ran out of GPU memory (${describeExit(exit)})` };
-  if (privDenied) return { class: "permission_denied", message: `the process hit "Permission denied" (${describeExit(exit)})` };
-  if (healthKill) return { class: "health_check_failed", message: `restarted after its health check kept failing (${describeExit(exit)})` };
-  if (exit.lost) return { class: "lost", message: describeExit(exit) };
-  if (exit.exitCode === 127) return { class: "command_not_found", message: `${describeExit(exit)}: the shell could not find the command` };
-  if (exit.signal) return { class: "signal", message: describeExit(exit) };
-  return { class: "exit_code", message: describeExit(exit) };
+  logCause: LogCause | null,
+): ErrorCause {
+  const key_line = logCause?.key_line ?? null;
+  const cause = (errorClass: string, message: string): ErrorCause => ({ class: errorClass, message, key_line });
+  if (exit.oomKilled) return cause("oom_killed", `the kernel's OOM killer ended the process at its memory limit of ${memoryMb} MiB`);
+  if (exit.execError === "ENOENT") return cause("command_not_found", describeExit(exit));
+  if (exit.execError) return cause(privDenied ? "permission_denied" : "exec_failed", describeExit(exit));
+  if (gpuOom) return cause("gpu_oom", `the process ran out of GPU memory (${describeExit(exit)})`);
+  if (privDenied) return cause("permission_denied", `the process hit "Permission denied" (${describeExit(exit)})`);
+  if (healthKill) return cause("health_check_failed", `restarted after its health check kept failing (${describeExit(exit)})`);
+  if (exit.lost) return cause("lost", describeExit(exit));
+  if (exit.exitCode === 127) return cause("command_not_found", `${describeExit(exit)}: the shell could not find the command`);
+  const rule = logCause ? causeRule(logCause) : null;
+  if (logCause?.class && rule) return cause(logCause.class, `${rule.summary(logCause)}; ${describeExit(exit)}`);
+  if (exit.signal) return cause("signal", describeExit(exit));
+  return cause("exit_code", describeExit(exit));
+}
+
+/** GENERIC_CAUSES say only how a run ended; a crash loop of them is reported as crash_loop. */
+const GENERIC_CAUSES = new Set(["exit_code", "signal", "lost", "health_check_failed"]);
+
+/**
+ * crashLoopError is the error of a service the engine gave up restarting. A known cause keeps
+ * its class (an OOM kill stays oom_killed, a port clash port_in_use), with the give-up added to
+ * its message; a run that only exited becomes crash_loop, naming its last cause.
+ */
+function crashLoopError(last: Forensics["error"], message: string, restart: { max_restarts: number; window_seconds: number }): ErrorCause {
+  if (last && !GENERIC_CAUSES.has(last.class))
+    return { ...last, message: `${last.message}; gave up after ${restart.max_restarts} restarts in ${restart.window_seconds} s` };
+  return { class: "crash_loop", message: `${message} (last cause: ${last?.class ?? "exit"})`, key_line: last?.key_line ?? null };
 }
 
 /**

@@ -1,5 +1,6 @@
 import type { Database } from "bun:sqlite";
 import type { LastDump } from "../databases";
+import type { LogCause } from "../diagnose";
 import type { ExitRecord, RunHandle } from "../supervisor";
 import type { RecordedUser } from "../users";
 import { EMPTY_RESTART_STATE, type RestartState } from "./restart-policy";
@@ -14,7 +15,10 @@ export interface Forensics {
   priv_denied: boolean;
   exec_error: string | null;
   last_crash_at: string | null;
-  error: { class: string; message: string } | null;
+  /** error is the cause in a class and words; key_line is the run's output line that says it (absent in older records). */
+  error: { class: string; message: string; key_line?: string | null } | null;
+  /** log_cause is what the last crashed run's output said: its key line and the facts behind its class. */
+  log_cause: LogCause | null;
 }
 
 export const EMPTY_FORENSICS: Forensics = {
@@ -26,6 +30,7 @@ export const EMPTY_FORENSICS: Forensics = {
   exec_error: null,
   last_crash_at: null,
   error: null,
+  log_cause: null,
 };
 
 /** Owner is the token a service was deployed with and its caps at that moment. */

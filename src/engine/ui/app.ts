@@ -439,7 +439,8 @@ interface Diagnosis {
   service_name: string;
   kind: string;
   status: string;
-  error: { class: string; message: string } | null;
+  /** key_line is the line of the crashed run's output that says what went wrong; null when none was found. */
+  error: { class: string; message: string; key_line?: string | null } | null;
   forensics: { last_exit_code: number | null; oom_killed: boolean; gpu_oom: boolean; priv_denied: boolean; last_crash_at: string | null };
   restarts: {
     max_restarts: number;
@@ -499,6 +500,7 @@ function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
           ? `${d.error.class}: ${d.error.message}`
           : (record.status_message ?? `The service is ${d.status}; nothing is wrong that the engine can see.`),
       ),
+      d.error?.key_line ? [h("h3", {}, "Key log line"), h("pre", { class: "key-line" }, d.error.key_line)] : null,
       d.remediation
         ? [h("h3", {}, "Remediation"), h("p", { class: "remediation" }, h("code", {}, d.remediation.code), " ", d.remediation.detail)]
         : null,

@@ -122,7 +122,7 @@ describe("statuses", () => {
     await api.waitFor("job-bad", "failed");
     const diagnosis = await api.diagnose("job-bad");
     expect(diagnosis.forensics.last_exit_code).toBe(3);
-    expect(diagnosis.error).toEqual({ class: "exit_code", message: "exited with code 3" });
+    expect(diagnosis.error).toEqual({ class: "exit_code", message: "exited with code 3", key_line: null });
     expect(diagnosis.remediation?.code).toBe("inspect_logs");
     expect(diagnosis.logs.map((l) => l.line)).toContain("boom");
     expect(diagnosis.forensics.last_crash_at).not.toBeNull();
