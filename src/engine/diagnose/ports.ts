@@ -57,10 +57,17 @@ export function freePortNear(port: number, procRoot = "/proc"): number | null {
   return null;
 }
 
+/**
+ * commandOf returns a process's command line for a remediation, with the values of
+ * secret-looking options and the passwords of URLs hidden, cut to 120 characters.
+ */
 function commandOf(pid: number, procRoot: string): string | null {
   try {
     const argv = readFileSync(`${procRoot}/${pid}/cmdline`, "utf8").split("\0").filter(Boolean);
-    const text = argv.join(" ");
+    const text = argv
+      .join(" ")
+      .replace(/(--?[\w-]*(?:pass|secret|token|key|auth|credential)[\w-]*)(=|\s+)\S+/gi, "$1$2***")
+      .replace(/(\b[a-z][\w+.-]*:\/\/[^\s:/@]*:)[^\s@/]+@/gi, "$1***@");
     return text.length > 120 ? `${text.slice(0, 119)}…` : text || null;
   } catch {
     return null;
@@ -123,8 +130,11 @@ export function findPortHolder(
   const pid = pidHoldingSocket(new Set(listeners.map((listener) => listener.inode)), procRoot);
   const user = userName(listeners[0]?.uid ?? -1);
   if (pid === null) return { pid: null, command: null, service: null, engine: false, user };
+  // Only an outside process is named by its command line: a service by its name, whose
+  // command a token scoped to another service may not read.
   const engine = pid === (options.enginePid ?? process.pid);
-  return { pid, command: commandOf(pid, procRoot), service: engine ? null : serviceOf(pid), engine, user };
+  const service = engine ? null : serviceOf(pid);
+  return { pid, command: engine || service ? null : commandOf(pid, procRoot), service, engine, user };
 }
 
 /**

@@ -1,6 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { explainPortClash, findPortHolder, freePortNear, type LogCause } from "../../../src/engine/diagnose";
 import { parseProcNetTcp } from "../../../src/engine/diagnose/ports";
+import { tempDir } from "../../helpers";
 
 // /proc/net/tcp of a host with sshd on 22 (LISTEN, 0A), one established connection and 8000 on loopback.
 const PROC_NET_TCP = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -26,10 +29,38 @@ describe("findPortHolder on this host", () => {
     server.stop(true);
   });
 
-  test("names the process that listens, and the service serviceOf says it belongs to", () => {
+  test("names the process that listens, and the service serviceOf says it belongs to (by name, not its command line)", () => {
     const holder = findPortHolder(server.port, (pid) => (pid === process.pid ? "web1" : null), { enginePid: -1 });
-    expect(holder).toMatchObject({ pid: process.pid, service: "web1", engine: false });
+    expect(holder).toMatchObject({ pid: process.pid, service: "web1", engine: false, command: null });
+  });
+
+  test("an outside process is named by its command line", () => {
+    const holder = findPortHolder(server.port, () => null, { enginePid: -1 });
+    expect(holder).toMatchObject({ pid: process.pid, service: null, engine: false });
     expect(holder?.command).toContain("bun");
+  });
+
+  test("an outside process's command line shows no secret option value or URL password", async () => {
+    // A short command line: the holder's is cut to 120 characters.
+    const dir = tempDir();
+    writeFileSync(join(dir, "l.ts"), "console.log(Bun.listen({ hostname: '127.0.0.1', port: 0, socket: { data() {} } }).port);");
+    const proc = Bun.spawn([process.execPath, "l.ts", "--api-token=hunter2", "postgres://app:pw-in-url@db/app"], {
+      cwd: dir,
+      stdout: "pipe",
+    });
+    try {
+      const reader = (proc.stdout as ReadableStream<Uint8Array>).getReader();
+      const port = Number(new TextDecoder().decode((await reader.read()).value).trim());
+      const holder = findPortHolder(port, () => null);
+      expect(holder?.pid).toBe(proc.pid);
+      expect(holder?.command).toContain("--api-token=***");
+      expect(holder?.command).toContain("postgres://app:***@db/app");
+      expect(holder?.command).not.toContain("hunter2");
+    } finally {
+      proc.kill("SIGKILL");
+      await proc.exited;
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test("the engine's own process is the engine, not a service", () => {
