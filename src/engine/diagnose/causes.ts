@@ -65,8 +65,8 @@ export interface CauseRule {
   class: string;
   remediation: string;
   patterns: readonly RegExp[];
-  /** summary says the cause in words, for Diagnosis error.message. */
-  summary(cause: LogCause): string;
+  /** summary says the cause in words, for Diagnosis error.message; `name` is the service's. */
+  summary(cause: LogCause, name: string): string;
   /** detail says what to do, with the command to run where a setting is to change. */
   detail(context: RemediationContext): string;
 }
@@ -162,9 +162,9 @@ export const LOG_CAUSES: readonly CauseRule[] = [
       /Port (\d+) is in use by another program/i,
       /port (\d+) is already (?:in use|allocated)/i,
     ],
-    summary: (cause) => {
+    summary: (cause, name) => {
       const port = cause.port === null ? "the port it binds" : `port ${cause.port}`;
-      const holder = describeHolder(cause.holder, "");
+      const holder = describeHolder(cause.holder, name);
       return `${port} is already in use${holder ? `: ${holder}` : ""}`;
     },
     detail: portInUseDetail,

@@ -69,7 +69,16 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
     };
   }
   if (service.status === "pending" && service.status_message?.includes("GPU")) {
-    return { code: "wait_for_gpu", detail: `${service.status_message}. Stop a service that holds a GPU, or lower gpus / gpu_memory_mb.` };
+    const less =
+      spec.gpus > 1
+        ? `: ${updateCommand(service.name, `--gpus ${spec.gpus - 1}`)}`
+        : spec.gpu_memory_mb > 0
+          ? ` (${updateCommand(service.name, "--gpu-memory-mb <MiB>")})`
+          : "";
+    return {
+      code: "wait_for_gpu",
+      detail: `${service.status_message}. \`engine gpus\` shows who holds them: stop one (\`engine services stop <service>\`), or ask for less${less}.`,
+    };
   }
   if (service.status === "pending" && service.status_message?.includes("token cap")) {
     return {

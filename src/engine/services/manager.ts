@@ -1427,7 +1427,7 @@ export class ServiceManager implements ServiceDirectory {
           priv_denied: privDenied,
           exec_error: exit.execError,
           last_crash_at: endedAt,
-          error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb, logCause),
+          error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb, logCause, service.name),
           log_cause: logCause,
         }
       : { ...service.forensics, last_exit_code: exit.exitCode, last_signal: exit.signal };
@@ -1809,6 +1809,7 @@ function classify(
   healthKill: boolean,
   memoryMb: number | null,
   logCause: LogCause | null,
+  serviceName: string,
 ): ErrorCause {
   const key_line = logCause?.key_line ?? null;
   const cause = (errorClass: string, message: string): ErrorCause => ({ class: errorClass, message, key_line });
@@ -1821,7 +1822,7 @@ function classify(
   if (exit.lost) return cause("lost", describeExit(exit));
   if (exit.exitCode === 127) return cause("command_not_found", `${describeExit(exit)}: the shell could not find the command`);
   const rule = logCause ? causeRule(logCause) : null;
-  if (logCause?.class && rule) return cause(logCause.class, `${rule.summary(logCause)}; ${describeExit(exit)}`);
+  if (logCause?.class && rule) return cause(logCause.class, `${rule.summary(logCause, serviceName)}; ${describeExit(exit)}`);
   if (exit.signal) return cause("signal", describeExit(exit));
   return cause("exit_code", describeExit(exit));
 }

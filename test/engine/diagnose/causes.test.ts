@@ -481,7 +481,7 @@ describe("findLogCause over real output", () => {
     expect(cause.key_line).toBe(key ?? text.trim());
     // Every class's row renders a summary and a detail.
     const rule = causeRule(cause);
-    expect(rule?.summary(cause).length).toBeGreaterThan(0);
+    expect(rule?.summary(cause, "svc").length).toBeGreaterThan(0);
     expect(
       rule?.detail({ name: "svc", cause, declaredPort: null, gpus: 0, gpuMemoryMb: 0, cwd: "/srv/app", user: null }).length,
     ).toBeGreaterThan(0);
@@ -606,8 +606,11 @@ describe("the table", () => {
       free_port: 8001,
       holder: { pid: 42, command: "python3 -m http.server 8000", service: "web1", engine: false, user: "eng-web1" },
     });
-    expect(port?.summary(held)).toBe("port 8000 is already in use: the engine service web1 holds it (pid 42)");
+    expect(port?.summary(held, "web2")).toBe("port 8000 is already in use: the engine service web1 holds it (pid 42)");
     expect(port?.detail({ ...base, cause: held })).toContain("`engine services stop web1`");
+    const own = cause({ ...held, holder: { pid: 42, command: null, service: "web2", engine: false, user: "eng-web2" } });
+    expect(port?.summary(own, "web2")).toBe("port 8000 is already in use: an earlier process of this service still holds it (pid 42)");
+    expect(port?.detail({ ...base, cause: own })).toContain("`engine services restart web2`");
     expect(port?.detail({ ...base, declaredPort: 8000, cause: held })).toContain("`engine services update web2 --port 8001`");
     const outside = cause({
       class: "port_in_use",
