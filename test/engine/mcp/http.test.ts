@@ -2,7 +2,9 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Diagnosis, LogLine, ServiceRecord } from "../../../src/contract/engine";
-import { TOOLS } from "../../../src/engine/mcp";
+import { McpEndpoint, TOOLS } from "../../../src/engine/mcp";
+import { AppError } from "../../../src/lib/errors";
+import { createLogger } from "../../../src/lib/logger";
 import { createToken, eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { connectHttp, ERAS, structured, toolError } from "./harness";
 
@@ -350,6 +352,44 @@ describe("/mcp over HTTP", () => {
     const response = await post({ authorization: `Bearer ${secrets.admin}` }, initialize, "/mcp?toolsets=containers");
     expect(response.status).toBe(400);
     expect(((await response.json()) as { error: { message: string } }).error.message).toContain("services, logs, gpu, templates, db");
+  });
+
+  test("the machine's names, ENGINE_MCP_ALLOWED_HOSTS and the listen address are allowed hosts; others are not", async () => {
+    const endpoint = new McpEndpoint({
+      tokens: {
+        authenticate: () => {
+          throw new AppError("unauthenticated", "no token");
+        },
+      },
+      dispatch: () => new Response(null, { status: 500 }),
+      log: createLogger({ level: "silent", stdout: false }).log,
+      clock: { now: () => new Date() },
+      version: "test",
+      hostname: "box",
+      listenHost: "gpu-box.lan",
+      allowedHosts: ["gpu.example.com"],
+    });
+    endpoint.start();
+    try {
+      const status = async (host: string) =>
+        (await endpoint.fetch(new Request("http://x/mcp", { method: "POST", headers: { host } }))).status;
+      for (const host of [
+        "box",
+        "box.local:9321",
+        "gpu.example.com",
+        "GPU.example.com:443",
+        "gpu-box.lan:9321",
+        "[fd00::1]:9321",
+        "localhost",
+      ]) {
+        expect({ host, status: await status(host) }).toEqual({ host, status: 401 });
+      }
+      for (const host of ["evil.example", "box.evil.example", "gpu.example.com.evil.example", "localhost.evil.example"]) {
+        expect({ host, status: await status(host) }).toEqual({ host, status: 403 });
+      }
+    } finally {
+      await endpoint.stop();
+    }
   });
 
   test("/mcp and /.well-known/* are outside the API contract: /api/openapi.json lists neither", async () => {
