@@ -186,6 +186,56 @@ describe.each(ERAS)("over /mcp, protocol %s", (era) => {
     }
   });
 
+  test("every reading tool answers structured content that fits its output schema", async () => {
+    const session = await connectHttp(engine.url, secrets.readonly, era);
+    try {
+      const calls: [string, Record<string, unknown>][] = [
+        ["show_service", { service: "sleeper" }],
+        ["list_templates", {}],
+        ["show_template", { template_id: "vllm" }],
+        ["gpus", {}],
+        ["proxy_status", {}],
+      ];
+      for (const [name, args] of calls) {
+        const result = await session.client.callTool({ name, arguments: args });
+        expect({ name, isError: result.isError ?? false, structured: typeof result.structuredContent }).toEqual({
+          name,
+          isError: false,
+          structured: "object",
+        });
+      }
+      const template = structured<{ id: string; env_schema: unknown[] }>(
+        await session.client.callTool({ name: "show_template", arguments: { template_id: "vllm" } }),
+      );
+      expect(template.id).toBe("vllm");
+    } finally {
+      await session.close();
+    }
+  });
+
+  test("a scoped submitter operates the service in its scope: pause, resume, restart, stop, start", async () => {
+    const session = await connectHttp(engine.url, secrets.scoped, era);
+    try {
+      const call = async (name: string) =>
+        structured<ServiceRecord>(await session.client.callTool({ name, arguments: { service: "mine" } }));
+      expect((await call("pause_service")).status).toBe("paused");
+      expect((await call("resume_service")).status).toBe("running");
+      await call("restart_service");
+      await eventually(async () => (await engine.json<ServiceRecord>("GET", "/api/services/mine")).body.status === "running", {
+        timeoutMs: 15_000,
+      });
+      expect((await call("stop_service")).desired_state).toBe("stopped");
+      expect((await call("start_service")).desired_state).toBe("running");
+      await eventually(async () => (await engine.json<ServiceRecord>("GET", "/api/services/mine")).body.status === "running", {
+        timeoutMs: 15_000,
+      });
+      const outside = toolError(await session.client.callTool({ name: "stop_service", arguments: { service: "sleeper" } }));
+      expect(outside.error?.code).toBe("out_of_scope");
+    } finally {
+      await session.close();
+    }
+  }, 45_000);
+
   test("query parameters narrow the list: read_only, toolsets, disable_destructive", async () => {
     const cases: [string, string[]][] = [
       ["?read_only=true", ["list_services", "show_service", "diagnose", "logs", "list_templates", "show_template", "gpus", "proxy_status"]],
