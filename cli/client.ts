@@ -58,6 +58,21 @@ export class EngineClient {
   }
 
   /**
+   * exchange sends one request and answers its status and JSON body whatever the status, for
+   * callers that report the engine's refusals themselves (`engine mcp` hands them to the
+   * assistant as they are). It throws only when the engine cannot be reached.
+   */
+  async exchange(method: string, path: string, body?: unknown): Promise<{ status: number; body: unknown }> {
+    const response = await this.#send(method, path, { body, accept: "application/json" });
+    const text = await response.text();
+    try {
+      return { status: response.status, body: text.length > 0 ? JSON.parse(text) : undefined };
+    } catch {
+      throw new CliError(`the engine answered ${response.status} with a body that is not JSON`);
+    }
+  }
+
+  /**
    * events reads a text/event-stream from `path` and yields its events until the engine closes
    * the stream or `signal` aborts; comments (keep-alives) are skipped. A non-2xx answer throws
    * the same CliError that request would.

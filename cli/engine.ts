@@ -6,6 +6,7 @@ import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
 import { registerDaemon } from "./commands/daemon";
 import { registerLink } from "./commands/link";
+import { registerMcp } from "./commands/mcp";
 import { registerRestore } from "./commands/restore";
 import { registerServe } from "./commands/serve";
 import { registerServices } from "./commands/services";
@@ -39,6 +40,7 @@ export function buildProgram(): Command {
   registerTls(program, output);
   registerLink(program, output);
   registerUi(program, client, output);
+  registerMcp(program, client);
 
   program
     .command("version")

@@ -36,6 +36,8 @@ export interface EngineConfig {
   workloadEnv: Record<string, string | undefined>;
   /** proxy configures the reverse proxy: its listeners, processes, ACME and mDNS. */
   proxy: ProxyConfig;
+  /** mcpAllowedHosts are further host names `/mcp` answers to (ENGINE_MCP_ALLOWED_HOSTS), beyond the local ones. */
+  mcpAllowedHosts: string[];
 }
 
 /** ProxyConfig is the reverse proxy's part of the configuration. */
@@ -99,6 +101,7 @@ export interface ConfigInput {
   acmeEabKid?: string;
   acmeEabHmac?: string;
   acmeCaFile?: string;
+  mcpAllowedHosts?: string;
 }
 
 export const DEFAULT_PORT = 9321;
@@ -197,6 +200,7 @@ export function configFromEnv(env: Record<string, string | undefined> = process.
     acmeEabKid: env.ENGINE_ACME_EAB_KID || undefined,
     acmeEabHmac: env.ENGINE_ACME_EAB_HMAC || undefined,
     acmeCaFile: env.ENGINE_ACME_CA_FILE || undefined,
+    mcpAllowedHosts: env.ENGINE_MCP_ALLOWED_HOSTS || undefined,
   };
 }
 
@@ -316,5 +320,21 @@ export function resolveConfig(flags: ConfigInput, env: ConfigInput = configFromE
     cgroups: merged.cgroups ?? true,
     workloadEnv: merged.workloadEnv ?? { ...process.env },
     proxy: resolveProxy(merged),
+    mcpAllowedHosts: resolveMcpAllowedHosts(merged.mcpAllowedHosts),
   };
+}
+
+/** resolveMcpAllowedHosts reads ENGINE_MCP_ALLOWED_HOSTS: comma-separated host names, without ports. */
+function resolveMcpAllowedHosts(raw: string | undefined): string[] {
+  if (raw === undefined) return [];
+  const hosts = raw
+    .split(",")
+    .map((host) => host.trim().toLowerCase())
+    .filter((host) => host !== "");
+  for (const host of hosts) {
+    if (!/^(\[[0-9a-f:.]+\]|[a-z0-9]([a-z0-9.-]*[a-z0-9])?)$/.test(host)) {
+      throw invalid("mcp_allowed_hosts", "must be comma-separated host names (no scheme, no port)", raw);
+    }
+  }
+  return hosts;
 }

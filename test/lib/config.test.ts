@@ -64,8 +64,19 @@ describe("config", () => {
     [{ host: "bad host" }, "config: host"],
     [{ logLevel: "verbose" }, "config: log_level"],
     [{ dataDir: `/tmp/${"d".repeat(120)}` }, "config: data_dir"],
+    [{ mcpAllowedHosts: "https://gpu.example.com" }, "config: mcp_allowed_hosts"],
+    [{ mcpAllowedHosts: "gpu.example.com:9321" }, "config: mcp_allowed_hosts"],
   ])("%p is refused naming the field", (input, message) => {
     expect(() => resolveConfig(input, {})).toThrow(message);
+  });
+
+  test("ENGINE_MCP_ALLOWED_HOSTS names hosts /mcp answers to, lower-cased", () => {
+    expect(resolveConfig({}, {}).mcpAllowedHosts).toEqual([]);
+    expect(resolveConfig({}, { mcpAllowedHosts: "GPU.example.com, box ,[fd00::1]" }).mcpAllowedHosts).toEqual([
+      "gpu.example.com",
+      "box",
+      "[fd00::1]",
+    ]);
   });
 
   test("a bad ENGINE_ADMIN_TOKEN is refused without echoing it", () => {

@@ -6,7 +6,7 @@ import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
-import { lastResortResponse } from "../../lib/http";
+import { lastResortResponse, pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
@@ -14,6 +14,7 @@ import { bootstrapAdminToken, TokenStore } from "../auth";
 import { firstUnreachable, lookupUser } from "../databases";
 import { GpuInventory } from "../gpu";
 import { IdentityStore, loadSecretKey, MetadataRefresher, VcsTokenStore } from "../link";
+import { McpEndpoint } from "../mcp";
 import { MdnsPublisher } from "../mdns";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
@@ -503,7 +504,23 @@ async function startIn(
       ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
-    const tcp = listen(config, log, (request) => api.app.handle(withRoutableUrl(request)));
+    // MCP for assistants lives beside the API on its port, outside /api and its contract
+    // (decision 200): its tool calls go into the API app in-process, as the caller.
+    const mcp = new McpEndpoint({
+      tokens,
+      dispatch: (request) => api.app.handle(request),
+      log,
+      clock,
+      version: VERSION,
+      hostname: config.proxy.hostname,
+      listenHost: config.host,
+      allowedHosts: config.mcpAllowedHosts,
+    });
+    mcp.start();
+    cleanups.push(() => mcp.stop());
+    const tcp = listen(config, log, (request) =>
+      mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request)),
+    );
     const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${tcp.port ?? config.port}`;
     cleanups.push(() => tcp.stop(true));

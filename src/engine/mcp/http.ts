@@ -1,0 +1,327 @@
+import { isIP } from "node:net";
+import {
+  type AuthInfo,
+  createMcpHandler,
+  isLegacyRequest,
+  type McpHttpHandler,
+  type ServerContext,
+  validateHostHeader,
+  validateOriginHeader,
+  WebStandardStreamableHTTPServerTransport,
+} from "@modelcontextprotocol/server";
+import type { Clock } from "../../lib/clock";
+import { isAppError } from "../../lib/errors";
+import type { Logger } from "../../lib/logger";
+import type { Principal, TokenStore } from "../auth";
+import type { ApiTransport } from "./context";
+import { FilterError, filtersFromQuery, type McpFilters } from "./filters";
+import { OperationBook } from "./operations";
+import { buildMcpServer, type Caller, compiledTools } from "./server";
+
+/** MCP_PATH is where the engine serves MCP over Streamable HTTP. */
+export const MCP_PATH = "/mcp";
+/** PROTECTED_RESOURCE_PATHS serve RFC 9728 metadata: path-inserted for /mcp (§3.1), and at the root. */
+export const PROTECTED_RESOURCE_PATHS = ["/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-protected-resource"];
+
+/** MAX_BODY_BYTES bounds a POST to /mcp as the API bounds its bodies (decision 141). */
+const MAX_BODY_BYTES = 1024 * 1024;
+/** SESSION_IDLE_MS ends a 2025-11-25 session nobody used for this long. */
+const SESSION_IDLE_MS = 30 * 60_000;
+/** MAX_SESSIONS bounds the 2025-11-25 sessions held; the least recently used goes first. */
+const MAX_SESSIONS = 256;
+
+export interface McpEndpointOptions {
+  tokens: Pick<TokenStore, "authenticate">;
+  /** dispatch hands a request to the engine's API app in-process (api.app.handle). */
+  dispatch: (request: Request) => Response | Promise<Response>;
+  log: Logger;
+  clock: Clock;
+  version: string;
+  /** hostname is the machine's short name: `<hostname>` and `<hostname>.local` are allowed hosts. */
+  hostname: string;
+  /** listenHost is the API's listen address; a name (not a wildcard) is an allowed host too. */
+  listenHost: string;
+  /** allowedHosts are further names the endpoint answers to (ENGINE_MCP_ALLOWED_HOSTS). */
+  allowedHosts: readonly string[];
+}
+
+interface LegacySession {
+  transport: WebStandardStreamableHTTPServerTransport;
+  owner: string;
+  lastSeen: number;
+}
+
+/** CallerInfo rides in AuthInfo.extra from the bearer check to the tool call. */
+interface CallerInfo {
+  authorization: string;
+  owner: string;
+}
+
+/**
+ * McpEndpoint serves `/mcp` on the API's port, and the protected-resource metadata beside it.
+ *
+ * A request is checked in this order: its Host (a name this machine answers to, or an IP
+ * literal: DNS rebinding needs a name) and its Origin (none, this engine's own, or a local
+ * one), then its bearer token (the engine's own tokens; 401 with the RFC 9728 challenge).
+ * Then it is served in the era it speaks: 2026-07-28 (a `_meta` envelope on every request,
+ * stateless) by the SDK's per-request handler, 2025-11-25 (initialize, then Mcp-Session-Id)
+ * by a session of its own, bound to the token that opened it. Every tool call runs as the
+ * token of the request that carries it, through the API app in-process.
+ *
+ * start() and stop() follow the modules' lifecycle: stop() ends every session.
+ */
+export class McpEndpoint {
+  readonly #o: McpEndpointOptions;
+  readonly #operations: OperationBook;
+  readonly #sessions = new Map<string, LegacySession>();
+  readonly #namedHosts: string[];
+  #modern: McpHttpHandler | undefined;
+  #sweeper: ReturnType<typeof setInterval> | undefined;
+
+  constructor(options: McpEndpointOptions) {
+    this.#o = options;
+    this.#operations = new OperationBook(options.clock);
+    const listen = options.listenHost.replace(/^\[|\]$/g, "");
+    this.#namedHosts = [
+      "localhost",
+      "127.0.0.1",
+      "[::1]",
+      options.hostname,
+      `${options.hostname}.local`,
+      ...(listen === "0.0.0.0" || listen === "::" ? [] : [isIP(listen) === 6 ? `[${listen}]` : listen]),
+      ...options.allowedHosts,
+    ].map((host) => host.toLowerCase());
+  }
+
+  /** start checks the tool table, compiles its schemas, and begins ending idle sessions. */
+  start(): void {
+    compiledTools();
+    this.#modern = createMcpHandler((ctx) => this.#server(ctx.requestInfo, "modern"), {
+      legacy: "reject",
+      maxRequestBodySize: MAX_BODY_BYTES,
+      onerror: (error) => this.#o.log.debug({ err: error.message }, "MCP request refused"),
+    });
+    this.#sweeper = setInterval(() => this.#sweep(), 60_000);
+    this.#sweeper.unref?.();
+  }
+
+  /** stop ends every session and in-flight exchange; it is safe after a partial start and twice. */
+  async stop(): Promise<void> {
+    if (this.#sweeper) clearInterval(this.#sweeper);
+    this.#sweeper = undefined;
+    const sessions = [...this.#sessions.values()];
+    this.#sessions.clear();
+    await Promise.all(sessions.map((session) => session.transport.close().catch(() => undefined)));
+    await this.#modern?.close().catch(() => undefined);
+    this.#modern = undefined;
+  }
+
+  /** handles says whether a request is this endpoint's: `/mcp` and the metadata documents. */
+  handles(path: string): boolean {
+    return path === MCP_PATH || PROTECTED_RESOURCE_PATHS.includes(path);
+  }
+
+  async fetch(request: Request): Promise<Response> {
+    const url = new URL(request.url);
+    const refused = this.#checkHost(request) ?? this.#checkOrigin(request);
+    if (refused) return refused;
+    if (url.pathname !== MCP_PATH) return this.#metadata(request, url);
+    if (!this.#modern) return jsonRpcError(503, -32603, "the MCP endpoint is not started");
+
+    let principal: Principal;
+    try {
+      principal = this.#o.tokens.authenticate(request.headers.get("authorization"));
+    } catch (error) {
+      return this.#challenge(url, request.headers.get("authorization") !== null, error);
+    }
+    let filters: McpFilters;
+    try {
+      filters = filtersFromQuery(url.searchParams);
+    } catch (error) {
+      if (error instanceof FilterError) return jsonRpcError(400, -32602, error.message);
+      throw error;
+    }
+    const caller: CallerInfo = {
+      authorization: request.headers.get("authorization") ?? "",
+      owner: principal.tokenId ?? principal.name,
+    };
+    const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller } };
+    if (await isLegacyRequest(request, undefined, { maxRequestBodySize: MAX_BODY_BYTES })) {
+      return this.#legacy(request, authInfo, caller.owner, filters);
+    }
+    return this.#modern.fetch(request, { authInfo });
+  }
+
+  /** #server builds the server for one modern request, or one legacy session, with the URL's filters. */
+  #server(request: Request | undefined, era: "modern" | "legacy", filters?: McpFilters) {
+    return buildMcpServer({
+      version: this.#o.version,
+      filters: filters ?? filtersFromQuery(new URL(request?.url ?? "http://localhost/").searchParams),
+      operations: this.#operations,
+      callerOf: (ctx) => this.#callerOf(ctx, era),
+      now: () => this.#o.clock.now().getTime(),
+      log: this.#o.log,
+    });
+  }
+
+  /** #callerOf reads who calls from the request's auth info: the token of each request, not of the session's first. */
+  #callerOf(ctx: ServerContext, era: string): Caller {
+    const info = ctx.http?.authInfo?.extra?.caller as CallerInfo | undefined;
+    if (!info) throw new Error(`an MCP ${era} call arrived without its caller`);
+    return { transport: this.#transportFor(info.authorization), owner: info.owner };
+  }
+
+  /** #transportFor sends the tool's API calls into the API app with the caller's own Authorization header. */
+  #transportFor(authorization: string): ApiTransport {
+    return async (method, path, body) => {
+      const headers: Record<string, string> = { authorization, accept: "application/json" };
+      if (body !== undefined) headers["content-type"] = "application/json";
+      const response = await this.#o.dispatch(
+        new Request(`http://localhost${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) }),
+      );
+      const text = await response.text();
+      let parsed: unknown;
+      try {
+        parsed = text === "" ? undefined : JSON.parse(text);
+      } catch {
+        parsed = { error: { code: "internal", message: `the API answered ${response.status} with a body that is not JSON` } };
+      }
+      return { status: response.status, body: parsed };
+    };
+  }
+
+  /**
+   * #legacy serves 2025-era traffic with sessions: `initialize` without Mcp-Session-Id opens
+   * one (its own server and transport), later requests name it. A session is bound to the token
+   * that opened it; another token naming it is told the session does not exist.
+   */
+  async #legacy(request: Request, authInfo: AuthInfo, owner: string, filters: McpFilters): Promise<Response> {
+    const id = request.headers.get("mcp-session-id");
+    const now = Date.now();
+    if (id !== null) {
+      const session = this.#sessions.get(id);
+      if (!session || session.owner !== owner) return jsonRpcError(404, -32001, "Session not found");
+      session.lastSeen = now;
+      return session.transport.handleRequest(request, { authInfo });
+    }
+    const transport: WebStandardStreamableHTTPServerTransport = new WebStandardStreamableHTTPServerTransport({
+      sessionIdGenerator: () => crypto.randomUUID(),
+      maxRequestBodySize: MAX_BODY_BYTES,
+      onsessioninitialized: (sessionId) => {
+        this.#evictForRoom();
+        this.#sessions.set(sessionId, { transport, owner, lastSeen: Date.now() });
+      },
+      onsessionclosed: (sessionId) => {
+        this.#sessions.delete(sessionId);
+      },
+    });
+    await this.#server(request, "legacy", filters).connect(transport);
+    const response = await transport.handleRequest(request, { authInfo });
+    // Anything but an initialize opened no session: nothing holds this transport, so close it.
+    if (transport.sessionId === undefined) await transport.close().catch(() => undefined);
+    return response;
+  }
+
+  #evictForRoom(): void {
+    while (this.#sessions.size >= MAX_SESSIONS) {
+      let oldest: [string, LegacySession] | undefined;
+      for (const entry of this.#sessions) if (!oldest || entry[1].lastSeen < oldest[1].lastSeen) oldest = entry;
+      if (!oldest) return;
+      this.#sessions.delete(oldest[0]);
+      void oldest[1].transport.close().catch(() => undefined);
+    }
+  }
+
+  #sweep(): void {
+    const cutoff = Date.now() - SESSION_IDLE_MS;
+    for (const [id, session] of this.#sessions) {
+      if (session.lastSeen >= cutoff) continue;
+      this.#sessions.delete(id);
+      void session.transport.close().catch(() => undefined);
+    }
+  }
+
+  /**
+   * #checkHost refuses a Host this machine does not answer to (DNS rebinding: a page on
+   * evil.example whose name now resolves to 127.0.0.1 sends `Host: evil.example`). An IP
+   * literal is allowed: no name, no rebinding.
+   */
+  #checkHost(request: Request): Response | undefined {
+    const header = request.headers.get("host");
+    const result = validateHostHeader(header, this.#namedHosts);
+    if (result.ok) return undefined;
+    if (result.errorCode === "invalid_host" && result.hostname && isIP(result.hostname.replace(/^\[|\]$/g, "")) !== 0) return undefined;
+    return jsonRpcError(
+      403,
+      -32000,
+      `${result.message}: this engine answers to ${this.#namedHosts.join(", ")} or an IP address (ENGINE_MCP_ALLOWED_HOSTS adds names)`,
+    );
+  }
+
+  /**
+   * #checkOrigin refuses a browser page of another site: an Origin must be absent (assistants
+   * are not browsers), this engine's own origin, or a local name.
+   */
+  #checkOrigin(request: Request): Response | undefined {
+    const origin = request.headers.get("origin");
+    if (origin === null || origin === "") return undefined;
+    const host = request.headers.get("host");
+    try {
+      if (host !== null && new URL(origin).host === host.toLowerCase()) return undefined;
+    } catch {
+      // unparsable: validateOriginHeader says so below
+    }
+    const result = validateOriginHeader(origin, this.#namedHosts);
+    if (result.ok) return undefined;
+    return jsonRpcError(403, -32000, `${result.message}: a browser page of another site may not call this engine`);
+  }
+
+  /** #resourceOf is this endpoint's URL as the client reached it (its Host was checked above). */
+  #resourceOf(url: URL): string {
+    return `${url.protocol}//${url.host}${MCP_PATH}`;
+  }
+
+  /**
+   * #metadata serves RFC 9728 protected-resource metadata. It names no authorization server:
+   * the engine's tokens are made by its admin (`engine tokens create`), not issued by OAuth;
+   * an assistant is configured with one as a bearer token.
+   */
+  #metadata(request: Request, url: URL): Response {
+    const cors = { "access-control-allow-origin": "*", "access-control-allow-methods": "GET, OPTIONS" };
+    if (request.method === "OPTIONS") return new Response(null, { status: 204, headers: cors });
+    if (request.method !== "GET" && request.method !== "HEAD") {
+      return new Response(null, { status: 405, headers: { ...cors, allow: "GET, OPTIONS" } });
+    }
+    return Response.json(
+      {
+        resource: this.#resourceOf(url),
+        bearer_methods_supported: ["header"],
+        resource_name: `engine on ${this.#o.hostname}`,
+        resource_documentation: `${url.protocol}//${url.host}/api/docs`,
+      },
+      { headers: { ...cors, "cache-control": "max-age=300" } },
+    );
+  }
+
+  /**
+   * #challenge answers a request without a usable token: 401 with `WWW-Authenticate: Bearer
+   * resource_metadata="…"` (RFC 9728 §5.1), and `error="invalid_token"` when a credential was
+   * sent but is not valid (RFC 6750 §3.1: no error code when none was sent).
+   */
+  #challenge(url: URL, presented: boolean, error: unknown): Response {
+    const metadata = `${url.protocol}//${url.host}${PROTECTED_RESOURCE_PATHS[0]}`;
+    const code = isAppError(error) ? error.code : "invalid_token";
+    const message = error instanceof Error ? error.message : "the bearer token is not valid";
+    const parameters = [`resource_metadata="${metadata}"`];
+    if (presented) parameters.push(`error="invalid_token"`, `error_description="${message.replaceAll('"', "'")}"`);
+    return Response.json(
+      { error: presented ? "invalid_token" : "unauthorized", error_description: message, code },
+      { status: 401, headers: { "www-authenticate": `Bearer ${parameters.join(", ")}` } },
+    );
+  }
+}
+
+/** jsonRpcError is a transport-level refusal in the JSON-RPC shape MCP clients read. */
+function jsonRpcError(status: number, code: number, message: string): Response {
+  return Response.json({ jsonrpc: "2.0", error: { code, message }, id: null }, { status });
+}
