@@ -64,6 +64,12 @@ export interface CloudConfig {
   /** rateLimits keeps token buckets in this process (one replica) or in the database (several). */
   rateLimits: "memory" | "database";
   oidc: OidcConfig | null;
+  /**
+   * cimdAllowLoopback lets an assistant's client id be a metadata document on a loopback
+   * address, over plain http too (ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK=1). For tests and
+   * development only: a console on the internet must never fetch from its own machine.
+   */
+  cimdAllowLoopback: boolean;
 }
 
 /** CloudConfigInput is what flags and the environment may set; every field is optional. */
@@ -94,6 +100,8 @@ export interface CloudConfigInput {
   oidcAuthMethod?: string;
   /** oidcSocialProviders is a comma-separated list of SOCIAL_PROVIDERS (or the list itself). */
   oidcSocialProviders?: string | readonly string[];
+  /** cimdAllowLoopback is ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK: `1`/`true` or `0`/`false` (tests and development only). */
+  cimdAllowLoopback?: string | boolean;
 }
 
 export const DEFAULT_CLOUD_PORT = 8787;
@@ -123,6 +131,7 @@ export function cloudConfigFromEnv(env: Record<string, string | undefined> = pro
     oidcCaFile: env.ENGINE_CLOUD_OIDC_CA_FILE || undefined,
     oidcAuthMethod: env.ENGINE_CLOUD_OIDC_AUTH_METHOD || undefined,
     oidcSocialProviders: env.ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS || undefined,
+    cimdAllowLoopback: env.ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK || undefined,
   };
 }
 
@@ -203,6 +212,15 @@ function resolveTrustedProxies(merged: CloudConfigInput): ProxyList {
   }
 }
 
+/** resolveFlag reads an on/off setting: a boolean, or `1`/`true`/`0`/`false`; unset is off. */
+function resolveFlag(field: string, raw: string | boolean | undefined): boolean {
+  if (raw === undefined || typeof raw === "boolean") return raw ?? false;
+  const value = raw.trim().toLowerCase();
+  if (value === "1" || value === "true") return true;
+  if (value === "0" || value === "false") return false;
+  throw invalid(field, "must be 1, true, 0 or false", raw);
+}
+
 /**
  * resolveCloudConfig merges flags over the environment over defaults and validates the result,
  * failing with the name of the first bad field.
@@ -249,5 +267,6 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
     sessionAbsoluteMs: positiveInteger("session_absolute_days", merged.sessionAbsoluteDays ?? 30, 1, 365) * 86_400_000,
     rateLimits,
     oidc: resolveOidc(merged),
+    cimdAllowLoopback: resolveFlag("cimd_allow_loopback", merged.cimdAllowLoopback),
   };
 }

@@ -209,3 +209,90 @@ export const NodeView = t.Object({
   last_seen_at: t.Union([DateTime, t.Null()]),
 });
 export const NodesView = t.Object({ nodes: t.Array(NodeView) }, { $id: "NodesView" });
+
+// ---- assistants (issue 14): the consent's context and decision, the connector, the account's grants
+
+/** AssistantScopeName is a scope an assistant may be granted; `engine:operate` includes `engine:read`. */
+export const AssistantScopeName = t.Union([t.Literal("engine:read"), t.Literal("engine:operate")]);
+/** AssistantAccess is what the person grants at consent: reading only, or operating. */
+export const AssistantAccess = t.Union([t.Literal("read"), t.Literal("operate")]);
+/** AssistantName is one of the three assistants the console pre-registers. */
+export const AssistantName = t.Union([t.Literal("claude"), t.Literal("chatgpt"), t.Literal("cursor")]);
+
+export const AuthorizeContextQuery = t.Object({ rid: t.String({ minLength: 1, maxLength: 512 }) });
+/** AssistantNodeView is a machine a grant can reach, as the consent and connector show it (hostname unverified). */
+export const AssistantNodeView = t.Object({ id: t.String(), slug: t.String(), hostname: t.String() });
+export const AuthorizeContextView = t.Object(
+  {
+    rid: t.String(),
+    client: t.Object({
+      client_id: t.String(),
+      kind: t.Union([t.Literal("registered"), t.Literal("metadata_document"), t.Literal("dynamic")]),
+      /** label names the client by what the console can vouch for: its pre-registered name, its client id's host, or where its answers go. */
+      label: t.String(),
+      /** declared_name is what the client calls itself: unverified. */
+      declared_name: t.String(),
+      verified: t.Boolean(),
+    }),
+    redirect_uri: t.String(),
+    redirect_host: t.String(),
+    /** redirect_local_only is true when the answer stays on the person's machine (loopback or an app's own scheme). */
+    redirect_local_only: t.Boolean(),
+    scopes: t.Array(AssistantScopeName),
+    access_offered: t.Array(AssistantAccess),
+    resource: t.String(),
+    nodes: t.Array(AssistantNodeView),
+    expires_at: DateTime,
+  },
+  { $id: "AuthorizeContextView" },
+);
+export const AuthorizeDecisionRequest = t.Object(
+  {
+    rid: t.String({ minLength: 1, maxLength: 512 }),
+    approve: t.Boolean(),
+    /** access is what an approval grants (default read). */
+    access: t.Optional(AssistantAccess),
+    /** node_ids are the machines an approval reaches; absent or null: every machine of the account, later ones included. */
+    node_ids: t.Optional(t.Union([t.Array(t.String({ minLength: 1, maxLength: 64 }), { maxItems: 100 }), t.Null()])),
+  },
+  { $id: "AuthorizeDecisionRequest" },
+);
+export const AuthorizeDecisionView = t.Object(
+  {
+    /** redirect_to is where the browser goes: the assistant's redirect URI with `code`, `state` and `iss`, or `error=access_denied`. */
+    redirect_to: t.String(),
+    approved: t.Boolean(),
+  },
+  { $id: "AuthorizeDecisionView" },
+);
+export const ConnectorQuery = t.Object({ client_id: t.Optional(AssistantName) });
+export const ConnectorView = t.Object(
+  {
+    assistant: t.Union([AssistantName, t.Null()]),
+    /** mcp_url is the console's MCP endpoint to give the assistant; null with the refusal. */
+    mcp_url: t.Union([t.String(), t.Null()]),
+    /** client_id is the console's registered client id for the named assistant; null without one or with the refusal. */
+    client_id: t.Union([t.String(), t.Null()]),
+    nodes: t.Array(AssistantNodeView),
+    /** refusal is set (`entitlement_required`) when the account may not authorize assistants; then nothing else is. */
+    refusal: t.Union([t.Object({ code: t.String(), message: t.String() }), t.Null()]),
+  },
+  { $id: "ConnectorView" },
+);
+export const AssistantGrantView = t.Object({
+  id: t.String(),
+  client_id: t.String(),
+  client_label: t.String(),
+  redirect_host: t.String(),
+  scopes: t.Array(AssistantScopeName),
+  access: AssistantAccess,
+  /** node_ids are the machines the grant reaches; null: every machine of the account. */
+  node_ids: t.Union([t.Array(t.String()), t.Null()]),
+  created_at: DateTime,
+  last_used_at: t.Union([DateTime, t.Null()]),
+  revoked: t.Boolean(),
+  revoked_at: t.Union([DateTime, t.Null()]),
+  revoked_reason: t.Union([t.String(), t.Null()]),
+});
+export const AssistantGrantsView = t.Object({ grants: t.Array(AssistantGrantView) }, { $id: "AssistantGrantsView" });
+export const AssistantGrantIdParams = t.Object({ grant_id: t.String({ minLength: 1, maxLength: 64 }) });

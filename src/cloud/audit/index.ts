@@ -12,7 +12,10 @@ export type AuditAction =
   | "preauth_key.revoked"
   | "preauth_key.enrolled"
   | "session.logout_all"
-  | "managed.deleted";
+  | "managed.deleted"
+  | "assistant.authorized"
+  | "assistant.denied"
+  | "assistant.revoked";
 
 /** AuditEntry is one row to write. `details` must never hold a secret's plaintext: ids, counts and labels only. */
 export interface AuditEntry {

@@ -150,4 +150,81 @@ export const MIGRATIONS: Migration[] = [
     // (localhost vs 127.0.0.1: no binding cookie there) can say so. Null for older rows.
     statements: () => ["ALTER TABLE login_attempts ADD COLUMN started_origin TEXT"],
   },
+  {
+    id: "2026-11-23-20-oauth-assistants",
+    // The authorization server for assistants (src/cloud/oauth). Every secret is a SHA-256
+    // digest: the pending request's rid, the authorization code, access and refresh tokens.
+    statements: () => [
+      // Clients that registered themselves (RFC 7591). `metadata_digest` de-duplicates a
+      // repeated identical registration; unused ones are swept.
+      `CREATE TABLE oauth_clients (
+        id TEXT PRIMARY KEY,
+        metadata_digest TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL DEFAULT '',
+        redirect_uris TEXT NOT NULL,
+        metadata TEXT NOT NULL DEFAULT '{}',
+        created_at BIGINT NOT NULL,
+        last_used_at BIGINT NOT NULL
+      )`,
+      // Pending authorizations: created by /oauth/authorize, read by context, decided once.
+      `CREATE TABLE oauth_requests (
+        id TEXT PRIMARY KEY,
+        rid_digest TEXT NOT NULL UNIQUE,
+        client_id TEXT NOT NULL,
+        client_kind TEXT NOT NULL,
+        client_label TEXT NOT NULL,
+        client_name TEXT NOT NULL DEFAULT '',
+        redirect_uri TEXT NOT NULL,
+        state TEXT,
+        code_challenge TEXT NOT NULL,
+        scopes TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        decided_at BIGINT,
+        decision TEXT,
+        account_id TEXT
+      )`,
+      "CREATE INDEX oauth_requests_expiry ON oauth_requests (expires_at)",
+      // A grant is one consent: the account, the client, the scopes and nodes the person chose,
+      // and its single-use code (digest, PKCE challenge, redirect). Revoking it ends every token.
+      `CREATE TABLE oauth_grants (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        client_id TEXT NOT NULL,
+        client_label TEXT NOT NULL,
+        redirect_uri TEXT NOT NULL,
+        scopes TEXT NOT NULL,
+        node_ids TEXT,
+        resource TEXT NOT NULL,
+        code_digest TEXT NOT NULL UNIQUE,
+        code_challenge TEXT NOT NULL,
+        code_expires_at BIGINT NOT NULL,
+        code_used_at BIGINT,
+        created_at BIGINT NOT NULL,
+        last_used_at BIGINT,
+        revoked_at BIGINT,
+        revoked_reason TEXT
+      )`,
+      "CREATE INDEX oauth_grants_account ON oauth_grants (account_id, created_at)",
+      // Access and refresh tokens of a grant. A refresh token's `parent_id` is the one it was
+      // rotated from; `used_at` is when it was itself rotated (the reuse policy reads both).
+      `CREATE TABLE oauth_tokens (
+        id TEXT PRIMARY KEY,
+        digest TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        grant_id TEXT NOT NULL REFERENCES oauth_grants(id) ON DELETE CASCADE,
+        client_id TEXT NOT NULL,
+        scopes TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        parent_id TEXT,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        used_at BIGINT,
+        revoked_at BIGINT
+      )`,
+      "CREATE INDEX oauth_tokens_grant ON oauth_tokens (grant_id)",
+      "CREATE INDEX oauth_tokens_expiry ON oauth_tokens (expires_at)",
+    ],
+  },
 ];

@@ -31,6 +31,12 @@ export const LIMITS = {
   decideByAccount: { name: "approval.account", burst: 10, perMinute: 1 / 6 },
   decideBySource: { name: "approval.source", burst: 20, perMinute: 1 / 3, byAddress: true },
   authorizeBySession: { name: "authorize.session", burst: 60, perMinute: 60 },
+  authorizeBySource: { name: "authorize.source", burst: 120, perMinute: 120, byAddress: true },
+  // The assistants' OAuth endpoints outside /api (docs/decisions.md 231): each writes a row or
+  // fetches a metadata document, so each source is bounded.
+  oauthAuthorizeBySource: { name: "oauth.authorize.source", burst: 60, perMinute: 60, byAddress: true },
+  oauthTokenBySource: { name: "oauth.token.source", burst: 120, perMinute: 120, byAddress: true },
+  oauthRegisterBySource: { name: "oauth.register.source", burst: 20, perMinute: 10, byAddress: true },
   preauthBySource: { name: "preauth.source", burst: 20, perMinute: 20, byAddress: true },
   preauthByKey: { name: "preauth.key", burst: 20, perMinute: 20 },
   loginBySource: { name: "login.source", burst: 30, perMinute: 30, byAddress: true },

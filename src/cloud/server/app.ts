@@ -20,6 +20,7 @@ const CLOUD_TAGS = [
   { name: "preauth-keys", description: "Keys that link an engine without a browser" },
   { name: "device approvals", description: "Approving or denying an engine's device-flow request" },
   { name: "nodes", description: "The account's linked engines" },
+  { name: "assistants", description: "Authorizing assistants (MCP clients) to reach the account's machines" },
 ];
 
 /** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
@@ -69,6 +70,7 @@ const REFUSED_BODY_LIMITS: Record<string, Limit> = {
   "/api/nodes/device-approvals/lookup": LIMITS.lookupBySource,
   "/api/nodes/device-approvals/approve": LIMITS.decideBySource,
   "/api/nodes/device-approvals/deny": LIMITS.decideBySource,
+  "/api/oauth/authorize/decision": LIMITS.authorizeBySource,
 };
 
 /**

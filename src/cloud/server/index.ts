@@ -13,6 +13,7 @@ import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import { Database } from "../db";
 import { NodeStore } from "../nodes";
+import { sweepAssistantRows } from "../oauth";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
 import { buildCloudApp, type CloudRoutes } from "./app";
 import type { CloudDeps } from "./deps";
@@ -113,9 +114,13 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
           const devices = await db.sql`DELETE FROM device_requests WHERE expires_at < ${now - KEEP_EXPIRED_MS} RETURNING id`;
           const codes = await db.sql`DELETE FROM link_codes WHERE expires_at < ${now - KEEP_EXPIRED_MS} RETURNING id`;
           const logins = await db.sql`DELETE FROM login_attempts WHERE expires_at < ${now} RETURNING id`;
-          const removed = sessions + devices.length + codes.length + logins.length;
+          const assistants = await sweepAssistantRows(db, now);
+          const removed = sessions + devices.length + codes.length + logins.length + Object.values(assistants).reduce((a, b) => a + b, 0);
           if (removed > 0)
-            log.info({ sessions, device_requests: devices.length, link_codes: codes.length, logins: logins.length }, "swept");
+            log.info(
+              { sessions, device_requests: devices.length, link_codes: codes.length, logins: logins.length, assistants },
+              "swept",
+            );
         } catch (error) {
           log.warn({ err: (error as Error).message }, "sweep failed; retrying next round");
         }

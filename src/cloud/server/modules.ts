@@ -3,6 +3,7 @@ import { signinRoutes } from "../auth";
 import { preauthKeyRoutes } from "../keys/routes";
 import { linkRoutes } from "../link";
 import { nodeRoutes } from "../nodes/routes";
+import { assistantRoutes } from "../oauth";
 import { consolePages } from "../ui";
 import type { CloudRoutes } from "./app";
 
@@ -11,4 +12,12 @@ import type { CloudRoutes } from "./app";
  * composition root mounts them in this order after the routes every role has. `consolePages`
  * serves the browser pages outside /api (issue 7).
  */
-export const API_MODULES: CloudRoutes[] = [signinRoutes, preauthKeyRoutes, linkRoutes, approvalRoutes, nodeRoutes, consolePages];
+export const API_MODULES: CloudRoutes[] = [
+  signinRoutes,
+  preauthKeyRoutes,
+  linkRoutes,
+  approvalRoutes,
+  nodeRoutes,
+  (deps) => assistantRoutes(deps),
+  consolePages,
+];

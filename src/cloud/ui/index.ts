@@ -8,13 +8,16 @@ export { buildConsoleAssets, type ConsoleAssets, consoleAssets } from "./bundle"
  * CONSOLE_PAGES maps each page path outside /api to its page id (the body's `data-page`) and
  * title. Every page is the same shell; the bundled script draws it after checking the session.
  */
-export const CONSOLE_PAGES: Record<string, { page: string; title: string }> = {
+export const CONSOLE_PAGES: Record<string, { page: string; title: string; routedBy?: "oauth" }> = {
   "/signin": { page: "signin", title: "Sign in" },
   "/nodes": { page: "nodes", title: "Nodes" },
   "/link": { page: "link", title: "Approve a device" },
   "/link-codes": { page: "link-codes", title: "Link codes" },
   "/keys": { page: "keys", title: "Pre-authorized keys" },
-  "/oauth/authorize": { page: "consent", title: "Authorize an assistant" },
+  "/assistants": { page: "assistants", title: "Assistants" },
+  // The authorization endpoint shares this path: src/cloud/oauth serves the page when the query
+  // carries only the pending request's `rid`, and handles an assistant's request otherwise.
+  "/oauth/authorize": { page: "consent", title: "Authorize an assistant", routedBy: "oauth" },
 };
 
 /**
@@ -48,7 +51,7 @@ function signInAttributes(deps: CloudDeps): Record<string, string> {
   };
 }
 
-function shell(page: string, title: string, tag: string, attributes: Record<string, string> = {}): string {
+function shell(page: string, title: string, tag: string, attributes: Record<string, string> = {}, content?: string): string {
   const extra = Object.entries(attributes)
     .map(([name, value]) => ` ${name}="${escapeHtml(value)}"`)
     .join("");
@@ -62,9 +65,25 @@ function shell(page: string, title: string, tag: string, attributes: Record<stri
 <script type="module" src="/ui/app.js?v=${tag}"></script>
 </head>
 <body data-page="${escapeHtml(page)}"${extra}>
-<main id="app"><noscript>The engine cloud console needs JavaScript.</noscript></main>
+<main id="app">${content ?? "<noscript>The engine cloud console needs JavaScript.</noscript>"}</main>
 </body>
 </html>`;
+}
+
+/** pageResponse answers a console page's shell (see CONSOLE_PAGES), for the module that routes its path. */
+export async function pageResponse(path: string): Promise<Response> {
+  const { page, title } = CONSOLE_PAGES[path] as { page: string; title: string };
+  return new Response(shell(page, title, (await consoleAssets()).tag), { headers: PAGE_HEADERS });
+}
+
+/**
+ * messagePageResponse answers a page that says one thing and needs no script: an error the
+ * browser must not be sent on from (an assistant's request the console refuses to redirect).
+ * Every text is escaped.
+ */
+export async function messagePageResponse(title: string, paragraphs: string[], status: number): Promise<Response> {
+  const content = `<section class="card narrow"><h1>${escapeHtml(title)}</h1>${paragraphs.map((p) => `<p>${escapeHtml(p)}</p>`).join("")}</section>`;
+  return new Response(shell("message", title, (await consoleAssets()).tag, {}, content), { status, headers: PAGE_HEADERS });
 }
 
 /**
@@ -88,7 +107,8 @@ export function consolePages(deps: CloudDeps) {
         headers: { "content-type": "text/css; charset=utf-8", "cache-control": "public, max-age=31536000, immutable" },
       });
     });
-  for (const [path, { page, title }] of Object.entries(CONSOLE_PAGES)) {
+  for (const [path, { page, title, routedBy }] of Object.entries(CONSOLE_PAGES)) {
+    if (routedBy) continue;
     app = app.get(path, async () => {
       const attributes = page === "signin" ? signInAttributes(deps) : {};
       return new Response(shell(page, title, (await consoleAssets()).tag, attributes), { headers: PAGE_HEADERS });

@@ -100,6 +100,7 @@ function shell(page: string, account: Json, ...content: Child[]): void {
     ["link", "/link", "Approve a device"],
     ["link-codes", "/link-codes", "Link codes"],
     ["keys", "/keys", "Pre-authorized keys"],
+    ["assistants", "/assistants", "Assistants"],
   ];
   const signOut = h(
     "button",
@@ -526,23 +527,242 @@ function alertIn(region: HTMLElement, error: unknown): void {
   region.replaceChildren(notice("error", describeError(error)));
 }
 
+/** consentFailure explains why a pending authorization cannot be shown or decided. */
+function consentFailure(error: unknown): string {
+  if (error instanceof ApiError) {
+    if (error.code === "entitlement_required") {
+      return "Your account does not have remote link, which assistant access needs. Ask the console's operator to enable it; nothing was granted.";
+    }
+    if (error.status === 404) return "This authorization request has expired or does not exist. Start again from the assistant; nothing was granted.";
+    if (error.status === 409) return "This authorization request has already been decided. Start again from the assistant if you need to.";
+  }
+  return describeError(error);
+}
+
 async function consentPage(account: Json): Promise<void> {
   const rid = new URLSearchParams(location.search).get("rid");
+  const heading = h("h1", {}, "Authorize an assistant");
+  if (!rid) {
+    shell("consent", account, heading, notice("info", "Open this page from an assistant's connector: it asks here to reach your machines."));
+    return;
+  }
+  let context: Json;
+  try {
+    context = await api<Json>("GET", `/api/oauth/authorize/context?rid=${encodeURIComponent(rid)}`);
+  } catch (error) {
+    shell("consent", account, heading, notice("error", consentFailure(error)));
+    return;
+  }
+  const client = context.client as Json;
+  const nodes = (context.nodes as Json[]) ?? [];
+  const offered = (context.access_offered as string[]) ?? ["read"];
+  const result = h("div", { "aria-live": "polite" });
+
+  const who =
+    client.kind === "registered"
+      ? h("p", {}, h("strong", { "data-testid": "consent-client" }, String(client.label)), " (registered with this console) asks to reach your machines.")
+      : h(
+          "p",
+          {},
+          h("strong", { "data-testid": "consent-client" }, String(client.label)),
+          client.kind === "metadata_document" ? " (the address that identifies it)" : " (where a self-registered assistant's answers go)",
+          " asks to reach your machines.",
+        );
+  const declared =
+    client.declared_name && client.declared_name !== client.label
+      ? h("p", {}, "It calls itself “", String(client.declared_name), "” ", h("span", { class: "badge" }, "unverified"), ".")
+      : null;
+  const target = h(
+    "p",
+    {},
+    "The answer goes to ",
+    h("code", { "data-testid": "consent-redirect" }, String(context.redirect_host)),
+    ".",
+  );
+  const local = context.redirect_local_only
+    ? h(
+        "p",
+        { class: "warn", "data-testid": "consent-local" },
+        "That is an app on this computer, not a website. Approve only if you started this from an assistant on this computer just now.",
+      )
+    : null;
+
+  const accessChoice = (value: string, label: string, detail: string) =>
+    h(
+      "label",
+      { class: "choice" },
+      h("input", { type: "radio", name: "access", value, checked: value === "read" }),
+      h("span", {}, h("strong", {}, label), ` — ${detail}`),
+    );
+  const access = h(
+    "fieldset",
+    {},
+    h("legend", {}, "What it may do"),
+    accessChoice("read", "Read only", "list services and templates, read logs, see GPUs, diagnose"),
+    offered.includes("operate")
+      ? accessChoice("operate", "Operate", "also deploy, start, stop, restart, remove services and restore databases")
+      : h("p", { class: "empty" }, "The assistant asked to read only."),
+  );
+  const nodeBoxes = nodes.map((node) =>
+    h(
+      "label",
+      { class: "choice" },
+      h("input", { type: "checkbox", name: "node", value: String(node.id) }),
+      h("span", {}, String(node.slug), " — ", String(node.hostname), " ", h("span", { class: "badge" }, "unverified")),
+    ),
+  );
+  const machines = h(
+    "fieldset",
+    {},
+    h("legend", {}, "Which machines"),
+    h(
+      "label",
+      { class: "choice" },
+      h("input", { type: "radio", name: "machines", value: "all", checked: true }),
+      h("span", {}, "All my machines, including ones I link later"),
+    ),
+    nodes.length > 0
+      ? h(
+          "label",
+          { class: "choice" },
+          h("input", { type: "radio", name: "machines", value: "some" }),
+          h("span", {}, "Only the ones I choose:"),
+        )
+      : h("p", { class: "empty" }, "No machines are linked yet."),
+    ...nodeBoxes,
+  );
+
+  const decide = async (approve: boolean) => {
+    const form = document.getElementById("consent") as HTMLFormElement;
+    const chosen = (name: string) => (form.querySelector(`input[name="${name}"]:checked`) as HTMLInputElement | null)?.value;
+    const body: Json = { rid, approve };
+    if (approve) {
+      body.access = chosen("access") ?? "read";
+      if (chosen("machines") === "some") {
+        body.node_ids = Array.from(form.querySelectorAll<HTMLInputElement>('input[name="node"]:checked'), (box) => box.value);
+      }
+    }
+    try {
+      const decision = await api<{ redirect_to: string; approved: boolean }>("POST", "/api/oauth/authorize/decision", body);
+      result.replaceChildren(
+        notice("ok", decision.approved ? "Approved. Returning you to the assistant…" : "Denied. Returning you to the assistant…"),
+      );
+      location.assign(decision.redirect_to);
+    } catch (error) {
+      result.replaceChildren(notice("error", consentFailure(error)));
+    }
+  };
+
   shell(
     "consent",
     account,
-    h("h1", {}, "Authorize an assistant"),
+    heading,
     h(
-      "p",
-      {},
-      "This is where an assistant (an MCP client) asks to reach your account. The page will show which assistant asks, what it may do and for which machines, and let you approve or deny it.",
+      "form",
+      { id: "consent", class: "card", "data-testid": "consent", onsubmit: (event: Event) => event.preventDefault() },
+      who,
+      declared,
+      target,
+      local,
+      access,
+      machines,
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "button", class: "primary", onclick: () => decide(true) }, "Approve"),
+        h("button", { type: "button", class: "danger", onclick: () => decide(false) }, "Deny"),
+      ),
     ),
-    notice(
-      "info",
-      rid ? `Authorization request ${rid.slice(0, 64)}: ` : "",
-      "assistant authorization is not available on this console yet, so nothing has been granted.",
-    ),
+    result,
   );
+}
+
+async function assistantsPage(account: Json): Promise<void> {
+  const listing = h("div", {});
+  const connect = h("div", {});
+  const refresh = async () => {
+    try {
+      const { grants } = await api<{ grants: Json[] }>("GET", "/api/oauth/grants");
+      listing.replaceChildren(
+        grants.length
+          ? h(
+              "table",
+              { "data-testid": "grants" },
+              h("caption", {}, "Assistants you authorized, newest first. Revoking one stops every token it holds at once."),
+              h(
+                "thead",
+                {},
+                h(
+                  "tr",
+                  {},
+                  ...["Assistant", "Answers to", "Access", "Machines", "Authorized", "Last used", "State", ""].map((c) =>
+                    h("th", { scope: "col" }, c),
+                  ),
+                ),
+              ),
+              h(
+                "tbody",
+                {},
+                ...grants.map((grant) => {
+                  const cell = h("td", {});
+                  if (!grant.revoked) {
+                    cell.append(
+                      h(
+                        "button",
+                        {
+                          type: "button",
+                          class: "danger",
+                          onclick: async () => {
+                            await api("DELETE", `/api/oauth/grants/${encodeURIComponent(String(grant.id))}`).catch((error) =>
+                              alertIn(listing, error),
+                            );
+                            await refresh();
+                          },
+                        },
+                        "Revoke",
+                      ),
+                    );
+                  }
+                  const nodeIds = grant.node_ids as string[] | null;
+                  return h(
+                    "tr",
+                    { "data-grant-id": String(grant.id) },
+                    h("td", {}, String(grant.client_label)),
+                    h("td", {}, String(grant.redirect_host)),
+                    h("td", {}, grant.access === "operate" ? "operate" : "read only"),
+                    h("td", {}, nodeIds === null ? "all" : `${nodeIds.length}`),
+                    h("td", {}, when(grant.created_at)),
+                    h("td", {}, grant.last_used_at ? when(grant.last_used_at) : "—"),
+                    h("td", { "data-testid": "grant-state" }, grant.revoked ? `revoked (${grant.revoked_reason ?? ""})` : "active"),
+                    cell,
+                  );
+                }),
+              ),
+            )
+          : h("p", { class: "empty" }, "No assistant has been authorized yet."),
+      );
+    } catch (error) {
+      alertIn(listing, error);
+    }
+  };
+  try {
+    const view = await api<Json>("GET", "/api/oauth/connector");
+    const refusal = view.refusal as Json | null;
+    connect.replaceChildren(
+      refusal
+        ? notice("info", "Your account does not have remote link, which assistant access needs. Ask the console's operator to enable it.")
+        : h(
+            "div",
+            {},
+            h("p", {}, "Give an assistant (Claude, ChatGPT, Cursor, …) this MCP server URL; it asks you here to approve it:"),
+            secretBox("MCP server URL", String(view.mcp_url), "mcp-url"),
+          ),
+    );
+  } catch (error) {
+    alertIn(connect, error);
+  }
+  shell("assistants", account, h("h1", {}, "Assistants"), h("h2", {}, "Connect an assistant"), connect, h("h2", {}, "Authorized"), listing);
+  await refresh();
 }
 
 // ---- boot
@@ -553,6 +773,7 @@ const PAGES: Record<string, (account: Json) => Promise<void>> = {
   "link-codes": linkCodesPage,
   keys: keysPage,
   consent: consentPage,
+  assistants: assistantsPage,
 };
 
 async function boot(): Promise<void> {
