@@ -38,7 +38,9 @@ export class OAuthError extends Error {
 }
 
 /** BeginAnswer is what /oauth/authorize does: show an error page (never a redirect), or send the browser on. */
-export type BeginAnswer = { kind: "error_page"; status: number; error: string; description: string } | { kind: "redirect"; location: string };
+export type BeginAnswer =
+  | { kind: "error_page"; status: number; error: string; description: string }
+  | { kind: "redirect"; location: string };
 
 /** Access is what the person grants at consent: reading only, or operating (which includes reading). */
 export type Access = "read" | "operate";
@@ -193,9 +195,13 @@ export class AuthorizationServer {
     const method = query.get("code_challenge_method");
     if (!challenge) return fail("invalid_request", "PKCE is required: send code_challenge with code_challenge_method=S256");
     if (method !== "S256") {
-      return fail("invalid_request", `code_challenge_method must be S256 (${method === null ? "none given, which means plain" : "not supported"})`);
+      return fail(
+        "invalid_request",
+        `code_challenge_method must be S256 (${method === null ? "none given, which means plain" : "not supported"})`,
+      );
     }
-    if (!CHALLENGE_SHAPE.test(challenge)) return fail("invalid_request", "code_challenge is not an S256 challenge (43 base64url characters)");
+    if (!CHALLENGE_SHAPE.test(challenge))
+      return fail("invalid_request", "code_challenge is not an S256 challenge (43 base64url characters)");
     const resources = query.getAll("resource");
     if (resources.some((resource) => resource !== this.mcpUrl)) {
       return fail("invalid_target", `the only resource this console issues tokens for is ${this.mcpUrl}`);
@@ -454,12 +460,15 @@ export class AuthorizationServer {
       if (grant.revokedAt !== null) return { failure: "the authorization was revoked" };
       if (grant.codeExpiresAt <= now) return { failure: "the code has expired" };
       if (grant.clientId !== clientId) return { failure: "the code was issued to another client" };
-      if (redirectUri !== null && redirectUri !== grant.redirectUri) return { failure: "redirect_uri differs from the authorization request's" };
-      if (!constantTimeEqual(s256(verifier), grant.codeChallenge)) return { failure: "the code_verifier does not match the code_challenge" };
+      if (redirectUri !== null && redirectUri !== grant.redirectUri)
+        return { failure: "redirect_uri differs from the authorization request's" };
+      if (!constantTimeEqual(s256(verifier), grant.codeChallenge))
+        return { failure: "the code_verifier does not match the code_challenge" };
       return { answer: await this.#issue(tx, grant, grant.scopes, null, now) };
     });
     if (outcome.failure !== undefined) {
-      if (outcome.revokedGrant) this.deps.log.warn({ client_id: clientId }, "an authorization code was presented twice; its grant is revoked");
+      if (outcome.revokedGrant)
+        this.deps.log.warn({ client_id: clientId }, "an authorization code was presented twice; its grant is revoked");
       throw new OAuthError("invalid_grant", outcome.failure);
     }
     return outcome.answer;
@@ -471,7 +480,7 @@ export class AuthorizationServer {
     const invalid = () => new OAuthError("invalid_grant", "the refresh token is not valid");
     if (!token.startsWith(SECRET_PREFIXES.refresh) || token.length > 128) throw invalid();
     const found = await this.store.tokenBySecret(token);
-    if (!found || found.kind !== "refresh" || found.clientId !== clientId) throw invalid();
+    if (found?.kind !== "refresh" || found.clientId !== clientId) throw invalid();
     const now = this.deps.clock();
     const outcome = await this.deps.db.transaction(async (tx): Promise<Outcome> => {
       const current = (await this.store.lockToken(tx, found.id)) as TokenRecord;
@@ -514,7 +523,8 @@ export class AuthorizationServer {
       return { answer: await this.#issue(tx, grant, scopes, current.id, now) };
     });
     if (outcome.failure !== undefined) {
-      if (outcome.revokedGrant) this.deps.log.warn({ client_id: clientId }, "a rotated refresh token was presented again; its grant is revoked");
+      if (outcome.revokedGrant)
+        this.deps.log.warn({ client_id: clientId }, "a rotated refresh token was presented again; its grant is revoked");
       throw new OAuthError(outcome.error ?? "invalid_grant", outcome.failure);
     }
     return outcome.answer;

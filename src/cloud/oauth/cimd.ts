@@ -2,7 +2,7 @@ import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { canonicalAddress, ProxyList } from "../../lib/forwarded";
 import { cleanText } from "../nodes";
-import { type Client, ClientRefused, CLIENT_NAME_MAX } from "./clients";
+import { CLIENT_NAME_MAX, type Client, ClientRefused } from "./clients";
 import { isLoopbackHostname, redirectUriProblem } from "./redirects";
 
 /**
@@ -86,7 +86,10 @@ export function isMetadataDocumentId(clientId: string, allowLoopback: boolean): 
 /** cacheSeconds reads how long an answer may be kept from its Cache-Control header. */
 export function cacheSeconds(cacheControl: string | null): number {
   if (!cacheControl) return DEFAULT_CACHE_S;
-  const directives = cacheControl.toLowerCase().split(",").map((part) => part.trim());
+  const directives = cacheControl
+    .toLowerCase()
+    .split(",")
+    .map((part) => part.trim());
   if (directives.some((d) => d === "no-store" || d === "no-cache" || d === "private")) return 0;
   const maxAge = directives.map((d) => /^max-age=(\d{1,10})$/.exec(d)).find(Boolean);
   return maxAge ? Math.min(Number(maxAge[1]), MAX_CACHE_S) : DEFAULT_CACHE_S;
@@ -186,7 +189,9 @@ export class MetadataDocuments {
       });
     } catch (error) {
       const timedOut = (error as Error)?.name === "TimeoutError";
-      throw new ClientRefused(timedOut ? "the client metadata document did not arrive in time" : "the client metadata document cannot be fetched");
+      throw new ClientRefused(
+        timedOut ? "the client metadata document did not arrive in time" : "the client metadata document cannot be fetched",
+      );
     }
     if (response.status !== 200) {
       await response.body?.cancel().catch(() => {});

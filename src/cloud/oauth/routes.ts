@@ -115,9 +115,7 @@ export function assistantRoutes(deps: CloudDeps, options: AssistantRoutesOptions
   const preflight = () => new Response(null, { status: 204, headers: CORS_HEADERS });
 
   const outside = new Elysia({ detail: { hide: true } })
-    .get("/.well-known/oauth-authorization-server", () =>
-      oauthJson(metadata(), 200, { "cache-control": "public, max-age=300" }),
-    )
+    .get("/.well-known/oauth-authorization-server", () => oauthJson(metadata(), 200, { "cache-control": "public, max-age=300" }))
     .options("/.well-known/oauth-authorization-server", preflight)
     .get("/oauth/authorize", async ({ request }) => {
       const query = new URL(request.url).searchParams;
@@ -295,4 +293,3 @@ export function assistantRoutes(deps: CloudDeps, options: AssistantRoutesOptions
 
   return new Elysia().use(outside).use(api);
 }
-

@@ -222,7 +222,8 @@ export class AssistantStore {
    */
   async useCode(tx: Sql, code: string, now: number): Promise<{ grant: Grant; fresh: boolean } | null> {
     const digest = digestSecret(code);
-    const [used] = await tx`UPDATE oauth_grants SET code_used_at = ${now} WHERE code_digest = ${digest} AND code_used_at IS NULL RETURNING *`;
+    const [used] =
+      await tx`UPDATE oauth_grants SET code_used_at = ${now} WHERE code_digest = ${digest} AND code_used_at IS NULL RETURNING *`;
     if (used) return { grant: grantFromRow(used), fresh: true };
     const [seen] = await tx`SELECT * FROM oauth_grants WHERE code_digest = ${digest}`;
     return seen ? { grant: grantFromRow(seen), fresh: false } : null;

@@ -27,7 +27,7 @@ export function createAccessTokenVerifier(deps: Pick<CloudDeps, "db">, options: 
       return refuse("the access token is not one this console issued");
     }
     const row = await store.accessGrant(token);
-    if (!row || row.kind !== "access") return refuse("the access token is not known");
+    if (row?.kind !== "access") return refuse("the access token is not known");
     if (optionalNum(row.revoked_at) !== null || optionalNum(row.grant_revoked_at) !== null) {
       return refuse("the access token has been revoked");
     }

@@ -117,10 +117,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
           const assistants = await sweepAssistantRows(db, now);
           const removed = sessions + devices.length + codes.length + logins.length + Object.values(assistants).reduce((a, b) => a + b, 0);
           if (removed > 0)
-            log.info(
-              { sessions, device_requests: devices.length, link_codes: codes.length, logins: logins.length, assistants },
-              "swept",
-            );
+            log.info({ sessions, device_requests: devices.length, link_codes: codes.length, logins: logins.length, assistants }, "swept");
         } catch (error) {
           log.warn({ err: (error as Error).message }, "sweep failed; retrying next round");
         }

@@ -42,7 +42,8 @@ describeEachDialect("assistants: the authorization endpoint and consent", (diale
   };
   const context = (rid: string, token = entitled) =>
     ac.cloud.api("GET", `/api/oauth/authorize/context?rid=${encodeURIComponent(rid)}`, { token });
-  const decide = (body: Record<string, unknown>, token = entitled) => ac.cloud.api("POST", "/api/oauth/authorize/decision", { token, body });
+  const decide = (body: Record<string, unknown>, token = entitled) =>
+    ac.cloud.api("POST", "/api/oauth/authorize/decision", { token, body });
   const requestCount = async () => num((await ac.cloud.deps.db.sql`SELECT COUNT(*) AS n FROM oauth_requests`)[0].n);
 
   test("RFC 8414 metadata: the issuer is the public URL, S256 only, public clients, metadata documents, iss in answers", async () => {
@@ -152,7 +153,8 @@ describeEachDialect("assistants: the authorization endpoint and consent", (diale
         nodes: [{ id: node.node.id, slug: "gpu-box", hostname: "gpu-box.lan" }],
       });
     }
-    const [row] = await ac.cloud.deps.db.sql`SELECT decided_at FROM oauth_requests WHERE client_id = ${CLAUDE.clientId} AND decided_at IS NULL`;
+    const [row] = await ac.cloud.deps.db
+      .sql`SELECT decided_at FROM oauth_requests WHERE client_id = ${CLAUDE.clientId} AND decided_at IS NULL`;
     expect(row).toBeDefined();
     // No grant, no code was made by reading.
     expect(num((await ac.cloud.deps.db.sql`SELECT COUNT(*) AS n FROM oauth_grants WHERE account_id = ${accountId}`)[0].n)).toBe(0);

@@ -17,7 +17,8 @@ describeEachDialect("assistants: tokens, refresh, revocation and the verifier", 
   let session: string;
   let accountId: string;
   // The verifier reads the same manual clock as the server that issued the tokens.
-  const verify = (token: string, resource = ac.mcpUrl) => createAccessTokenVerifier(ac.cloud.deps, { clock: ac.clock.read })(token, resource);
+  const verify = (token: string, resource = ac.mcpUrl) =>
+    createAccessTokenVerifier(ac.cloud.deps, { clock: ac.clock.read })(token, resource);
 
   beforeAll(async () => {
     ac = await startAssistantCloud(dialect);
@@ -53,7 +54,12 @@ describeEachDialect("assistants: tokens, refresh, revocation and the verifier", 
     const verified = await verify(answer.json.access_token);
     expect(verified.ok).toBe(true);
     if (!verified.ok) return;
-    expect(verified.grant).toMatchObject({ accountId, clientId: CLAUDE.clientId, scopes: ["engine:read", "engine:operate"], nodeIds: null });
+    expect(verified.grant).toMatchObject({
+      accountId,
+      clientId: CLAUDE.clientId,
+      scopes: ["engine:read", "engine:operate"],
+      nodeIds: null,
+    });
     expect(verified.grant.expiresAt.getTime()).toBe(ac.clock.read() + 3600_000);
   });
 
@@ -272,7 +278,14 @@ describeEachDialect("assistants: tokens, refresh, revocation and the verifier", 
   test("every secret is stored as a digest and is absent from audit rows and logs", async () => {
     const flow = await authorized(ac, session, { ...CLAUDE, decision: { access: "operate" } });
     const rotated = await refresh(flow.tokens.refresh_token);
-    const secrets = [flow.rid, flow.code, flow.tokens.access_token, flow.tokens.refresh_token, rotated.json.access_token, rotated.json.refresh_token];
+    const secrets = [
+      flow.rid,
+      flow.code,
+      flow.tokens.access_token,
+      flow.tokens.refresh_token,
+      rotated.json.access_token,
+      rotated.json.refresh_token,
+    ];
     const { db } = ac.cloud.deps;
     const dump = async (table: string) =>
       JSON.stringify(await db.sql.unsafe(`SELECT * FROM ${table}`), (_, v) => (typeof v === "bigint" ? String(v) : v));

@@ -533,7 +533,8 @@ function consentFailure(error: unknown): string {
     if (error.code === "entitlement_required") {
       return "Your account does not have remote link, which assistant access needs. Ask the console's operator to enable it; nothing was granted.";
     }
-    if (error.status === 404) return "This authorization request has expired or does not exist. Start again from the assistant; nothing was granted.";
+    if (error.status === 404)
+      return "This authorization request has expired or does not exist. Start again from the assistant; nothing was granted.";
     if (error.status === 409) return "This authorization request has already been decided. Start again from the assistant if you need to.";
   }
   return describeError(error);
@@ -543,7 +544,12 @@ async function consentPage(account: Json): Promise<void> {
   const rid = new URLSearchParams(location.search).get("rid");
   const heading = h("h1", {}, "Authorize an assistant");
   if (!rid) {
-    shell("consent", account, heading, notice("info", "Open this page from an assistant's connector: it asks here to reach your machines."));
+    shell(
+      "consent",
+      account,
+      heading,
+      notice("info", "Open this page from an assistant's connector: it asks here to reach your machines."),
+    );
     return;
   }
   let context: Json;
@@ -560,7 +566,12 @@ async function consentPage(account: Json): Promise<void> {
 
   const who =
     client.kind === "registered"
-      ? h("p", {}, h("strong", { "data-testid": "consent-client" }, String(client.label)), " (registered with this console) asks to reach your machines.")
+      ? h(
+          "p",
+          {},
+          h("strong", { "data-testid": "consent-client" }, String(client.label)),
+          " (registered with this console) asks to reach your machines.",
+        )
       : h(
           "p",
           {},
@@ -572,13 +583,7 @@ async function consentPage(account: Json): Promise<void> {
     client.declared_name && client.declared_name !== client.label
       ? h("p", {}, "It calls itself “", String(client.declared_name), "” ", h("span", { class: "badge" }, "unverified"), ".")
       : null;
-  const target = h(
-    "p",
-    {},
-    "The answer goes to ",
-    h("code", { "data-testid": "consent-redirect" }, String(context.redirect_host)),
-    ".",
-  );
+  const target = h("p", {}, "The answer goes to ", h("code", { "data-testid": "consent-redirect" }, String(context.redirect_host)), ".");
   const local = context.redirect_local_only
     ? h(
         "p",
