@@ -53,12 +53,18 @@ const CONSOLE_STATUSES: Record<string, number[] | "not limited"> = {
   "POST /api/preauth-keys": [201, 400, 401, 403, 409, 422],
   "DELETE /api/preauth-keys/{key_id}": [204, 401, 403, 422],
   "POST /api/nodes/device-approvals/lookup": [200, 401, 403, 404, 429, 422],
+  "GET /api/oauth/authorize/context": [200, 401, 403, 404, 409, 429, 422],
+  "POST /api/oauth/authorize/decision": [200, 400, 401, 403, 404, 409, 429, 422],
+  "GET /api/oauth/connector": [200, 401, 422],
   // "401 and others": the contract does not close the list.
   "POST /api/nodes/device-approvals/approve": "not limited",
   // Not in the contract (deny: "not shown"; nodes: issue 7's console page).
   "POST /api/nodes/device-approvals/deny": "not limited",
   "GET /api/nodes": "not limited",
   "POST /api/link/codes": "not limited",
+  // Not in the contract: the account's authorized assistants (issue 14, docs/decisions.md 226).
+  "GET /api/oauth/grants": "not limited",
+  "DELETE /api/oauth/grants/{grant_id}": "not limited",
 };
 /** DOCUMENTED_501 are the console's two boundaries, whose 501 the contract names. */
 const DOCUMENTED_501 = ["GET /api/auth", "GET /api/link"];
@@ -342,7 +348,7 @@ describe("the fuzz suite", () => {
       operation: doc.operation(method, path),
       document: doc.document,
       auth: () => [["Authorization", `Bearer ${ending.has(`${method} ${path}`) ? (spare.pop() ?? token) : token}`]],
-      pathValues: { key_id: "00000000-0000-4000-8000-000000000000" },
+      pathValues: { key_id: "00000000-0000-4000-8000-000000000000", grant_id: "grant_fuzzabsent" },
       mayDeliver: () => true,
       mayQuery: () => true,
     }));
