@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { createHash, randomBytes } from "node:crypto";
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
@@ -129,12 +130,104 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
     expect(await page.content()).not.toContain(key);
   }, 30_000);
 
-  test("the consent entry point says what it will be", async () => {
+  test("an assistant's authorization: consent names it, the person approves read only for one machine, the code becomes tokens, and the grant is revoked", async () => {
+    // Without the remote-link entitlement the consent page refuses, and says why.
     await page.goto(`${cloudUrl}/oauth/authorize?rid=example`);
     await page.getByRole("heading", { name: "Authorize an assistant" }).waitFor();
-    expect(await page.getByRole("status").textContent()).toContain("nothing has been granted");
-    await shot("consent");
-  }, 30_000);
+    expect(await page.getByRole("alert").textContent()).toContain("does not have remote link");
+    // The operator grants it with the console's own CLI, on the running console's database.
+    const set = children.start([
+      binaries.cloud,
+      "--data-dir",
+      join(workDir, "cloud"),
+      "accounts",
+      "set",
+      "ada@example.com",
+      "--remote-link",
+      "on",
+    ]);
+    expect(await set.proc.exited).toBe(0);
+
+    // A desktop assistant: a loopback callback, registered dynamically.
+    const received: URL[] = [];
+    const callback = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      fetch: (request) => {
+        received.push(new URL(request.url));
+        return new Response("You can close this window.");
+      },
+    });
+    try {
+      const redirectUri = `http://127.0.0.1:${callback.port}/callback`;
+      const registered = await fetch(`${cloudUrl}/oauth/register`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ client_name: "Claude", redirect_uris: [redirectUri], token_endpoint_auth_method: "client_secret_post" }),
+      });
+      expect(registered.status).toBe(201);
+      const { client_id: clientId } = await registered.json();
+      const verifier = randomBytes(32).toString("base64url");
+      const challenge = createHash("sha256").update(verifier).digest("base64url");
+      const authorize = new URL(`${cloudUrl}/oauth/authorize`);
+      for (const [name, value] of Object.entries({
+        response_type: "code",
+        client_id: clientId,
+        redirect_uri: redirectUri,
+        code_challenge: challenge,
+        code_challenge_method: "S256",
+        state: "e2e-state",
+        scope: "engine:read engine:operate",
+        resource: `${cloudUrl}/mcp`,
+      }))
+        authorize.searchParams.set(name, value);
+      await page.goto(authorize.href);
+      await page.waitForURL(/\/oauth\/authorize\?rid=/);
+      const consent = page.getByTestId("consent");
+      await consent.waitFor();
+      // Named by where its answers go, not by the name it gave itself; that name is marked unverified.
+      expect(await page.getByTestId("consent-client").textContent()).toBe(`127.0.0.1:${callback.port}`);
+      expect(await consent.textContent()).toContain("It calls itself “Claude”");
+      expect(await page.getByTestId("consent-local").isVisible()).toBe(true);
+      await shot("consent");
+      await page.getByLabel("Read only").check();
+      await page.getByLabel("Only the ones I choose:").check();
+      await consent.locator('input[name="node"]').first().check();
+      await page.getByRole("button", { name: "Approve" }).click();
+      await eventually(() => received.length > 0, { timeoutMs: STEP_MS });
+      const answer = received[0] as URL;
+      expect(answer.searchParams.get("state")).toBe("e2e-state");
+      expect(answer.searchParams.get("iss")).toBe(cloudUrl);
+      const token = await fetch(`${cloudUrl}/oauth/token`, {
+        method: "POST",
+        headers: { "content-type": "application/x-www-form-urlencoded" },
+        body: new URLSearchParams({
+          grant_type: "authorization_code",
+          code: answer.searchParams.get("code") as string,
+          code_verifier: verifier,
+          client_id: clientId,
+          redirect_uri: redirectUri,
+          resource: `${cloudUrl}/mcp`,
+        }),
+      });
+      expect(token.status).toBe(200);
+      expect((await token.json()).scope).toBe("engine:read");
+
+      await page.goto(`${cloudUrl}/assistants`);
+      const row = page.getByTestId("grants").locator("tbody tr");
+      await row.getByText("read only").waitFor();
+      expect(await row.count()).toBe(1);
+      expect(await page.getByTestId("mcp-url").inputValue()).toBe(`${cloudUrl}/mcp`);
+      await shot("assistants");
+      await row.getByRole("button", { name: "Revoke" }).click();
+      await row
+        .getByTestId("grant-state")
+        .getByText(/revoked/)
+        .waitFor();
+    } finally {
+      callback.stop(true);
+    }
+  }, 60_000);
 
   test("signing out ends the session; a social sign-in in a fresh browser comes back signed in", async () => {
     await page.goto(`${cloudUrl}/nodes`);

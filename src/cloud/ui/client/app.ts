@@ -612,7 +612,16 @@ async function consentPage(account: Json): Promise<void> {
     h(
       "label",
       { class: "choice" },
-      h("input", { type: "checkbox", name: "node", value: String(node.id) }),
+      h("input", {
+        type: "checkbox",
+        name: "node",
+        value: String(node.id),
+        // Choosing a machine means choosing some machines, not all.
+        onchange: () => {
+          const some = document.querySelector<HTMLInputElement>('input[name="machines"][value="some"]');
+          if (some) some.checked = true;
+        },
+      }),
       h("span", {}, String(node.slug), " — ", String(node.hostname), " ", h("span", { class: "badge" }, "unverified")),
     ),
   );
