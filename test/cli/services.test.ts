@@ -170,7 +170,7 @@ describe("engine services CLI", () => {
     ],
     [
       ["services", "deploy", "Bad_Name", "--", "true"],
-      "engine: name: String should match pattern '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$' [validation]\n",
+      'engine: name "Bad_Name": a name is lowercase letters, digits and dashes, up to 63 characters, starting and ending with a letter or digit [validation]\n',
     ],
     [["restart", "--drain-timeout", "soon"], 'engine: --drain-timeout takes a whole number of seconds up to 3600 (got "soon")\n'],
   ])("user error %p is one line and exit 1", async (args, message) => {
