@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { SqliteEngine, sqliteFile } from "../../../src/engine/databases";
 import { LocalCa, pkiDirectory } from "../../../src/engine/tls";
 import { eventually } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { type DatabaseTestEngine, expectConnection, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const toolsOk = new SqliteEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
 const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_SQLITE", "the sqlite3 program (Debian package sqlite3)");
@@ -90,6 +90,21 @@ suite("SQLite database services", () => {
     expect(lines).toContain(`path=${file} url=sqlite:///${file}`);
     await db.engine.call("DELETE", "/api/services/notes-client");
   }, 60_000);
+
+  test("the connection is the file: nothing to mask, an admin's reveal is the same URL (and logged)", async () => {
+    const revealed = await expectConnection(db, "notes", null);
+    expect(revealed).toEqual({
+      engine: "sqlite",
+      url: `sqlite:///${file}`,
+      host: null,
+      port: null,
+      database: null,
+      user: null,
+      path: file,
+      password: null,
+    });
+    expect((await db.api.get("notes")).connection?.url).toBe(`sqlite:///${file}`);
+  }, 30_000);
 
   test.each([
     ["database file", "file", "sqlite-db"],
