@@ -186,7 +186,15 @@ export const PATTERN_MESSAGES: Readonly<Record<string, string>> = {
     "a name is lowercase letters, digits and dashes, up to 63 characters, starting and ending with a letter or digit",
   // cwd and a health probe's path.
   "^/": "should start with / (an absolute path)",
+  // EnvName: the keys of env and secrets.
+  "^[A-Za-z_][A-Za-z0-9_]*$": "a variable name is letters, digits and _, not starting with a digit",
 };
+
+/** keyRule is what a map's keys must match, in words, when the map allows only keys of one pattern (env, secrets). */
+function keyRule(schema: Record<string, unknown>): string | undefined {
+  const patterns = Object.keys((schema.patternProperties as Record<string, unknown> | undefined) ?? {});
+  return patterns.length === 1 ? PATTERN_MESSAGES[patterns[0] as string] : undefined;
+}
 
 /** describeIssue turns a TypeBox error into the contract's `type`, `msg` and `ctx`. */
 function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg" | "ctx"> {
@@ -199,7 +207,7 @@ function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg
     case ValueErrorType.ObjectRequiredProperty:
       return { type: "missing", msg: "Field required", ctx: {} };
     case ValueErrorType.ObjectAdditionalProperties:
-      return { type: "extra_forbidden", msg: "Extra inputs are not permitted", ctx: {} };
+      return { type: "extra_forbidden", msg: keyRule(s) ?? "Extra inputs are not permitted", ctx: {} };
     case ValueErrorType.Integer:
       return { type: "int_type", msg: "Input should be a valid integer", ctx: {} };
     case ValueErrorType.Number:
