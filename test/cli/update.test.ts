@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { flagFor, patchBody } from "../../cli/commands/services";
 import type { ProxyStatus, ServiceRecord } from "../../src/contract/engine";
 import { RedisEngine } from "../../src/engine/databases";
 import { createToken, eventually, runCli, startTestEngine, type TestEngine } from "../helpers";
@@ -153,5 +154,43 @@ describe("engine services show", () => {
       code: 1,
       stderr: "engine: tuned is a service, not a database: it has no connection details [not_a_database]\n",
     });
+  });
+});
+
+describe("the update's request and the flags an error names", () => {
+  test.each([
+    ["one setting", [], { memoryMb: "400" }, { memory_mb: 400 }],
+    ["env set and removed, key by key", [], { env: ["A=1"], unsetEnv: ["B"] }, { env: { A: "1", B: null } }],
+    ["a secret removed", [], { unsetSecret: ["TOKEN"] }, { secrets: { TOKEN: null } }],
+    ["a setting reset", [], { clear: ["memory-mb", "--port", "repo"] }, { memory_mb: null, port: null, build: null }],
+    ["one restart field", [], { maxRestarts: "9" }, { restart: { max_restarts: 9 } }],
+    ["a new command after --", ["python3", "app.py"], {}, { command: ["python3", "app.py"] }],
+    ["no health check", [], { health: "none" }, { health: null }],
+    [
+      "a new ref of the current build",
+      [],
+      { ref: "v2" },
+      { build: { repo_url: "https://example.com/app.git", ref: "v2", command: "make" } },
+    ],
+  ] as const)("%s", (_label, argv, options, expected) => {
+    const build = { repo_url: "https://example.com/app.git", ref: "main", command: "make" };
+    expect(patchBody([...argv], options as never, build)).toEqual(expected as never);
+  });
+
+  test.each([
+    [["body", "memory_mb"], {}, "--memory-mb"],
+    [["body", "restart", "window_seconds"], {}, "--window-seconds"],
+    [["body", "env", "GREETING"], {}, "--env GREETING"],
+    [["body", "secrets", "TOKEN"], {}, "--secret TOKEN"],
+    [["body", "health", "port"], { health: { type: "tcp" } }, "--port"],
+    [["body", "health", "port"], { health: { type: "tcp", port: 70000 } }, "--health"],
+    [["body", "health", "command"], { health: { type: "exec" } }, "--health"],
+    [["body", "build", "subdir"], {}, "--subdir"],
+    [["body", "bindings", 0], {}, "--bind"],
+    [["body", "command"], { command: "sh -c x" }, "--command"],
+    [["body", "command"], { command: ["x"] }, "command"],
+    [["body", "stop_timeout_s"], {}, "stop_timeout_s"],
+  ] as const)("%p is named %p", (loc, sent, flag) => {
+    expect(flagFor([...loc], sent as Record<string, unknown>)).toBe(flag);
   });
 });
