@@ -106,15 +106,25 @@ export async function stopGently(proc: Bun.Subprocess): Promise<number> {
  * function that answers everything read so far (both streams, in arrival order).
  */
 export function collectOutput(proc: { stdout: unknown; stderr: unknown }): () => string {
+  return collectStreams(proc).all;
+}
+
+/** collectStreams is collectOutput that also answers each stream on its own. */
+export function collectStreams(proc: { stdout: unknown; stderr: unknown }): { all(): string; stdout(): string; stderr(): string } {
   let text = "";
-  const decoder = new TextDecoder();
-  const pump = async (stream: ReadableStream<Uint8Array>) => {
+  const own = { stdout: "", stderr: "" };
+  const pump = async (stream: ReadableStream<Uint8Array>, name: "stdout" | "stderr") => {
+    const decoder = new TextDecoder();
     const reader = stream.getReader();
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += decoder.decode(chunk.value, { stream: true });
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+      const piece = decoder.decode(chunk.value, { stream: true });
+      text += piece;
+      own[name] += piece;
+    }
   };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
-  return () => text;
+  void pump(proc.stdout as ReadableStream<Uint8Array>, "stdout");
+  void pump(proc.stderr as ReadableStream<Uint8Array>, "stderr");
+  return { all: () => text, stdout: () => own.stdout, stderr: () => own.stderr };
 }
 
 /**
@@ -286,7 +296,9 @@ export interface SpawnedEngine {
   proc: ReturnType<typeof Bun.spawn>;
   port: number;
   url: string;
+  /** output is stdout and stderr together, in arrival order; stderr is the human lines alone. */
   output(): string;
+  stderr(): string;
   stop(): Promise<number>;
 }
 
@@ -312,7 +324,8 @@ export async function spawnEngine(
     stdout: "pipe",
     stderr: "pipe",
   });
-  const textOf = collectOutput(proc);
+  const streams = collectStreams(proc);
+  const textOf = streams.all;
   const port = await eventually(
     () => {
       if (proc.exitCode !== null) throw new Error(`engine exited with ${proc.exitCode}: ${textOf()}`);
@@ -328,6 +341,7 @@ export async function spawnEngine(
     port,
     url: `http://127.0.0.1:${port}`,
     output: textOf,
+    stderr: streams.stderr,
     stop: () => stopGently(proc),
   };
 }

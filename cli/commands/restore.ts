@@ -1,13 +1,11 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import type { Command } from "commander";
+import { DEFAULT_RESTORE_TIMEOUT_S } from "../../src/contract/defaults";
 import type { LogLine } from "../../src/contract/engine";
 import { PROGRESS_PATTERN } from "../../src/engine/databases/restore";
 import { CliError, type EngineClient } from "../client";
 import type { Output } from "../output";
-
-/** DEFAULT_TIMEOUT_S is how long a restore may run unless --timeout says otherwise. */
-const DEFAULT_TIMEOUT_S = 3600;
 
 interface RestoreAnswer {
   service_name: string;
@@ -65,7 +63,7 @@ export function registerRestore(program: Command, client: () => EngineClient, ou
     .description(
       "restore a dump into a database service: a path (a file, or a pg_dump directory), a file:// or an https:// URL; the format is recognised from its content. The database is left as it was if the restore fails or passes --timeout.",
     )
-    .option("--timeout <seconds>", "stop the restore (and keep the database as it was) after this long", String(DEFAULT_TIMEOUT_S))
+    .option("--timeout <seconds>", "stop the restore (and keep the database as it was) after this long", String(DEFAULT_RESTORE_TIMEOUT_S))
     .action(async (database: string, dumpText: string, options: { timeout: string }) => {
       if (!/^\d+$/.test(options.timeout) || Number(options.timeout) < 1) {
         throw new CliError(`--timeout takes a whole number of seconds, at least 1 (got ${JSON.stringify(options.timeout)})`);

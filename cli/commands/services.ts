@@ -17,11 +17,15 @@ const RESTART_POLICIES = ["always", "on-failure", "never"] as const;
 const DATABASE_ENGINES = ["postgres", "mariadb", "redis", "sqlite"] as const;
 const ACTIONS = {
   start: "start a stopped, failed or completed service",
-  stop: "stop a service (a batch job is cancelled)",
   restart: "stop and start a service",
   pause: "freeze a service's processes (SIGSTOP)",
   resume: "continue a paused service (SIGCONT)",
 } as const;
+/**
+ * SETTLED_STATUSES hold no process and start none by themselves: `stop --all` leaves them as
+ * they are (a stop would turn a completed batch job into a cancelled one).
+ */
+const SETTLED_STATUSES = new Set(["stopped", "completed", "failed", "cancelled"]);
 /** DIAGNOSIS_LOG_LINES is how many of the diagnosis's log lines the human report shows. */
 const DIAGNOSIS_LOG_LINES = 20;
 
@@ -105,6 +109,7 @@ interface DeployOptions {
   windowSeconds?: string;
   backoffS?: string;
   health?: string;
+  healthStartPeriod?: string;
   cwd?: string;
   bind?: string[];
   repo?: string;
@@ -172,6 +177,11 @@ const SETTING_OPTIONS: SettingOption[] = [
     field: "health",
     clearable: true,
   },
+  {
+    flags: "--health-start-period <s>",
+    description: "seconds after start in which failed probes do not count (default: the template's, 600 for models, else 10; 0: none)",
+    field: "health.start_period_s",
+  },
   { flags: "--cwd <dir>", description: "working directory (absolute)", field: "cwd", clearable: true },
   {
     flags: "--bind <services...>",
@@ -223,6 +233,13 @@ function settingsOf(argv: string[], options: DeployOptions): Omit<ServiceDeploy,
     window_seconds: wholeNumber("--window-seconds", options.windowSeconds),
     backoff_s: wholeNumber("--backoff-s", options.backoffS),
   };
+  let health = parseHealth(options.health);
+  const startPeriod = wholeNumber("--health-start-period", options.healthStartPeriod);
+  if (startPeriod !== undefined) {
+    if (health === null) throw new CliError("--health-start-period needs a health check, not --health none");
+    // Without --health it changes the template's probe.
+    health = { ...health, start_period_s: startPeriod };
+  }
   const priority = options.priority;
   if (priority !== undefined && !/^-?\d+$/.test(priority)) {
     throw new CliError(`--priority takes a whole number (got ${JSON.stringify(priority)})`);
@@ -240,7 +257,7 @@ function settingsOf(argv: string[], options: DeployOptions): Omit<ServiceDeploy,
     port: wholeNumber("--port", options.port),
     priority: priority === undefined ? undefined : Number(priority),
     restart: Object.values(restart).some((value) => value !== undefined) ? restart : undefined,
-    health: parseHealth(options.health),
+    health,
     build: options.repo ? { repo_url: options.repo, ref: options.ref, subdir: options.subdir, command: options.build } : undefined,
     bindings: options.bind
       ?.flatMap((entry) => entry.split(","))
@@ -370,7 +387,8 @@ function describeHealth(health: Record<string, unknown> | null): string {
       : `${health.port ? ` port ${health.port}` : ""}${health.type === "http" ? ` ${health.path ?? "/"}` : ""}`;
   const every = health.interval_s === undefined ? "" : `, every ${health.interval_s} s`;
   const threshold = health.failure_threshold === undefined ? "" : `, ${health.failure_threshold} failures to fail`;
-  return `${health.type}${where}${every}${threshold}`;
+  const grace = health.start_period_s ? `, ${health.start_period_s} s start period` : "";
+  return `${health.type}${where}${every}${threshold}${grace}`;
 }
 
 /** ServiceExtras are what `services show` adds to the record: its HTTPS names and, with --reveal, the full connection. */
@@ -444,6 +462,47 @@ function plural(count: number, noun: string): string {
 
 function formatLogLine(line: LogLine, raw: boolean): string {
   return raw ? `${line.line}\n` : `${line.ts} ${line.stream} ${line.line}\n`;
+}
+
+/**
+ * stopAll stops every service the caller sees that is not settled (SETTLED_STATUSES), all at
+ * once, and reports each: what it stopped, and what it could not stop with the engine's reason
+ * (a readonly token may stop none). It fails, after stopping all it could, when any was refused.
+ */
+async function stopAll(api: EngineClient, out: Output): Promise<void> {
+  const targets = (await api.request<ServiceRecord[]>("GET", "/api/services")).filter((service) => !SETTLED_STATUSES.has(service.status));
+  type Outcome =
+    | { name: string; was: string; status: string; error?: undefined }
+    | { name: string; was: string; status?: undefined; error: { code: string; message: string } };
+  const results = await Promise.all(
+    targets.map(async (service): Promise<Outcome> => {
+      try {
+        const record = await api.request<ServiceRecord>("POST", servicePath(service.id, "/stop"));
+        return { name: service.name, was: service.status, status: record.status };
+      } catch (error) {
+        if (!(error instanceof CliError)) throw error;
+        return { name: service.name, was: service.status, error: { code: error.code, message: error.message } };
+      }
+    }),
+  );
+  const stopped = results.flatMap((result) =>
+    result.error === undefined ? [{ name: result.name, was: result.was, status: result.status }] : [],
+  );
+  const failed = results.flatMap((result) =>
+    result.error !== undefined ? [{ name: result.name, was: result.was, error: result.error }] : [],
+  );
+  emit(out, { stopped, failed }, () => {
+    if (targets.length === 0) process.stdout.write("nothing to stop: no service is running\n");
+    for (const result of stopped) process.stdout.write(`stopped ${result.name} (was ${result.was}, now ${result.status})\n`);
+    for (const result of failed)
+      process.stderr.write(`engine: could not stop ${result.name}: ${result.error.message} [${result.error.code}]\n`);
+  });
+  if (failed.length > 0) {
+    throw new CliError(
+      `${failed.length} of ${targets.length} services could not be stopped`,
+      failed.every((f) => f.error.code === "forbidden") ? "forbidden" : "error",
+    );
+  }
 }
 
 export function registerServices(program: Command, client: () => EngineClient, output: () => Output): void {
@@ -575,6 +634,23 @@ export function registerServices(program: Command, client: () => EngineClient, o
     }
   };
 
+  services
+    .command("stop [name]")
+    .description("stop a service (a batch job is cancelled); --all stops every service you may stop")
+    .option("--all", "stop every service that is not stopped already and that this token may stop, and say which")
+    .action(async (ident: string | undefined, options: { all?: boolean }) => {
+      if (options.all && ident !== undefined) throw new CliError("give a service name or --all, not both");
+      if (options.all) {
+        await stopAll(client(), output());
+        return;
+      }
+      if (ident === undefined) throw new CliError("give the service to stop, or --all to stop every one");
+      const record = await client().request<ServiceRecord>("POST", servicePath(ident, "/stop"));
+      emit(output(), record, () =>
+        process.stdout.write(`${record.name}: ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`),
+      );
+    });
+
   for (const [action, description] of Object.entries(ACTIONS)) {
     services
       .command(`${action} <name>`)
@@ -611,6 +687,8 @@ export function registerServices(program: Command, client: () => EngineClient, o
         const lines = await client().request<LogLine[]>("GET", servicePath(ident, `/logs?tail=${tail}`));
         emit(output(), lines, () => {
           for (const line of lines) process.stdout.write(formatLogLine(line, raw));
+          // Said on stderr, so a pipe still reads only log lines: an empty answer is not an error.
+          if (lines.length === 0) process.stderr.write(`${ident} has printed nothing yet\n`);
         });
         return;
       }
@@ -622,6 +700,10 @@ export function registerServices(program: Command, client: () => EngineClient, o
       try {
         for await (const event of client().events(servicePath(ident, `/logs?tail=${tail}&follow=true`), stop.signal)) {
           if (event.event === "line") print(JSON.parse(event.data) as LogLine);
+          // The stream opens with `ready {lines}`: a service that never printed says so at once
+          // instead of leaving an empty terminal (on stderr, so a pipe reads only lines).
+          else if (event.event === "ready" && !json && (tail ?? 0) > 0 && (JSON.parse(event.data) as { lines?: number }).lines === 0)
+            process.stderr.write(`${ident} has printed nothing yet; waiting for output (Ctrl-C to stop)\n`);
         }
       } catch (error) {
         if (!stop.signal.aborted) throw error;
@@ -705,12 +787,19 @@ export function diagnosisReport(d: Diagnosis): string {
       duration_ms?: number;
       detail?: string;
       consecutive_failures?: number;
+      in_start_period?: boolean;
+      start_period_left_s?: number | null;
+      start_period_failures?: number;
     } | null;
     const parts = [describeHealth(health.spec)];
     if (probe) {
       parts.push(
         `last probe ${probe.ok ? "ok" : "failed"} at ${probe.at} (${probe.detail}, ${probe.duration_ms} ms), ${plural(probe.consecutive_failures ?? 0, "consecutive failure")}`,
       );
+      const uncounted = plural(probe.start_period_failures ?? 0, "failed probe");
+      if (probe.in_start_period) {
+        parts.push(`in start period: ${probe.start_period_left_s} s of ${health.spec.start_period_s} s left, ${uncounted} not counted`);
+      } else if (probe.start_period_failures) parts.push(`start period over, ${uncounted} in it not counted`);
     } else parts.push("not probed yet");
     rows.push(["health", [parts.join("; "), ...health.observations.map((o) => `  ${o}`)].join("\n")]);
   }

@@ -10,12 +10,25 @@ export const CLOUD_ROLES: readonly CloudRole[] = ["api", "worker", "all"];
 export const SOCIAL_PROVIDERS = ["github", "google"] as const;
 export type SocialProvider = (typeof SOCIAL_PROVIDERS)[number];
 
+/**
+ * OIDC_AUTH_METHODS are how the console may authenticate at the token endpoint (RFC 6749
+ * §2.3.1): the secret in a Basic header, its id and secret form-encoded first (so a hyphen is
+ * sent as `%2D`), or both in the request body, which some providers need because they use the
+ * Basic user name undecoded.
+ */
+export const OIDC_AUTH_METHODS = ["client_secret_basic", "client_secret_post"] as const;
+export type OidcAuthMethod = (typeof OIDC_AUTH_METHODS)[number];
+
 /** OidcConfig points the console at its OpenID provider; absent, sign-in answers 404/503 and the rest works. */
 export interface OidcConfig {
   issuer: string;
   clientId: string;
-  /** clientSecret authenticates the console at the token endpoint (client_secret_basic); never returned or logged. */
+  /** clientSecret authenticates the console at the token endpoint (see authMethod); never returned or logged. */
   clientSecret: string;
+  /** authMethod is how the secret is sent to the token endpoint: a Basic header (the default) or the body. */
+  authMethod: OidcAuthMethod;
+  /** socialProviders are the social providers the OpenID provider brokers: the buttons /signin shows, the values /api/auth/social accepts. */
+  socialProviders: SocialProvider[];
   /** providerHintParam is the authorization parameter that names the social provider to the IdP. */
   providerHintParam: string;
   /** publishableKey is the IdP's browser-safe key, shown by provider-config (empty when the IdP has none). */
@@ -78,6 +91,9 @@ export interface CloudConfigInput {
   oidcProviderHintParam?: string;
   oidcPublishableKey?: string;
   oidcCaFile?: string;
+  oidcAuthMethod?: string;
+  /** oidcSocialProviders is a comma-separated list of SOCIAL_PROVIDERS (or the list itself). */
+  oidcSocialProviders?: string | readonly string[];
 }
 
 export const DEFAULT_CLOUD_PORT = 8787;
@@ -105,6 +121,8 @@ export function cloudConfigFromEnv(env: Record<string, string | undefined> = pro
     oidcProviderHintParam: env.ENGINE_CLOUD_OIDC_PROVIDER_PARAM || undefined,
     oidcPublishableKey: env.ENGINE_CLOUD_OIDC_PUBLISHABLE_KEY || undefined,
     oidcCaFile: env.ENGINE_CLOUD_OIDC_CA_FILE || undefined,
+    oidcAuthMethod: env.ENGINE_CLOUD_OIDC_AUTH_METHOD || undefined,
+    oidcSocialProviders: env.ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS || undefined,
   };
 }
 
@@ -119,8 +137,28 @@ function httpUrl(field: string, raw: string): string {
   return url.href.replace(/\/$/, "");
 }
 
+/** resolveSocialProviders parses ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS: none by default, each of the two at most once. */
+function resolveSocialProviders(raw: string | readonly string[] | undefined): SocialProvider[] {
+  const entries = (typeof raw === "string" ? raw.split(",") : (raw ?? [])).map((entry) => entry.trim().toLowerCase()).filter(Boolean);
+  const chosen = new Set<SocialProvider>();
+  for (const entry of entries) {
+    if (!(SOCIAL_PROVIDERS as readonly string[]).includes(entry)) {
+      throw invalid("oidc_social_providers", `each entry must be one of ${SOCIAL_PROVIDERS.join(", ")} (comma-separated)`, raw);
+    }
+    chosen.add(entry as SocialProvider);
+  }
+  // The page shows them in one fixed order, whatever order the operator listed them in.
+  return SOCIAL_PROVIDERS.filter((provider) => chosen.has(provider));
+}
+
 function resolveOidc(merged: CloudConfigInput): OidcConfig | null {
   const { oidcIssuer, oidcClientId, oidcClientSecret } = merged;
+  // Checked whether or not sign-in is on, so a typo is found at the first start, not at the first sign-in.
+  const authMethod = (merged.oidcAuthMethod ?? "client_secret_basic") as OidcAuthMethod;
+  if (!OIDC_AUTH_METHODS.includes(authMethod)) {
+    throw invalid("oidc_auth_method", `ENGINE_CLOUD_OIDC_AUTH_METHOD must be ${OIDC_AUTH_METHODS.join(" or ")}`, merged.oidcAuthMethod);
+  }
+  const socialProviders = resolveSocialProviders(merged.oidcSocialProviders);
   if (!oidcIssuer && !oidcClientId && !oidcClientSecret) return null;
   if (!oidcIssuer || !oidcClientId || !oidcClientSecret) {
     throw invalid("oidc", "set ENGINE_CLOUD_OIDC_ISSUER, _CLIENT_ID and _CLIENT_SECRET together, or none of them", {
@@ -135,6 +173,8 @@ function resolveOidc(merged: CloudConfigInput): OidcConfig | null {
     issuer: httpUrl("oidc_issuer", oidcIssuer),
     clientId: oidcClientId,
     clientSecret: oidcClientSecret,
+    authMethod,
+    socialProviders,
     providerHintParam: hint,
     publishableKey: merged.oidcPublishableKey ?? "",
     extraCaFile: merged.oidcCaFile ? resolve(merged.oidcCaFile) : undefined,

@@ -6,6 +6,7 @@
  * check against and cannot drift. The link client and the cloud server import the same ones.
  */
 import { type Static, Type as t } from "@sinclair/typebox";
+import { MAX_RESTORE_TIMEOUT_S } from "./defaults";
 
 /** A date-time string in RFC 3339 form, as the spec's `date-time` fields are. */
 export const DateTime = t.String({ format: "date-time" });
@@ -74,6 +75,14 @@ export const DeployDefaults = t.Object({
   gpus: t.Integer({ minimum: 0, maximum: 64 }),
   start: t.String({ minLength: 1 }),
   health: t.String(),
+  health_start_period_s: t.Optional(
+    t.Integer({
+      minimum: 0,
+      maximum: 86400,
+      description:
+        "Seconds after start during which failed health probes do not count (the app's usual start-up time); a pass ends them sooner.",
+    }),
+  ),
   engine: t.Optional(DatabaseEngineName),
 });
 
@@ -331,7 +340,12 @@ export const RestartSpec = t.Object(
 );
 export const HealthSpec = t.Object(
   {
-    type: t.Union([t.Literal("http"), t.Literal("tcp"), t.Literal("exec")]),
+    type: t.Optional(
+      t.Union([t.Literal("http"), t.Literal("tcp"), t.Literal("exec")], {
+        description:
+          "The probe. Left out, the other fields change the template's probe (e.g. only start_period_s); 422 when there is no template probe.",
+      }),
+    ),
     path: t.Optional(t.String({ pattern: "^/", maxLength: 2048 })),
     port: t.Optional(t.Integer({ minimum: 1, maximum: 65535 })),
     command: t.Optional(
@@ -340,6 +354,14 @@ export const HealthSpec = t.Object(
     interval_s: t.Optional(t.Number({ exclusiveMinimum: 0, maximum: 3600 })),
     timeout_s: t.Optional(t.Number({ exclusiveMinimum: 0, maximum: 3600 })),
     failure_threshold: t.Optional(t.Integer({ minimum: 1, maximum: 100 })),
+    start_period_s: t.Optional(
+      t.Integer({
+        minimum: 0,
+        maximum: 86400,
+        description:
+          "Grace after the workload starts: failed probes do not count (no degraded, no restart) until it runs out or a probe passes. Default: the template's, else 600 for kind model and 10 for the others; 0 turns it off.",
+      }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -566,7 +588,7 @@ export const RestoreRequest = t.Object({
     maxLength: 4096,
     description: "The dump: an absolute path on the engine's host (a file, or a pg_dump directory), a file:// URL or an https:// URL",
   }),
-  timeout_s: t.Integer({ minimum: 1, maximum: 86400 }),
+  timeout_s: t.Integer({ minimum: 1, maximum: MAX_RESTORE_TIMEOUT_S }),
 });
 export const RestoreResult = t.Object(
   { service_name: t.String(), dump: t.String(), engine: t.String(), duration_s: Duration },

@@ -104,6 +104,7 @@ export const CloudErrorCodes = {
   csrf_rejected: "csrf_rejected",
   login_failed: "login_failed",
   provider_not_configured: "provider_not_configured",
+  social_provider_not_configured: "social_provider_not_configured",
   rate_limited: "rate_limited",
   sign_in_rate_limited: "sign_in_rate_limited",
   conflict: "conflict",

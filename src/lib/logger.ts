@@ -327,6 +327,13 @@ function noticeLine(level: number, fields: Record<string, unknown>, msg: string)
   return `${JSON.stringify({ level, time: new Date().toISOString(), pid: process.pid, ...fields, msg })}\n`;
 }
 
+/** withoutPidKey renames a `pid` field to `other_pid`: the line's one `pid` is the engine's. */
+function withoutPidKey(fields: Record<string, unknown>): Record<string, unknown> {
+  if (!Object.hasOwn(fields, "pid")) return fields;
+  const { pid, ...rest } = fields;
+  return { ...rest, other_pid: pid };
+}
+
 /**
  * createLogger returns a pino logger writing JSON lines to `<dataDir>/engine.log` and to
  * stdout. It uses its own sinks, not pino transports: transports start worker files that a
@@ -364,10 +371,17 @@ export function createLogger(options: LoggerOptions): { log: Logger; flush: () =
     sinks.push(sink);
     streams.push({ stream: sink, level });
   }
+  const base = { pid: process.pid };
   const log = pino(
     {
       level: options.level,
-      base: { pid: process.pid },
+      base,
+      // A line's `pid` is the engine's own (base). A field also named `pid` (a workload's, a
+      // proxy process's) would give the line a second `pid` key, which JSON readers resolve
+      // differently (jq keeps the last, others the first): it is written as `other_pid`
+      // instead, so every line has exactly one `pid`. (pino gives child loggers no bindings
+      // formatter: the engine makes none, and a child must not bind `pid`.)
+      formatters: { log: withoutPidKey },
       redact: { paths: REDACTED_PATHS, censor: "[redacted]" },
       timestamp: pino.stdTimeFunctions.isoTime,
     },

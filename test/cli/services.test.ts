@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Diagnosis, GpuInventoryRecord, ServiceRecord } from "../../src/contract/engine";
-import { ENGINE_ENTRY, eventually, runCli, startTestEngine, type TestEngine } from "../helpers";
+import { createToken, ENGINE_ENTRY, eventually, freePort, runCli, startTestEngine, type TestEngine } from "../helpers";
 
 let engine: TestEngine;
 beforeAll(async () => {
@@ -106,6 +106,34 @@ describe("engine services CLI", () => {
     expect((await cli("services", "rm", "job-bad")).code).toBe(0);
   });
 
+  test("--health-start-period sets the probe's grace; show and diagnose say where it stands", async () => {
+    const port = String(await freePort());
+    const deployed = await cli(
+      "services",
+      "deploy",
+      "graced",
+      "--port",
+      port,
+      "--health",
+      "http:/ready",
+      "--health-start-period",
+      "3600",
+      "--command",
+      "exec sleep 300",
+    );
+    expect(deployed.code).toBe(0);
+    const show = await cli("services", "show", "graced");
+    expect(show.stdout).toMatch(/^health\s+http \/ready, every 10 s, 3 failures to fail, 3600 s start period$/m);
+    const report = await eventually(async () => {
+      const result = await cli("diagnose", "graced");
+      return /in start period: \d+ s of 3600 s left, [1-9]\d* failed probes? not counted/.test(result.stdout) ? result : null;
+    });
+    expect(report.stdout.split("\n")[0]).toBe("graced: running");
+    expect(report.stdout).toMatch(/fail connect ECONNREFUSED 127\.0\.0\.1:\d+ \(\d+ ms\) \[start period: not counted\]$/m);
+    expect(await status("graced")).toBe("running");
+    expect((await cli("services", "rm", "graced")).code).toBe(0);
+  });
+
   test("logs -f prints a line written after it started, until it is stopped", async () => {
     const marker = `${engine.dataDir}/go`;
     const command = `echo first; while [ ! -e ${marker} ]; do sleep 0.05; done; echo second; exec sleep 300`;
@@ -136,6 +164,30 @@ describe("engine services CLI", () => {
     expect((await cli("services", "rm", "talker")).code).toBe(0);
   });
 
+  test("logs of a service that never printed say so on stderr, at once when following", async () => {
+    expect((await cli("services", "deploy", "quiet", "--", "sleep", "300")).code).toBe(0);
+    await eventually(async () => (await status("quiet")) === "running");
+    expect(await cli("logs", "quiet")).toMatchObject({ code: 0, stdout: "", stderr: "quiet has printed nothing yet\n" });
+    const follower = Bun.spawn([...ENGINE_ENTRY, "--data-dir", engine.dataDir, "logs", "-f", "quiet"], {
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    let stderr = "";
+    const reader = (follower.stderr as ReadableStream<Uint8Array>).getReader();
+    void (async () => {
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) stderr += new TextDecoder().decode(chunk.value);
+    })();
+    try {
+      await eventually(() => stderr.includes("quiet has printed nothing yet; waiting for output (Ctrl-C to stop)\n"), { timeoutMs: 10000 });
+    } finally {
+      follower.kill("SIGINT");
+    }
+    expect(await follower.exited).toBe(0);
+    expect(await new Response(follower.stdout).text()).toBe("");
+    expect((await cli("services", "rm", "quiet")).code).toBe(0);
+  });
+
   test("control commands answer with the new status", async () => {
     expect((await cli("services", "deploy", "ctl", "--", "sleep", "300")).code).toBe(0);
     await eventually(async () => (await status("ctl")) === "running");
@@ -154,6 +206,8 @@ describe("engine services CLI", () => {
     [["logs", "-f", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
     [["diagnose", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
     [["services", "stop", "nope"], 'engine: no service named or with id "nope" [service_not_found]\n'],
+    [["services", "stop"], "engine: give the service to stop, or --all to stop every one\n"],
+    [["services", "stop", "nope", "--all"], "engine: give a service name or --all, not both\n"],
     [
       ["services", "deploy", "x", "--restart", "sometimes", "--", "true"],
       'engine: --restart takes always, on-failure or never (got "sometimes")\n',
@@ -163,6 +217,22 @@ describe("engine services CLI", () => {
     [
       ["services", "deploy", "x", "--health", "udp", "--", "true"],
       'engine: --health takes http:/path, http:PORT/path, tcp, tcp:PORT, exec:COMMAND or none (got "udp")\n',
+    ],
+    [
+      ["services", "deploy", "x", "--health-start-period", "soon", "--", "true"],
+      'engine: --health-start-period takes a whole number (got "soon")\n',
+    ],
+    [
+      ["services", "deploy", "x", "--health", "none", "--health-start-period", "5", "--", "true"],
+      "engine: --health-start-period needs a health check, not --health none\n",
+    ],
+    [
+      ["services", "deploy", "x", "--health-start-period", "5", "--", "true"],
+      "engine: health.type: give the probe's type (http, tcp or exec): no template gives one [validation]\n",
+    ],
+    [
+      ["services", "deploy", "x", "--health", "tcp:80", "--health-start-period", "86401", "--", "true"],
+      "engine: health.start_period_s: Input should be less than or equal to 86400 [validation]\n",
     ],
     [
       ["services", "deploy", "x", "--command", "true", "--", "true"],
@@ -177,6 +247,43 @@ describe("engine services CLI", () => {
     expect(await cli(...args)).toMatchObject({ code: 1, stderr: message });
   });
 });
+
+test("services stop --all stops every running service the caller may stop, leaves settled ones, and says which", async () => {
+  const own = await startTestEngine();
+  try {
+    const run = (...args: string[]) => runCli(["--data-dir", own.dataDir, ...args]);
+    const state = async (name: string) => (await own.json<ServiceRecord>("GET", `/api/services/${name}`)).body.status;
+    expect((await run("services", "deploy", "one", "--", "sleep", "300")).code).toBe(0);
+    expect((await run("services", "deploy", "two", "--", "sleep", "300")).code).toBe(0);
+    expect((await run("services", "deploy", "done", "--kind", "batch", "--restart", "never", "--", "true")).code).toBe(0);
+    await eventually(
+      async () => (await state("one")) === "running" && (await state("two")) === "running" && (await state("done")) === "completed",
+    );
+
+    // A readonly token may stop nothing: each refusal is said, and the exit is 1.
+    const readonly = await createToken(own, { name: "viewer", role: "readonly" });
+    const refused = await runCli(["--url", own.url, "--token", readonly.secret, "services", "stop", "--all"]);
+    expect(refused.code).toBe(1);
+    expect(refused.stdout).toBe("");
+    expect(refused.stderr).toMatch(/^engine: could not stop one: .* \[forbidden\]$/m);
+    expect(refused.stderr).toMatch(/^engine: could not stop two: .* \[forbidden\]$/m);
+    expect(refused.stderr.trim().split("\n").at(-1)).toBe("engine: 2 of 2 services could not be stopped [forbidden]");
+    expect(await state("one")).toBe("running");
+
+    const stopped = await run("services", "stop", "--all");
+    expect(stopped.code).toBe(0);
+    expect(stopped.stdout.split("\n").filter(Boolean).sort()).toEqual([
+      "stopped one (was running, now stopped)",
+      "stopped two (was running, now stopped)",
+    ]);
+    // A completed batch job stays completed (a stop would have made it cancelled).
+    expect(await state("done")).toBe("completed");
+    const again = JSON.parse((await run("--json", "services", "stop", "--all")).stdout);
+    expect(again).toEqual({ stopped: [], failed: [] });
+  } finally {
+    await own.close();
+  }
+}, 60_000);
 
 test("engine restart asks the daemon to drain and restart", async () => {
   let restarts = 0;

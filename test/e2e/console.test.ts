@@ -38,6 +38,7 @@ beforeAll(async () => {
     ENGINE_CLOUD_OIDC_CLIENT_ID: idp.clientId,
     ENGINE_CLOUD_OIDC_CLIENT_SECRET: idp.clientSecret,
     ENGINE_CLOUD_OIDC_PROVIDER_PARAM: idp.providerHintParam,
+    ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS: "github,google",
   });
   cloudUrl = await cloudListening(cloud);
   browser = await launchChromium();
@@ -159,6 +160,80 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
       await context.close();
     }
   }, 60_000);
+  test("a browser that opened the console at localhost is warned, and told why sign-in failed when it comes back at 127.0.0.1", async () => {
+    const context = await (browser as Browser).newContext();
+    try {
+      const fresh = await context.newPage();
+      fresh.setDefaultTimeout(STEP_MS);
+      const localhost = cloudUrl.replace("127.0.0.1", "localhost");
+      await fresh.goto(`${localhost}/signin?return_to=%2Fkeys`);
+      await fresh.getByText(`This console's address is ${cloudUrl}.`).waitFor();
+      await fresh.getByRole("button", { name: "Sign in", exact: true }).click();
+      await fresh.waitForURL((url) => url.href.startsWith(`${idp.issuer}/interaction/`));
+      await fresh.getByLabel("Email").fill("ada@example.com");
+      await fresh.getByRole("button", { name: "Sign in" }).click();
+      // The IdP sends the browser to the public URL, where localhost's binding cookie is not sent.
+      await fresh.waitForURL(`${cloudUrl}/signin?error=login_failed&started_at=${encodeURIComponent(localhost)}`);
+      const alert = await fresh.getByRole("alert").textContent();
+      expect(alert).toContain(`You started sign-in at ${localhost} but came back at ${cloudUrl}`);
+      expect(alert).toContain(`Open the console at ${cloudUrl}`);
+      await fresh.screenshot({ path: join(SCREENSHOTS, "console-signin-host-mismatch.png"), fullPage: true });
+      // Still refused: no session was made.
+      expect((await context.cookies(cloudUrl)).some((cookie) => cookie.name === "engine_session")).toBe(false);
+    } finally {
+      await context.close();
+    }
+  }, 60_000);
+
+  test.each([
+    ["no OpenID provider", {}, []],
+    ["an OpenID provider with GitHub only", { social: "github" }, ["GitHub"]],
+  ])(
+    "the sign-in page of a console with %s shows only that",
+    async (name, { social }: { social?: string }, buttons: string[]) => {
+      const env: Record<string, string> = {};
+      if (social !== undefined) {
+        Object.assign(env, {
+          ENGINE_CLOUD_OIDC_ISSUER: idp.issuer,
+          ENGINE_CLOUD_OIDC_CLIENT_ID: idp.clientId,
+          ENGINE_CLOUD_OIDC_CLIENT_SECRET: idp.clientSecret,
+          ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS: social,
+        });
+      }
+      const dir = join(workDir, `signin-${buttons.length}`);
+      const other = children.start([binaries.cloud, "--data-dir", dir, "serve", "--port", "0", "--log-level", "info"], env);
+      const url = await cloudListening(other);
+      const context = await (browser as Browser).newContext();
+      try {
+        const fresh = await context.newPage();
+        fresh.setDefaultTimeout(STEP_MS);
+        await fresh.goto(`${url}/signin`);
+        await fresh.getByRole("heading", { name: "Sign in to engine cloud" }).waitFor();
+        const shown = await fresh.getByRole("button", { name: /^Continue with / }).allTextContents();
+        expect(shown).toEqual(buttons.map((label) => `Continue with ${label}`));
+        if (social === undefined) {
+          const help = (await fresh.getByTestId("signin-not-configured").textContent()) ?? "";
+          for (const variable of [
+            "ENGINE_CLOUD_OIDC_ISSUER",
+            "ENGINE_CLOUD_OIDC_CLIENT_ID",
+            "ENGINE_CLOUD_OIDC_CLIENT_SECRET",
+            "ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS",
+          ])
+            expect(help).toContain(variable);
+          expect(await fresh.getByRole("button", { name: "Sign in", exact: true }).count()).toBe(0);
+        } else {
+          expect(await fresh.getByRole("button", { name: "Sign in", exact: true }).count()).toBe(1);
+        }
+        await fresh.screenshot({ path: join(SCREENSHOTS, `console-signin-${name.replaceAll(" ", "-")}.png`), fullPage: true });
+      } finally {
+        await context.close();
+        other.proc.kill("SIGTERM");
+        await other.proc.exited;
+      }
+    },
+    60_000,
+  );
+
   test("following verification_uri_complete signed out: sign in, land on the prefilled code, deny it", async () => {
     const linking = children.start([binaries.engine, "--data-dir", join(workDir, "denied"), "--json", "link", "--cloud", cloudUrl]);
     const device = await linkEvent(linking, "device");

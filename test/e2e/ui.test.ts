@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
+import { DEFAULT_RESTORE_TIMEOUT_S } from "../../src/contract/defaults";
 import { RedisEngine } from "../../src/engine/databases";
 import { eventually, freePort, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { buildBinaries } from "./binaries";
@@ -36,6 +37,23 @@ const HELLO_TEMPLATE = {
   ],
 };
 
+/** GPU_TEMPLATE suggests a GPU: on a host without one, the deploy form starts at 0 and says why. */
+const GPU_TEMPLATE = {
+  ...HELLO_TEMPLATE,
+  id: "cuda-demo",
+  name: "CUDA Demo",
+  icon: "🧪",
+  ai_hint: "Suggests one GPU: the deploy form's GPU count follows the host's inventory.",
+  deploy_defaults: { port: 0, gpus: 1, start: "exec sleep 300", health: "" },
+  env_schema: [],
+};
+
+/** hostHasColourEmoji says whether fontconfig knows a colour font that draws 👋 (the Hello template's icon). */
+function hostHasColourEmoji(): boolean | null {
+  const listed = Bun.spawnSync(["fc-list", ":color=true:charset=1f44b", "family"], { stdout: "pipe", stderr: "ignore" });
+  return listed.exitCode === 0 ? listed.stdout.toString().trim() !== "" : null;
+}
+
 let workDir: string;
 let binary: string;
 let engine: SpawnedEngine;
@@ -60,6 +78,7 @@ beforeAll(async () => {
     join(templates, "hello.json"),
     JSON.stringify({ ...HELLO_TEMPLATE, deploy_defaults: { ...HELLO_TEMPLATE.deploy_defaults, port } }),
   );
+  writeFileSync(join(templates, "cuda-demo.json"), JSON.stringify(GPU_TEMPLATE));
   engine = await spawnEngine(join(workDir, "data"), {
     command: [binary],
     // The proxy runs (one process, free ports, no mDNS) so a domain can be added from the deploy form.
@@ -128,6 +147,30 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await page.getByRole("link", { name: "Templates" }).click();
     await page.getByRole("heading", { name: "Hello" }).waitFor();
     await shot("templates");
+    // The icon is the emoji where the browser draws it in colour, else the name's initials.
+    const icon = page.getByRole("heading", { name: "Hello" }).locator(".icon, .icon-badge");
+    expect(await icon.count()).toBe(1);
+    const colourEmoji = hostHasColourEmoji();
+    if (colourEmoji !== null) {
+      expect(await icon.getAttribute("class")).toBe(colourEmoji ? "icon" : "icon-badge");
+      expect(await icon.textContent()).toBe(colourEmoji ? "👋" : "He");
+    }
+
+    // A template that suggests a GPU starts at what this host has: 0, with the hint, on a host without GPUs.
+    const inventory = (await (await fetch(`${engine.url}/api/gpus`, { headers: bearer(adminToken) })).json()) as { devices: unknown[] };
+    await page.getByRole("button", { name: "Deploy CUDA Demo" }).click();
+    await page.getByRole("heading", { name: "Deploy CUDA Demo" }).waitFor();
+    const gpus = page.getByLabel("GPUs", { exact: true });
+    expect(await gpus.inputValue()).toBe(String(Math.min(1, inventory.devices.length)));
+    const gpuHint = await page.locator(`#${await gpus.getAttribute("aria-describedby")}`).textContent();
+    expect(gpuHint).toBe(
+      inventory.devices.length === 0
+        ? "no GPUs on this host (the template suggests 1)"
+        : `${inventory.devices.length} GPU${inventory.devices.length === 1 ? "" : "s"} on this host`,
+    );
+    await shot("template-gpu-form");
+    await page.getByRole("button", { name: "Cancel" }).click();
+
     await page.getByRole("button", { name: "Deploy Hello" }).click();
     await page.getByRole("heading", { name: "Deploy Hello" }).waitFor();
     // The form follows env_schema: a required field, a secret one as a password input.
@@ -182,6 +225,22 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     expect(await runsAs.textContent()).toBe(process.getuid?.() === 0 ? "eng-crasher" : "the engine's own user");
     await page.getByRole("log", { name: "Logs of crasher" }).getByText("about to fail").first().waitFor();
     await shot("diagnosis");
+    // The logs are above the report: its remedy does not send the reader "below".
+    expect((await report.textContent()) ?? "").not.toMatch(/\bbelow\b/);
+
+    // The services list says why it failed: the message column of `engine services list`.
+    const failed = (await (await fetch(`${engine.url}/api/services/crasher`, { headers: bearer(adminToken) })).json()) as {
+      status: string;
+      status_message: string | null;
+    };
+    expect(failed.status).toBe("failed");
+    expect(failed.status_message).toContain("exited with code 1");
+    await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Services" }).click();
+    const row = page.getByRole("row", { name: /crasher/ });
+    await row.getByText(failed.status_message ?? "").waitFor();
+    const headers = await page.locator("thead th").allTextContents();
+    const cells = await row.locator("td").allTextContents();
+    expect(cells[headers.indexOf("Message")]).toBe(failed.status_message ?? "");
   }, 60_000);
 
   test("the logs of a service that has printed nothing say so at once, instead of connecting forever", async () => {
@@ -195,7 +254,53 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     const panel = page.getByRole("region", { name: /^Logs/ });
     await panel.getByText("No output yet.").waitFor({ timeout: STEP_MS });
     expect(await panel.getByText("live").count()).toBe(1);
+  }, 60_000);
+
+  test("action buttons that cannot apply are disabled, with the reason as their title", async () => {
+    const actions = page.getByRole("group", { name: "Service actions" });
+    const button = (name: string) => actions.getByRole("button", { name, exact: true });
+    await page.locator(".badge", { hasText: "running" }).first().waitFor();
+    // Running: Pause and Stop apply, Start does not.
+    await eventually(async () => (await button("Pause").isEnabled()) && !(await button("Start").isEnabled()), { timeoutMs: STEP_MS });
+    expect(await button("Start").getAttribute("title")).toBe("The service is running: stop it first, or use Restart");
+    expect(await button("Stop").isEnabled()).toBe(true);
+
+    await button("Stop").click();
+    await page.locator(".badge", { hasText: "stopped" }).first().waitFor();
+    await eventually(async () => !(await button("Pause").isEnabled()), { timeoutMs: STEP_MS });
+    expect(await button("Pause").getAttribute("title")).toBe("Only a running process can be paused; the service is stopped");
+    expect(await button("Stop").isEnabled()).toBe(false);
+    expect(await button("Stop").getAttribute("title")).toBe("The service is already stopped");
+    expect(await button("Start").isEnabled()).toBe(true);
+    expect(await button("Start").getAttribute("title")).toBeNull();
+    await shot("service-stopped");
+    // The engine agrees: pausing a stopped service is refused.
+    const paused = await fetch(`${engine.url}/api/services/quiet/pause`, { method: "POST", headers: bearer(adminToken) });
+    expect(paused.status).toBe(409);
     await fetch(`${engine.url}/api/services/quiet`, { method: "DELETE", headers: bearer(adminToken) });
+  }, 60_000);
+
+  test("a health probe reads as one line, not JSON", async () => {
+    const port = await freePort();
+    const deployed = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers: { ...bearer(adminToken), "content-type": "application/json" },
+      body: JSON.stringify({
+        name: "probed",
+        command: "exec sleep 300",
+        port,
+        health: { type: "http", path: "/health", interval_s: 10, timeout_s: 2, failure_threshold: 3 },
+      }),
+    });
+    expect(deployed.status).toBe(201);
+    await page.goto(`${engine.url}/#/services/probed`);
+    const report = page.getByRole("region", { name: "Diagnosis" });
+    const probe = report.locator("dt", { hasText: /^Probe$/ }).locator("xpath=following-sibling::dd[1]");
+    await probe.waitFor();
+    expect(await probe.textContent()).toBe(`HTTP GET :${port}/health every 10 s, timeout 2 s, 3 failures, start period 10 s`);
+    expect(await report.locator("dt", { hasText: "Last probe" }).count()).toBe(1);
+    expect((await report.textContent()) ?? "").not.toContain('"type"');
+    await fetch(`${engine.url}/api/services/probed`, { method: "DELETE", headers: bearer(adminToken) });
   }, 60_000);
 
   test("a token is created with its secret shown once, and revoked", async () => {
@@ -256,6 +361,10 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     );
     await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Databases" }).click();
     await page.getByRole("heading", { name: "Restore a dump" }).waitFor();
+    // The form's timeout is the CLI's default, which `engine restore --help` shows.
+    expect(await page.getByLabel("Timeout (seconds)").inputValue()).toBe(String(DEFAULT_RESTORE_TIMEOUT_S));
+    const help = await runCli(["restore", "--help"], {}, [binary]);
+    expect(help.stdout).toContain(`(default: "${DEFAULT_RESTORE_TIMEOUT_S}")`);
     await page.getByLabel("Database", { exact: true }).selectOption("notes");
     await page.getByLabel("Dump", { exact: true }).fill(dump);
     await page.getByRole("button", { name: "Restore" }).click();
@@ -264,6 +373,16 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
       .getByText(/Restored into notes \(sqlite\)/)
       .waitFor({ timeout: 30_000 });
     await shot("databases");
+    // The database's page reads its last restore as labelled rows: file, size, time; result.
+    await page.goto(`${engine.url}/#/services/notes`);
+    const report = page.getByRole("region", { name: "Diagnosis" });
+    const row = (label: string) => report.locator("dt", { hasText: new RegExp(`^${label}$`) }).locator("xpath=following-sibling::dd[1]");
+    await row("Last dump").waitFor();
+    const size = statSync(dump).size;
+    expect(await row("Last dump").textContent()).toStartWith(`${dump}, ${size} B, `);
+    expect(await row("Result").textContent()).toMatch(/^restored in \d/);
+    expect((await report.textContent()) ?? "").not.toContain('"total_bytes"');
+    await shot("database-last-dump");
   }, 60_000);
 
   (redisTools ? test : test.skip)(

@@ -232,6 +232,7 @@ describe("the fuzz suite", () => {
         ENGINE_CLOUD_OIDC_CLIENT_ID: idp.clientId,
         ENGINE_CLOUD_OIDC_CLIENT_SECRET: idp.clientSecret,
         ENGINE_CLOUD_OIDC_PROVIDER_PARAM: idp.providerHintParam,
+        ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS: "github,google",
       },
     );
     [engine, cloudPort] = await Promise.all([

@@ -1,8 +1,8 @@
 import { afterEach, describe, expect, test } from "bun:test";
-import { closeSync, existsSync, openSync, readFileSync } from "node:fs";
+import { closeSync, existsSync, openSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { createLogger } from "../../src/lib/logger";
-import { eventually } from "../helpers";
+import { eventually, tempDir } from "../helpers";
 import { mountTmpfs, type Tmpfs } from "../tmpfs";
 
 let disk: Tmpfs | null = null;
@@ -19,6 +19,46 @@ function lines(path: string): Record<string, unknown>[] {
     .filter(Boolean)
     .map((line) => JSON.parse(line));
 }
+
+/** topLevelKeys lists a JSON object line's own keys in order, duplicates kept (JSON.parse would merge them). */
+function topLevelKeys(line: string): string[] {
+  const keys: string[] = [];
+  let depth = 0;
+  for (const match of line.matchAll(/"(?:[^"\\]|\\.)*"(\s*:)?|[{}[\]]/g)) {
+    const token = match[0];
+    if (token === "{" || token === "[") depth++;
+    else if (token === "}" || token === "]") depth--;
+    else if (match[1] && depth === 1) keys.push(JSON.parse(token.slice(0, token.lastIndexOf(":")).trim()));
+  }
+  return keys;
+}
+
+describe("log lines", () => {
+  test("every line has exactly one pid, the engine's; a field named pid is kept as other_pid", () => {
+    const dir = tempDir();
+    try {
+      const { log, flush } = createLogger({ level: "info", dataDir: dir, stdout: false });
+      log.info("plain");
+      log.info({ service: "web", pid: 4242 }, "a field named pid");
+      log.warn({ pid: 7, nested: { pid: 8 } }, "nested");
+      flush();
+      const text = readFileSync(join(dir, "engine.log"), "utf8").trim().split("\n");
+      expect(text).toHaveLength(3);
+      for (const line of text) {
+        expect(topLevelKeys(line).filter((key) => key === "pid")).toEqual(["pid"]);
+        expect(JSON.parse(line).pid).toBe(process.pid);
+      }
+      expect(JSON.parse(text[1] ?? "")).toMatchObject({ service: "web", other_pid: 4242, msg: "a field named pid" });
+      expect(JSON.parse(text[2] ?? "")).toMatchObject({ other_pid: 7, nested: { pid: 8 } });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("topLevelKeys sees a duplicate key (so the test above can fail)", () => {
+    expect(topLevelKeys('{"level":30,"pid":1,"a":{"pid":2},"pid":3,"msg":"x: \\"pid\\":"}')).toEqual(["level", "pid", "a", "pid", "msg"]);
+  });
+});
 
 describe("logger on a full disk (issue 13)", () => {
   test("the log file drops and counts lines, says so once on stdout, and resumes when space returns", () => {

@@ -5,7 +5,7 @@ import * as client from "openid-client";
 import { constantTimeEqual, digestSecret, randomId, type SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
-import type { OidcConfig, SocialProvider } from "../config";
+import type { OidcAuthMethod, OidcConfig, SocialProvider } from "../config";
 import { type Database, num } from "../db";
 
 /** LOGIN_ATTEMPT_TTL_MS is how long a sign-in may take from start to callback: ten minutes. */
@@ -44,8 +44,36 @@ export interface VerifiedIdentity {
   returnTo: string;
 }
 
-/** LoginFailure is why a callback was refused, for the log only: the client always reads `login_failed`. */
-class LoginFailure extends Error {}
+/** HostMismatch is where a sign-in started and where the browser came back, when their hosts differ. */
+interface HostMismatch {
+  startedAt: string;
+  cameBackAt: string;
+}
+
+/**
+ * LoginFailure is why a callback was refused, for the log only: the client always reads
+ * `login_failed`. `fields` add what the log line may name (a claim, never a token); a host
+ * mismatch is the one reason the client is told, because only the person can fix it.
+ */
+class LoginFailure extends Error {
+  constructor(
+    message: string,
+    readonly fields: Record<string, unknown> = {},
+    readonly hostMismatch?: HostMismatch,
+  ) {
+    super(message);
+  }
+}
+
+/** FinishOptions are what the callback route knows about the browser that came back. */
+export interface FinishOptions {
+  /** readBinding reads the binding cookie the browser presented for a state. */
+  readBinding: (state: string) => string | null;
+  /** cameBackAt is the origin the callback request reached (its Host), to compare with where the sign-in started. */
+  cameBackAt: string;
+  /** publicUrl is the console's public URL, named in the answer when the browser came back on another host. */
+  publicUrl: string;
+}
 
 /** isLoopback says whether an issuer is on this machine, the one place plain http is accepted (RFC 8252 §8.3's spirit). */
 function isLoopback(url: URL): boolean {
@@ -81,9 +109,114 @@ function describe(error: unknown): Record<string, unknown> {
 }
 
 /**
+ * CLAIMS_WITH_LOGGABLE_VALUES are the ID token claims whose expected and received values may
+ * be logged: client ids, issuer URLs and times. A nonce or a hash (`c_hash`, `at_hash`) is
+ * named without its values: they are derived from the sign-in's secrets.
+ */
+const CLAIMS_WITH_LOGGABLE_VALUES = new Set(["aud", "azp", "iss"]);
+const TIMESTAMP_CLAIMS = new Set(["exp", "nbf", "iat", "auth_time"]);
+
+/** shown renders a value from the IdP for a log line's text, bounded (a hostile IdP could send a huge audience list). */
+const shown = (value: unknown) => (value === undefined ? "nothing" : JSON.stringify(value).slice(0, 200));
+/** bounded is a value from the IdP for a log line's field: strings cut to 200 characters, lists to 5 entries. */
+function bounded(value: unknown): unknown {
+  if (typeof value === "string") return value.slice(0, 200);
+  if (Array.isArray(value)) return value.slice(0, 5).map((entry) => (typeof entry === "string" ? entry.slice(0, 200) : shown(entry)));
+  return typeof value === "number" || value === undefined ? value : shown(value);
+}
+
+/** formEncodedOnly says whether `got` is `expected` form-encoded (`engine%2Dconsole` for `engine-console`). */
+function formEncodedOnly(got: unknown, expected: unknown): boolean {
+  if (typeof got !== "string" || typeof expected !== "string" || got === expected) return false;
+  try {
+    return decodeURIComponent(got.replace(/\+/g, " ")) === expected;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * explainRefusal turns an openid-client failure of the code redemption into a reason that
+ * names what failed: the ID token claim that did not check out (openid-client keeps it two
+ * causes deep: ClientError → OperationProcessingError → `{claim, expected, claims}`), or the
+ * token endpoint's OAuth error with a hint at the likely setting. The claims object itself
+ * (email, name) and every token stay out of it.
+ */
+function explainRefusal(error: unknown, authMethod: OidcAuthMethod): { reason: string; fields: Record<string, unknown> } {
+  const chain: Record<string, unknown>[] = [];
+  for (let current = error, depth = 0; current && typeof current === "object" && depth < 5; depth++) {
+    chain.push(current as Record<string, unknown>);
+    current = (current as { cause?: unknown }).cause;
+  }
+  const check = chain.find((link) => typeof link.claim === "string") as
+    | { claim: string; expected?: unknown; claims?: Record<string, unknown>; now?: number; tolerance?: number }
+    | undefined;
+  if (check) {
+    const { claim } = check;
+    const got = check.claims?.[claim];
+    if (CLAIMS_WITH_LOGGABLE_VALUES.has(claim)) {
+      const expected = check.expected === undefined ? "" : `expected ${shown(check.expected)}, `;
+      // The known case: a provider that used the form-encoded Basic user name as the audience.
+      const hint =
+        claim === "aud" && authMethod === "client_secret_basic" && formEncodedOnly(got, check.expected)
+          ? " (the client id as form-encoded in the Basic header, RFC 6749 §2.3.1, used undecoded: set ENGINE_CLOUD_OIDC_AUTH_METHOD=client_secret_post)"
+          : "";
+      return {
+        reason: `the ID token's "${claim}" claim does not match: ${expected}got ${shown(got)}${hint}`,
+        fields: { claim, expected: bounded(check.expected), got: bounded(got) },
+      };
+    }
+    if (TIMESTAMP_CLAIMS.has(claim)) {
+      return {
+        reason: `the ID token's "${claim}" claim fails the time check: ${claim} ${shown(got)}, now ${check.now} (is this machine's clock right?)`,
+        fields: { claim, got: bounded(got), now: check.now },
+      };
+    }
+    return { reason: `the ID token's "${claim}" claim does not match (values not logged)`, fields: { claim } };
+  }
+  for (const link of chain) {
+    const missing = /JWT "([A-Za-z_]+)" \([^)]*\) claim missing/.exec(String(link.message ?? ""));
+    if (missing) return { reason: `the ID token has no "${missing[1]}" claim`, fields: { claim: missing[1] } };
+  }
+  // The OAuth error of the token endpoint: in the body (ResponseBodyError), or in a WWW-Authenticate
+  // challenge (RFC 6749 §5.2 wants one on a 401 to a client that used the Authorization header).
+  const status = chain.find((link) => typeof link.status === "number")?.status as number | undefined;
+  const challenged = chain
+    .flatMap((link) => (Array.isArray(link.cause) ? (link.cause as { parameters?: { error?: unknown } }[]) : []))
+    .find((challenge) => typeof challenge?.parameters?.error === "string")?.parameters?.error as string | undefined;
+  const answered = (chain.find((link) => typeof link.error === "string")?.error as string | undefined) ?? challenged;
+  // A bare 401 from the token endpoint is a failed client authentication too.
+  const oauth = answered ? { error: answered.slice(0, 100), status } : status === 401 ? { error: "invalid_client", status } : undefined;
+  if (oauth?.error === "invalid_client") {
+    const other = authMethod === "client_secret_basic" ? "client_secret_post" : "client_secret_basic";
+    return {
+      reason:
+        `the token endpoint refused the console's client authentication (invalid_client, HTTP ${oauth.status}), sent as ${authMethod}: ` +
+        `check ENGINE_CLOUD_OIDC_CLIENT_ID and ENGINE_CLOUD_OIDC_CLIENT_SECRET, or set ENGINE_CLOUD_OIDC_AUTH_METHOD=${other} ` +
+        "if that is what the provider expects for this client",
+      fields: { oauth_error: oauth.error, auth_method: authMethod },
+    };
+  }
+  if (oauth) {
+    return { reason: `the token endpoint answered ${oauth.error} (HTTP ${oauth.status})`, fields: { oauth_error: oauth.error } };
+  }
+  return { reason: `the identity provider's answer was refused: ${shown((error as Error)?.message)}`, fields: { err: describe(error) } };
+}
+
+/** hostOf is the host name of an origin, or the origin itself when it does not parse. */
+function hostOf(origin: string): string {
+  try {
+    return new URL(origin).hostname;
+  } catch {
+    return origin;
+  }
+}
+
+/**
  * RelyingParty is the console's OpenID Connect client (openid-client v6, OpenID-certified):
  * authorization code flow with PKCE S256, `state`, `nonce`, RFC 9207 `iss` (checked when the
- * IdP advertises it), and client_secret_basic at the token endpoint.
+ * IdP advertises it), and client_secret_basic (or, configured, client_secret_post) at the
+ * token endpoint.
  *
  * The IdP's configuration is discovered once and cached. If the IdP is down when the console
  * starts, nothing fails: the next sign-in (or readiness check) discovers again.
@@ -135,7 +268,9 @@ export class RelyingParty {
         new URL(this.oidc.issuer),
         this.oidc.clientId,
         undefined,
-        client.ClientSecretBasic(this.oidc.clientSecret),
+        this.oidc.authMethod === "client_secret_post"
+          ? client.ClientSecretPost(this.oidc.clientSecret)
+          : client.ClientSecretBasic(this.oidc.clientSecret),
         {
           [client.customFetch]: this.#fetch,
           execute: this.#insecure ? [client.allowInsecureRequests] : [],
@@ -187,9 +322,14 @@ export class RelyingParty {
   /**
    * begin starts a sign-in: it writes the attempt and returns the IdP's authorization URL and
    * the binding cookie. `loginHint` becomes `login_hint`; a social provider is named to the IdP
-   * in the configured hint parameter. Nothing is written when the IdP cannot be reached.
+   * in the configured hint parameter. `startedAt` is the origin the start request reached,
+   * kept to explain a callback that comes back elsewhere. Nothing is written when the IdP
+   * cannot be reached.
    */
-  async begin(kind: LoginKind, options: { redirectUri: string; returnTo: string; loginHint?: string }): Promise<LoginStarted> {
+  async begin(
+    kind: LoginKind,
+    options: { redirectUri: string; returnTo: string; loginHint?: string; startedAt?: string },
+  ): Promise<LoginStarted> {
     const configuration = await this.configuration();
     const state = client.randomState();
     const nonce = client.randomNonce();
@@ -199,9 +339,9 @@ export class RelyingParty {
     const now = Date.now();
     const expiresAt = now + LOGIN_ATTEMPT_TTL_MS;
     await this.db.sql`INSERT INTO login_attempts
-        (id, state_digest, binding_digest, nonce, verifier_sealed, provider, return_to, created_at, expires_at)
+        (id, state_digest, binding_digest, nonce, verifier_sealed, provider, return_to, created_at, expires_at, started_origin)
       VALUES (${id}, ${digestSecret(state)}, ${digestSecret(binding)}, ${nonce}, ${this.secrets.seal(verifier, `login:${id}`)},
-        ${kind.provider}, ${options.returnTo}, ${now}, ${expiresAt})`;
+        ${kind.provider}, ${options.returnTo}, ${now}, ${expiresAt}, ${options.startedAt?.slice(0, 300) ?? null})`;
     const parameters: Record<string, string> = {
       redirect_uri: options.redirectUri,
       scope: LOGIN_SCOPE,
@@ -222,24 +362,36 @@ export class RelyingParty {
 
   /**
    * finish completes a sign-in from the IdP's redirect back: `callbackUrl` is the console's
-   * public callback URL with the query the browser brought (`code`, `state`, `iss`), and
-   * `readBinding` reads the binding cookie the browser presented for a state. Any failure of
-   * the state, the binding, the expiry, the single use, or the code's redemption is
-   * `login_failed` (401); the reason goes to the log, never the code or a token.
+   * public callback URL with the query the browser brought (`code`, `state`, `iss`). Any
+   * failure of the state, the binding, the expiry, the single use, or the code's redemption
+   * is `login_failed` (401); the reason goes to the log (naming the ID token claim that
+   * failed), never the code or a token. When the binding cookie is missing because the
+   * browser came back on another host than the one it started on, the answer's message says
+   * so and names the public URL (`details.started_at` holds the start's origin); the refusal
+   * is the same.
    */
-  async finish(callback: CallbackKind, callbackUrl: URL, readBinding: (state: string) => string | null): Promise<VerifiedIdentity> {
+  async finish(callback: CallbackKind, callbackUrl: URL, options: FinishOptions): Promise<VerifiedIdentity> {
     try {
-      return await this.#finish(callback, callbackUrl, readBinding);
+      return await this.#finish(callback, callbackUrl, options);
     } catch (error) {
       if (error instanceof LoginFailure) {
-        this.log.warn({ reason: error.message, callback }, "sign-in refused");
+        this.log.warn({ reason: error.message, callback, ...error.fields }, "sign-in refused");
+        const mismatch = error.hostMismatch;
+        if (mismatch) {
+          throw new AppError(
+            "login_failed",
+            `sign-in failed: you started sign-in at ${mismatch.startedAt} but came back at ${mismatch.cameBackAt}, where the browser ` +
+              `does not send the cookie it was given at ${mismatch.startedAt}; open the console at ${options.publicUrl} and sign in again`,
+            { started_at: mismatch.startedAt },
+          );
+        }
         throw new AppError("login_failed", "sign-in failed; start again from the sign-in page");
       }
       throw error;
     }
   }
 
-  async #finish(callback: CallbackKind, callbackUrl: URL, readBinding: (state: string) => string | null): Promise<VerifiedIdentity> {
+  async #finish(callback: CallbackKind, callbackUrl: URL, { readBinding, cameBackAt }: FinishOptions): Promise<VerifiedIdentity> {
     // A missing state never skips the check: there is then no attempt to match.
     const state = callbackUrl.searchParams.get("state");
     if (!state) throw new LoginFailure("no state");
@@ -248,9 +400,20 @@ export class RelyingParty {
     const provider = (row.provider ?? null) as SocialProvider | null;
     if ((provider === null) !== (callback === "login")) throw new LoginFailure("the state belongs to the other callback");
     const binding = readBinding(state);
-    if (!binding || !constantTimeEqual(digestSecret(binding), row.binding_digest as string)) {
-      throw new LoginFailure(binding ? "the binding cookie does not match" : "no binding cookie");
+    if (!binding) {
+      // Cookies are kept per host name: one set at localhost is not sent to 127.0.0.1.
+      const startedAt = typeof row.started_origin === "string" ? row.started_origin : null;
+      if (startedAt && hostOf(startedAt) !== hostOf(cameBackAt)) {
+        throw new LoginFailure(
+          `no binding cookie: the sign-in started at ${startedAt} and came back at ${cameBackAt}`,
+          { started_at: startedAt, came_back_at: cameBackAt },
+          { startedAt, cameBackAt },
+        );
+      }
+      throw new LoginFailure("no binding cookie");
     }
+    if (!constantTimeEqual(digestSecret(binding), row.binding_digest as string))
+      throw new LoginFailure("the binding cookie does not match");
     const now = Date.now();
     if (row.consumed_at !== null && row.consumed_at !== undefined) throw new LoginFailure("the attempt was already used");
     if (num(row.expires_at) <= now) throw new LoginFailure("the attempt expired");
@@ -275,8 +438,8 @@ export class RelyingParty {
         idTokenExpected: true,
       });
     } catch (error) {
-      this.log.warn({ err: describe(error) }, "the identity provider's answer was refused");
-      throw new LoginFailure("code redemption failed");
+      const { reason, fields } = explainRefusal(error, this.oidc.authMethod);
+      throw new LoginFailure(`code redemption failed: ${reason}`, fields);
     }
     const claims = tokens.claims();
     if (!claims) throw new LoginFailure("no ID token");

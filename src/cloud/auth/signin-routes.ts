@@ -34,7 +34,8 @@ function seeOther(location: string, set: { headers: Record<string, unknown> }): 
 /** NAVIGATION_NOTE documents the callbacks' answer to a browser, beside their JSON answer to an API client. */
 const NAVIGATION_NOTE =
   "An API client gets 200 `SignedIn` or 401. A browser's top-level navigation (Sec-Fetch-Mode: navigate) gets 303 to the " +
-  "sign-in's return_to with the session cookie set, or 303 to /signin?error=<code> on any failure.";
+  "sign-in's return_to with the session cookie set, or 303 to /signin?error=<code> on any failure (with started_at=<origin> " +
+  "when the browser came back on another host than the one the sign-in started at).";
 
 /** SIGNIN_PAGE is the console page a failed browser sign-in lands on, with the error code in its query. */
 const SIGNIN_PAGE = "/signin";
@@ -62,11 +63,19 @@ export function signinRoutes(deps: CloudDeps) {
   const start = async (request: Request, set: { headers: Record<string, unknown> }, kind: LoginKind, returnTo: string, hint?: string) => {
     await chargeSignInStart(deps, request);
     if (!party) throw notConfigured();
+    // Only the providers the operator listed: the page shows no other button, and the broker may not know another.
+    if (kind.provider && !party.oidc.socialProviders.includes(kind.provider)) {
+      throw new AppError(
+        "social_provider_not_configured",
+        `sign-in with ${kind.provider} is not offered by this console (ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS)`,
+      );
+    }
     const callback = kind.provider ? CALLBACK_PATHS.social : CALLBACK_PATHS.login;
     const started = await party.begin(kind, {
       redirectUri: `${deps.site.publicUrl}${callback}`,
       returnTo: normalizeReturnTo(returnTo),
       loginHint: hint || undefined,
+      startedAt: new URL(request.url).origin,
     });
     set.headers["set-cookie"] = started.bindingCookie;
     set.headers["cache-control"] = "no-store";
@@ -87,7 +96,7 @@ export function signinRoutes(deps: CloudDeps) {
         return null; // malformed percent-encoding: no usable cookie
       }
     };
-    const identity = await party.finish(callback, callbackUrl, readBinding);
+    const identity = await party.finish(callback, callbackUrl, { readBinding, cameBackAt: given.origin, publicUrl: deps.site.publicUrl });
     const account = await deps.accounts.fromIdentity(identity);
     const { token, session } = await deps.sessions.mint(account.id, "browser", {
       userAgent: request.headers.get("user-agent") ?? "",
@@ -123,7 +132,11 @@ export function signinRoutes(deps: CloudDeps) {
     } catch (error) {
       const code = error instanceof AppError ? error.code : "internal";
       if (!(error instanceof AppError)) deps.log.error({ err: (error as Error).message }, "sign-in callback failed");
-      return seeOther(`${SIGNIN_PAGE}?error=${encodeURIComponent(code)}`, { headers: {} }) as unknown as SignedInAnswer;
+      const page = new URLSearchParams({ error: code });
+      // The page explains a host mismatch from this origin and the public URL it knows itself.
+      const startedAt = error instanceof AppError ? error.details?.started_at : undefined;
+      if (typeof startedAt === "string") page.set("started_at", startedAt);
+      return seeOther(`${SIGNIN_PAGE}?${page}`, { headers: {} }) as unknown as SignedInAnswer;
     }
   };
 

@@ -144,4 +144,10 @@ export const MIGRATIONS: Migration[] = [
     // whether a commit is stored again (Database.writable).
     statements: () => ["CREATE TABLE write_probe (id INTEGER PRIMARY KEY, at BIGINT NOT NULL)"],
   },
+  {
+    id: "2026-11-24-01-login-started-origin",
+    // The origin a sign-in was started at, so a callback that comes back on another host
+    // (localhost vs 127.0.0.1: no binding cookie there) can say so. Null for older rows.
+    statements: () => ["ALTER TABLE login_attempts ADD COLUMN started_origin TEXT"],
+  },
 ];

@@ -31,6 +31,8 @@ export const STATUS_BY_CODE: Record<CloudErrorCode, number> = {
   rate_limited: 429,
   // The sign-in starts list 400 ("refused request") and no 429 in the contract (decision 166).
   sign_in_rate_limited: 400,
+  // A social provider the operator did not list: the contract's "refused request on social".
+  social_provider_not_configured: 400,
   invalid_device_credential: 403,
   invalid_request: 400,
   invalid_return_to: 400,

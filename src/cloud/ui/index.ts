@@ -34,7 +34,24 @@ const PAGE_HEADERS = {
 
 const escapeHtml = (text: string) => text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 
-function shell(page: string, title: string, tag: string): string {
+/**
+ * signInAttributes tell the sign-in page's script what this console offers: whether an
+ * OpenID provider is configured, which social providers it brokers, and the public URL
+ * (a browser on another host would lose the sign-in cookie on the way back). None is secret.
+ */
+function signInAttributes(deps: CloudDeps): Record<string, string> {
+  const oidc = deps.config.oidc;
+  return {
+    "data-sign-in": oidc ? "oidc" : "none",
+    "data-social": oidc ? oidc.socialProviders.join(" ") : "",
+    "data-public-url": deps.site.publicUrl,
+  };
+}
+
+function shell(page: string, title: string, tag: string, attributes: Record<string, string> = {}): string {
+  const extra = Object.entries(attributes)
+    .map(([name, value]) => ` ${name}="${escapeHtml(value)}"`)
+    .join("");
   return `<!doctype html>
 <html lang="en">
 <head>
@@ -44,7 +61,7 @@ function shell(page: string, title: string, tag: string): string {
 <link rel="stylesheet" href="/ui/app.css?v=${tag}">
 <script type="module" src="/ui/app.js?v=${tag}"></script>
 </head>
-<body data-page="${escapeHtml(page)}">
+<body data-page="${escapeHtml(page)}"${extra}>
 <main id="app"><noscript>The engine cloud console needs JavaScript.</noscript></main>
 </body>
 </html>`;
@@ -53,9 +70,10 @@ function shell(page: string, title: string, tag: string): string {
 /**
  * consolePages serves the console's pages outside /api: the page shells (see CONSOLE_PAGES),
  * `/` sending the browser to the nodes page, and the bundled script and stylesheet under
- * /ui/ (immutable per build tag, which the shells put in their URLs).
+ * /ui/ (immutable per build tag, which the shells put in their URLs). The sign-in shell
+ * carries what the console offers (signInAttributes), read when the page is asked for.
  */
-export function consolePages(_deps: CloudDeps) {
+export function consolePages(deps: CloudDeps) {
   let app = new Elysia({ detail: { hide: true } })
     .get("/", () => new Response(null, { status: 303, headers: { location: "/nodes" } }))
     .get("/ui/app.js", async () => {
@@ -71,10 +89,10 @@ export function consolePages(_deps: CloudDeps) {
       });
     });
   for (const [path, { page, title }] of Object.entries(CONSOLE_PAGES)) {
-    app = app.get(
-      path,
-      async () => new Response(shell(page, title, (await consoleAssets()).tag), { headers: PAGE_HEADERS }),
-    ) as unknown as typeof app;
+    app = app.get(path, async () => {
+      const attributes = page === "signin" ? signInAttributes(deps) : {};
+      return new Response(shell(page, title, (await consoleAssets()).tag, attributes), { headers: PAGE_HEADERS });
+    }) as unknown as typeof app;
   }
   return app;
 }

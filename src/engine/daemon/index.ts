@@ -1,6 +1,6 @@
 import { X509Certificate } from "node:crypto";
-import { accessSync, chmodSync, constants, existsSync, mkdirSync, readFileSync, rmSync, statSync } from "node:fs";
-import { join } from "node:path";
+import { accessSync, chmodSync, constants, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { dirname, join } from "node:path";
 import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
@@ -21,7 +21,16 @@ import { openStore } from "../store";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
-import { canSwitchUsers, firstClosedParent, secureDataDir } from "../users";
+import {
+  canSwitchUsers,
+  dataDirModes,
+  describeModeChange,
+  firstClosedParent,
+  type ModeChange,
+  modeChangesSince,
+  secureDataDir,
+  tightened,
+} from "../users";
 import { checkReady } from "./ready";
 import { reexecSelf } from "./reexec";
 
@@ -42,12 +51,16 @@ export interface DaemonOptions {
 export interface RunningDaemon {
   config: EngineConfig;
   url: string;
+  /** browserUrl is where a browser on this machine reaches the API and the web UI (loopback for a wildcard host). */
+  browserUrl: string;
   port: number;
   socketPath: string;
   log: Logger;
   /** proxy is the reverse proxy's controller (tests use it to run a renewal check at once). */
   proxy: ProxyController;
   stop(): Promise<void>;
+  /** keptRunning names, after stop(), the services left running for the next start to adopt. */
+  readonly keptRunning: readonly string[];
   /** restarted resolves when a requested restart has drained and closed everything. */
   readonly restarting: Promise<void> | undefined;
 }
@@ -69,6 +82,40 @@ function withRoutableUrl(request: Request): Request {
  */
 const DATABASE_USERS = ["postgres", "mysql"] as const;
 
+/** unusableDataDir is the one error for a data dir the engine cannot use, with what failed where. */
+function unusableDataDir(dataDir: string, error: unknown, where?: string): AppError {
+  const code = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+  const place = where && where !== dataDir ? `: it cannot be created in ${where};` : ":";
+  return new AppError(
+    "data_dir_unwritable",
+    `the data dir ${dataDir} is not usable (${code})${place} choose another with --data-dir or ENGINE_DATA_DIR`,
+  );
+}
+
+/**
+ * checkDataDir says, before anything is written, whether the data dir can be used: it is a
+ * directory the engine may read, write and enter, or it does not exist yet and its nearest
+ * existing parent is a directory the engine may create it in.
+ */
+function checkDataDir(dataDir: string): void {
+  let dir = dataDir;
+  while (!existsSync(dir) && dirname(dir) !== dir) dir = dirname(dir);
+  try {
+    if (!statSync(dir).isDirectory()) throw Object.assign(new Error("not a directory"), { code: "ENOTDIR" });
+    accessSync(dir, dir === dataDir ? constants.W_OK | constants.R_OK | constants.X_OK : constants.W_OK | constants.X_OK);
+  } catch (error) {
+    throw unusableDataDir(dataDir, error, dir);
+  }
+}
+
+/** PreparedDataDir is what prepareDataDir found and did. */
+interface PreparedDataDir {
+  /** created is the topmost directory this start made (the data dir or a parent), undefined when it existed. */
+  created: string | undefined;
+  /** modesBefore are the modes of the engine's entries before the start changed any (dataDirModes). */
+  modesBefore: Map<string, number>;
+}
+
 /**
  * prepareDataDir creates the data dir and proves it writable, with one clear error if not.
  *
@@ -79,12 +126,15 @@ const DATABASE_USERS = ["postgres", "mysql"] as const;
  * 0600, folders 0750 or 0700). A directory others may write to (a shared one such as /tmp) is
  * never changed. As another user the workloads run as the engine's own user: 0700.
  */
-function prepareDataDir(dataDir: string, asRoot: boolean): void {
+function prepareDataDir(dataDir: string, asRoot: boolean): PreparedDataDir {
   const mode = asRoot ? 0o711 : 0o700;
+  let created: string | undefined;
+  let modesBefore: Map<string, number>;
   try {
-    if (!existsSync(dataDir)) mkdirSync(dataDir, { recursive: true, mode });
+    if (!existsSync(dataDir)) created = mkdirSync(dataDir, { recursive: true, mode });
     if (!statSync(dataDir).isDirectory()) throw new Error("it is not a directory");
     accessSync(dataDir, constants.W_OK | constants.R_OK | constants.X_OK);
+    modesBefore = dataDirModes(dataDir);
     if (asRoot) {
       const data = join(dataDir, "data");
       mkdirSync(data, { recursive: true, mode });
@@ -94,11 +144,90 @@ function prepareDataDir(dataDir: string, asRoot: boolean): void {
       }
     }
   } catch (error) {
-    throw new AppError(
-      "data_dir_unwritable",
-      `the data dir ${dataDir} is not usable (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}): choose another with --data-dir or ENGINE_DATA_DIR`,
-    );
+    if (created) rmSync(created, { recursive: true, force: true });
+    throw unusableDataDir(dataDir, error);
   }
+  return { created, modesBefore };
+}
+
+/**
+ * probePort binds a port for a moment, without SO_REUSEPORT, so that one another program holds
+ * (or one this user may not bind) fails the start before anything is written. The real bind
+ * comes later and can still lose a race; the start then undoes what it wrote (startDaemon).
+ */
+function probePort(host: string, port: number, inUse: string, other: string): void {
+  if (port === 0) return;
+  try {
+    Bun.listen({ hostname: host, port, socket: { data() {} } }).stop(true);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "EADDRINUSE") throw new AppError("port_in_use", inUse);
+    throw new AppError("config_invalid", `${other} (${code ?? (error as Error).message})`);
+  }
+}
+
+/**
+ * preflight checks what can fail a start before the start writes anything: another engine on
+ * the data dir, a data dir that cannot be made or written, a port another program holds (the
+ * API's, and the proxy's where the user chose them), an ACME CA file that cannot be read. A
+ * failed start thus leaves no data dir, admin token, database or PKI behind.
+ */
+async function preflight(config: EngineConfig): Promise<void> {
+  await refuseSecondEngine(config.socketPath);
+  checkDataDir(config.dataDir);
+  probePort(
+    config.host,
+    config.port,
+    `port ${config.port} on ${config.host} is already in use (another engine?): choose another with --port or ENGINE_PORT`,
+    `cannot listen on ${config.host}:${config.port}`,
+  );
+  const proxy = config.proxy;
+  // Proxy processes a previous daemon left serving hold their ports, and this start adopts them.
+  if (proxy.enabled && !hasProxyProcessRecords(config.dataDir)) {
+    for (const [name, port] of [
+      ["HTTPS", proxy.httpsPort],
+      ["HTTP", proxy.httpPort],
+    ] as const) {
+      if (port === null) continue; // a default port falls back, and the API starts without the proxy
+      probePort(
+        proxy.host,
+        port,
+        `the proxy's ${name} port ${port} on ${proxy.host} is already in use: choose other ports with --https-port/--http-port (ENGINE_HTTPS_PORT/ENGINE_HTTP_PORT) or ENGINE_PROXY=off`,
+        `the proxy cannot listen on ${proxy.host}:${port}`,
+      );
+    }
+  }
+  const caFile = proxy.acme?.directoryCaFile;
+  if (caFile) {
+    try {
+      accessSync(caFile, constants.R_OK);
+    } catch (error) {
+      throw new AppError("config_invalid", `config: acme_ca_file: cannot read ${caFile} (${(error as NodeJS.ErrnoException).code})`);
+    }
+  }
+}
+
+/** hasProxyProcessRecords says whether a previous daemon recorded proxy processes (<data-dir>/proxy/*.pid). */
+function hasProxyProcessRecords(dataDir: string): boolean {
+  try {
+    return readdirSync(join(dataDir, "proxy")).some((file) => file.endsWith(".pid"));
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * reportModeChanges logs what the start changed in the data dir's modes. Modes that were looser
+ * than the engine keeps (an older engine's, a chmod, a copy made with another umask) are a
+ * warning naming each path with its mode before and after: something may have read them.
+ */
+function reportModeChanges(changes: ModeChange[], log: Logger): void {
+  const looser = changes.filter(tightened).map(describeModeChange);
+  const other = changes.filter((change) => !tightened(change)).map(describeModeChange);
+  if (looser.length > 0) {
+    log.warn({ tightened: looser }, `the data dir had modes looser than the engine keeps; tightened ${looser.join(", ")}`);
+  }
+  if (other.length > 0) log.info({ changed: other }, "set the modes of the data dir");
 }
 
 /**
@@ -106,10 +235,10 @@ function prepareDataDir(dataDir: string, asRoot: boolean): void {
  * keep the engine's state from workloads (secureDataDir; also tightening an older engine's
  * layout) and says, once, what isolation this engine can give.
  */
-function isolateWorkloads(dataDir: string, log: Logger): void {
+function isolateWorkloads(dataDir: string, log: Logger, modesBefore: Map<string, number>): void {
   const switching = canSwitchUsers();
-  const changed = secureDataDir(dataDir, switching);
-  if (changed.length > 0) log.info({ changed }, "tightened the modes of the data dir");
+  secureDataDir(dataDir, switching);
+  reportModeChanges(modeChangesSince(modesBefore), log);
   if (!switching) {
     log.warn(
       { uid: process.geteuid?.() },
@@ -143,14 +272,13 @@ function warnUnreachableData(dataDir: string, log: Logger): void {
   }
 }
 
-/** claimSocket refuses to start a second engine on one data dir, and removes a stale socket left by a crash. */
-async function claimSocket(socketPath: string): Promise<void> {
+/** refuseSecondEngine fails the start when an engine answers on the data dir's socket. */
+async function refuseSecondEngine(socketPath: string): Promise<void> {
   if (!existsSync(socketPath)) return;
   const alive = await fetch("http://engine/api/health", { unix: socketPath, signal: AbortSignal.timeout(1000) })
     .then(() => true)
     .catch(() => false);
   if (alive) throw new AppError("port_in_use", `another engine is already running on this data dir (socket ${socketPath})`);
-  rmSync(socketPath, { force: true });
 }
 
 /**
@@ -182,14 +310,34 @@ function listen(config: EngineConfig, log: Logger, fetchHandler: (request: Reque
  * a handle whose stop() undoes them in reverse, also after a partial start.
  */
 export async function startDaemon(config: EngineConfig, options: DaemonOptions = {}): Promise<RunningDaemon> {
+  await preflight(config);
+  const asRoot = process.getuid?.() === 0;
+  const prepared = prepareDataDir(config.dataDir, asRoot);
+  try {
+    return await startIn(config, options, asRoot, prepared.modesBefore);
+  } catch (error) {
+    // A first start that fails all the same (a port taken since the preflight, say) leaves no
+    // data dir behind: what it wrote there (admin token, database, PKI) would belong to no one.
+    if (prepared.created) rmSync(prepared.created, { recursive: true, force: true });
+    throw error;
+  }
+}
+
+/** startIn starts every module on a prepared data dir; on failure it undoes what it started. */
+async function startIn(
+  config: EngineConfig,
+  options: DaemonOptions,
+  asRoot: boolean,
+  modesBefore: Map<string, number>,
+): Promise<RunningDaemon> {
   const clock = options.clock ?? systemClock;
   const startedAt = Date.now();
-  const asRoot = process.getuid?.() === 0;
-  prepareDataDir(config.dataDir, asRoot);
   const { log, flush, sinks } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
   if (config.dataDirWarning) log.warn({ data_dir: config.dataDir }, config.dataDirWarning);
   if (asRoot) warnUnreachableData(config.dataDir, log);
   const cleanups: (() => void | Promise<void>)[] = [flush];
+  /** keptRunning names the services whose processes the stop left running, for the next start. */
+  let keptRunning: string[] = [];
   // The last resort of issue 13: work started in the background (a `void` promise: a build, a
   // database readiness wait, a certificate renewal) whose write the disk refused must not end
   // the daemon; its owner tries again or the next action redoes it. Any other rejection still
@@ -214,7 +362,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
   };
 
   try {
-    await claimSocket(config.socketPath);
+    // The preflight found no engine answering on the socket: one still there is a crash's.
+    rmSync(config.socketPath, { force: true });
     const db = openStore(join(config.dataDir, "engine.db"));
     cleanups.push(() => db.close());
 
@@ -259,8 +408,19 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
       trustedCas: () => (localCaPem ? [localCaPem] : []),
     });
     // Workloads outlive the daemon: stopping it hands them over, it never kills them.
-    cleanups.push(() => manager.handOver());
-    isolateWorkloads(config.dataDir, log);
+    cleanups.push(() => {
+      keptRunning = manager
+        .list()
+        .filter((service) => service.pid !== null)
+        .map((service) => service.name);
+      manager.handOver();
+      if (keptRunning.length === 0) return;
+      log.info(
+        { services: keptRunning },
+        `${keptRunning.length === 1 ? "1 service keeps" : `${keptRunning.length} services keep`} running under their shims and the next engine start adopts them; to stop them all, run \`engine services stop --all\` while the engine runs`,
+      );
+    });
+    isolateWorkloads(config.dataDir, log, modesBefore);
     await manager.start();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
 
@@ -424,12 +584,16 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
     return {
       config,
       url,
+      browserUrl,
       port,
       socketPath: config.socketPath,
       log,
       proxy,
       get restarting() {
         return restarting;
+      },
+      get keptRunning() {
+        return keptRunning;
       },
       async stop() {
         if (stopped) return;

@@ -74,6 +74,10 @@ export class SqliteEngine implements DatabaseEngine {
     context.log(`created an empty SQLite database, ${file}`);
   }
 
+  location(instance: DatabaseInstance): string {
+    return sqliteFile(instance);
+  }
+
   startCommand(instance: DatabaseInstance): string[] {
     const tools = assertTools(this.label, this.detectTools(instance.env));
     return [tools.sleep as string, "infinity"];

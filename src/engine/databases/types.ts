@@ -207,6 +207,12 @@ export interface DatabaseEngine {
   ready(instance: DatabaseInstance, signal: AbortSignal): Promise<ReadyResult>;
 
   /**
+   * location says where clients reach a database without a server (SQLite: its file), for the
+   * service's log line when it is ready; engines with a server are reached at host:port.
+   */
+  location?(instance: DatabaseInstance): string;
+
+  /**
    * afterReady runs once the server first accepts connections after a start: it creates the
    * application database or user the credentials name, if missing. Idempotent; optional.
    */

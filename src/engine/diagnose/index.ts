@@ -88,7 +88,7 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
   if (f.error?.class === "crash_loop") {
     return {
       code: "crash_loop",
-      detail: `It failed ${spec.restart.max_restarts + 1} times within ${spec.restart.window_seconds} s and the engine stopped restarting it. Read the logs below, fix the cause, then start it again.`,
+      detail: `It failed ${spec.restart.max_restarts + 1} times within ${spec.restart.window_seconds} s and the engine stopped restarting it. Read its last log lines for the cause, fix it, then start it again.`,
     };
   }
   if (service.status === "degraded" || f.error?.class === "health_check_failed") {
@@ -98,7 +98,7 @@ export function remediationFor(input: DiagnosisInput): Remediation | null {
     };
   }
   if (service.status === "failed")
-    return { code: "inspect_logs", detail: `${service.status_message ?? "It failed"}. The last log lines are below.` };
+    return { code: "inspect_logs", detail: `${service.status_message ?? "It failed"}. Its last log lines say why.` };
   return null;
 }
 
@@ -135,14 +135,7 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
     },
     health: {
       spec: spec.health ? { ...spec.health } : null,
-      probe: input.healthState?.last
-        ? {
-            ...input.healthState.last,
-            healthy: input.healthState.healthy,
-            consecutive_failures: input.healthState.consecutive_failures,
-            threshold_reached: input.healthState.threshold_reached,
-          }
-        : null,
+      probe: input.healthState?.last ? probeView(input.healthState, nowMs) : null,
       observations: input.healthState?.observations ?? [],
     },
     bindings: { waiting: input.bindingMessages.length > 0 && service.status === "pending", messages: input.bindingMessages },
@@ -184,5 +177,22 @@ export function buildDiagnosis(input: DiagnosisInput): Diagnosis {
     pending_env_keys: input.pendingEnvKeys,
     logs: input.logs.map((line) => ({ ...line })),
     user: input.user ?? null,
+  };
+}
+
+/**
+ * probeView is the latest probe with the monitor's verdict on it, and where the start period
+ * stands: on or not, whole seconds left while on, and the failures it kept from counting.
+ */
+function probeView(state: HealthState, nowMs: number): Record<string, unknown> {
+  const endsAt = state.start_period_ends_at ? Date.parse(state.start_period_ends_at) : null;
+  return {
+    ...state.last,
+    healthy: state.healthy,
+    consecutive_failures: state.consecutive_failures,
+    threshold_reached: state.threshold_reached,
+    in_start_period: state.in_start_period,
+    start_period_left_s: state.in_start_period && endsAt !== null ? Math.max(0, Math.ceil((endsAt - nowMs) / 1000)) : null,
+    start_period_failures: state.start_period_failures,
   };
 }

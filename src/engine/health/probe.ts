@@ -7,6 +7,11 @@ export interface ProbeOptions {
   signal?: AbortSignal;
 }
 
+/**
+ * The most body an http probe reads. It reads the whole answer so the connection ends cleanly;
+ * a longer one is cut there, which resets the connection (decision 170).
+ */
+const HTTP_BODY_LIMIT = 1024 * 1024;
 /** The most output an exec probe keeps per stream; the rest is read and dropped so the child never blocks on a full pipe. */
 const EXEC_OUTPUT_LIMIT = 4096;
 /** How long an exec probe waits for its pipes to close after the process group is gone (a child that escaped the group may hold them). */
@@ -66,7 +71,8 @@ class Deadline {
 
 /**
  * runProbe probes a target once and never throws. An http probe GETs
- * `http://host:port<path>` without following redirects and passes on 200–399; a tcp probe
+ * `http://host:port<path>` without following redirects, reads the answer to its end (at most
+ * HTTP_BODY_LIMIT of it) on a connection of its own and passes on 200–399; a tcp probe
  * passes when a connection opens, and closes it at once; an exec probe runs the command in its
  * own process group with the target's cwd and env and passes on exit 0. A probe that outlives
  * `timeout_s` fails with "timed out after N ms"; an exec probe's whole process group is then
@@ -101,13 +107,48 @@ async function probeHttp(spec: HealthSpec, target: ProbeTarget, deadline: Deadli
   const path = spec.path ? (spec.path.startsWith("/") ? spec.path : `/${spec.path}`) : "/";
   const url = `http://${urlHost(target.host)}:${port}${path}`;
   try {
-    const response = await fetch(url, { method: "GET", redirect: "manual", signal: deadline.signal });
-    // The body is not needed; cancelling it frees the connection.
-    await response.body?.cancel().catch(() => undefined);
-    return { ok: response.status >= 200 && response.status < 400, detail: `HTTP ${response.status}` };
+    // keepalive false and "Connection: close": one connection per probe, closed once the answer
+    // is read, so no pooled socket outlives a workload that restarts between two probes.
+    const response = await fetch(url, {
+      method: "GET",
+      redirect: "manual",
+      signal: deadline.signal,
+      keepalive: false,
+      headers: { connection: "close" },
+    });
+    // Cancelling an unread body resets the connection, and servers log that (Python's
+    // http.server prints a ConnectionResetError traceback): the body is read to the end.
+    const body = await drainBody(response.body, HTTP_BODY_LIMIT);
+    // The status decides; a body that outlives the deadline fails the probe like a late answer.
+    if (deadline.signal.aborted) return { ok: false, detail: deadline.describe() };
+    const ok = response.status >= 200 && response.status < 400;
+    return { ok, detail: body === "whole" ? `HTTP ${response.status}` : `HTTP ${response.status} (${body})` };
   } catch (error) {
     if (deadline.signal.aborted) return { ok: false, detail: deadline.describe() };
     return { ok: false, detail: describeNetworkError(error, target.host, port) };
+  }
+}
+
+/**
+ * drainBody reads a response body to its end and drops it. It answers "whole", or says why it
+ * stopped: the body went past `limit` bytes (the rest is cancelled, not read), or the read
+ * failed (the deadline fired, or the server broke the connection).
+ */
+async function drainBody(body: ReadableStream<Uint8Array> | null, limit: number): Promise<string> {
+  if (!body) return "whole";
+  const reader = body.getReader();
+  let read = 0;
+  try {
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+      read += chunk.value.byteLength;
+      if (read > limit) {
+        await reader.cancel().catch(() => undefined);
+        return `body over ${limit} bytes: the rest was not read`;
+      }
+    }
+    return "whole";
+  } catch (error) {
+    return `body cut short: ${errorMessage(error)}`;
   }
 }
 

@@ -16,6 +16,13 @@ export interface HealthSpec {
   timeout_s: number;
   /** failure_threshold is how many consecutive failures make a service count as down. */
   failure_threshold: number;
+  /**
+   * start_period_s is the grace after the workload starts during which failed probes do not
+   * count (Docker's --health-start-period): the service is neither unhealthy nor degraded for
+   * them, and the first pass ends the grace at once. Absent, as in versions stored before it
+   * existed: 0, no grace.
+   */
+  start_period_s?: number;
 }
 
 /** ProbeTarget is where a probe goes: the service's host and port, and the cwd and env of exec probes. */
@@ -65,5 +72,7 @@ export function checkHealthSpec(spec: HealthSpec): void {
   if (!Number.isInteger(spec.failure_threshold) || spec.failure_threshold < 1) {
     problems.push(`failure_threshold must be an integer of at least 1, got ${spec.failure_threshold}`);
   }
+  const startPeriod = spec.start_period_s ?? 0;
+  if (!(Number.isFinite(startPeriod) && startPeriod >= 0)) problems.push(`start_period_s must be 0 or more, got ${spec.start_period_s}`);
   if (problems.length > 0) throw new AppError("internal", `invalid health spec: ${problems.join("; ")}`);
 }

@@ -158,7 +158,7 @@ export class ProxyProcesses {
             member.applied = message.generation;
             this.notifyApplied();
           } else if (message.type === "error") {
-            this.options.log.error({ code: message.code, pid: member.proc.pid }, `proxy process: ${message.message}`);
+            this.options.log.error({ code: message.code, proxy_pid: member.proc.pid }, `proxy process: ${message.message}`);
             if (!settled) {
               settled = true;
               reject(Object.assign(new Error(message.message), { code: message.code }));
@@ -204,7 +204,7 @@ export class ProxyProcesses {
     try {
       member.proc.send(message);
     } catch (error) {
-      this.options.log.warn({ err: error, pid: member.proc.pid }, "proxy process did not take a message");
+      this.options.log.warn({ err: error, proxy_pid: member.proc.pid }, "proxy process did not take a message");
     }
   }
 

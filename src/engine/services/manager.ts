@@ -225,7 +225,7 @@ export class ServiceManager implements ServiceDirectory {
           runtime.handle = handle;
           runtime.gpuHold = run.gpus;
           runtime.user = this.recordedUser(service);
-          this.o.log.info({ service: service.name, pid: handle.pid }, "adopted a running service");
+          this.o.log.info({ service: service.name, workload_pid: handle.pid }, "adopted a running service");
           const database = this.databaseOf(service);
           if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
             // It was still starting: it is running once it accepts connections, as at launch.
@@ -371,7 +371,8 @@ export class ServiceManager implements ServiceDirectory {
       version,
       latest: this.o.store.latestVersion(service.id) ?? version,
       runs: this.o.store.lastRuns(service.id, 1),
-      healthState: runtime.health || LIVE_STATUSES.has(service.status) ? runtime.healthState : null,
+      // The monitor's own state is the latest; runtime.healthState is its last reported change.
+      healthState: runtime.health ? runtime.health.state() : LIVE_STATUSES.has(service.status) ? runtime.healthState : null,
       bindingMessages: runtime.bindingMessages,
       pendingEnvKeys: runtime.pendingEnvKeys,
       envSource: runtime.envSource,
@@ -531,15 +532,21 @@ export class ServiceManager implements ServiceDirectory {
         const service = this.o.store.getService(serviceId);
         if (service?.status !== "scheduled") return;
         this.update(serviceId, { status: "running", status_message: null });
-        this.appendLog(serviceId, `${adapter.label} accepts connections on ${instance.host}:${instance.port ?? "-"}`);
-        this.o.log.info({ service: instance.serviceName, engine: adapter.name }, "database accepts connections");
+        // SQLite has no server and no port: it is ready at its file.
+        const where = adapter.hasServer ? null : (adapter.location?.(instance) ?? instance.dataDir);
+        this.appendLog(
+          serviceId,
+          where ? `${adapter.label} ready at ${where}` : `${adapter.label} accepts connections on ${instance.host}:${instance.port}`,
+        );
+        this.o.log.info({ service: instance.serviceName, engine: adapter.name }, where ? "database ready" : "database accepts connections");
         this.startHealth(serviceId);
         this.schedule(); // services bound to it may now start
         return;
       }
       if (result.detail !== lastDetail) {
         lastDetail = result.detail;
-        this.update(serviceId, { status_message: `waiting for ${adapter.label} to accept connections: ${result.detail}` });
+        const waiting = adapter.hasServer ? `waiting for ${adapter.label} to accept connections` : `waiting for ${adapter.label}`;
+        this.update(serviceId, { status_message: `${waiting}: ${result.detail}` });
       }
       await Bun.sleep(delay);
       delay = Math.min(READY_POLL_MS.max, delay * 2);
@@ -1384,7 +1391,7 @@ export class ServiceManager implements ServiceDirectory {
         this.update(serviceId, { status_message: `waiting for ${database.adapter.label} to accept connections` });
       });
       runtime.handle = result.handle;
-      this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "database server started");
+      this.o.log.info({ service: service.name, workload_pid: result.handle.pid, run: runId }, "database server started");
       void this.awaitDatabaseReady(serviceId, runId, database.adapter, database.instance);
       return;
     }
@@ -1393,7 +1400,7 @@ export class ServiceManager implements ServiceDirectory {
       this.update(serviceId, { status: "running", status_message: null });
     });
     runtime.handle = result.handle;
-    this.o.log.info({ service: service.name, pid: result.handle.pid, run: runId }, "service started");
+    this.o.log.info({ service: service.name, workload_pid: result.handle.pid, run: runId }, "service started");
     this.startHealth(serviceId);
     this.schedule(); // services bound to this one may now start
   }
@@ -1408,6 +1415,10 @@ export class ServiceManager implements ServiceDirectory {
     runtime.health?.stop();
     runtime.health = null;
     if (!spec.health) return;
+    // The start period counts from the run's start: a monitor started again for a workload that
+    // has been up a while (resumed, or adopted by a restarted daemon) gives it no fresh grace.
+    const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
+    const startedAt = run?.started_at ? Date.parse(run.started_at) : undefined;
     const monitor = new HealthMonitor(
       spec.health,
       {
@@ -1419,6 +1430,7 @@ export class ServiceManager implements ServiceDirectory {
         user: runtime.user,
       },
       { onChange: (state) => this.onHealth(serviceId, monitor, state) },
+      { now: () => this.now().getTime(), startedAt: Number.isFinite(startedAt) ? startedAt : undefined },
     );
     runtime.health = monitor;
     runtime.healthState = null;

@@ -43,6 +43,14 @@ export interface ServiceSpec {
 
 export const DEFAULT_STOP_TIMEOUT_S = 10;
 
+/**
+ * defaultStartPeriod is a probe's start period when neither the deploy nor its template sets
+ * one: 10 s covers a server binding its port, 600 s a model server loading weights.
+ */
+export function defaultStartPeriod(kind: ServiceKind): number {
+  return kind === "model" ? 600 : 10;
+}
+
 type Detail = Omit<ValidationDetail, "ctx"> & { ctx?: Record<string, unknown> };
 
 function detail(loc: (string | number)[], msg: string, type: string, input: unknown): Detail {
@@ -118,10 +126,18 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   // A managed database gets a free port at deploy unless one is given (the manager picks it).
   const port = body.port ?? (template && template.deploy_defaults.port > 0 && !engine ? template.deploy_defaults.port : null);
 
-  let health: HealthSpec | null = null;
-  if (body.health) health = { ...SHORTHAND_DEFAULTS, ...body.health };
   // A managed database is running only once its adapter's readiness check passed: no probe by default.
-  else if (body.health === undefined && template && !engine) health = parseHealthShorthand(template.deploy_defaults.health, null);
+  const templateHealth = template && !engine ? parseHealthShorthand(template.deploy_defaults.health, null) : null;
+  let health: HealthSpec | null = body.health === undefined ? templateHealth : null;
+  if (body.health?.type) health = { ...SHORTHAND_DEFAULTS, ...body.health, type: body.health.type };
+  else if (body.health && templateHealth) health = { ...templateHealth, ...body.health, type: templateHealth.type };
+  else if (body.health) {
+    const why = template ? `template ${template.id} has no probe to change` : "no template gives one";
+    problems.push(detail(["health", "type"], `give the probe's type (http, tcp or exec): ${why}`, "missing", null));
+  }
+  if (health && health.start_period_s === undefined) {
+    health.start_period_s = template?.deploy_defaults.health_start_period_s ?? defaultStartPeriod(kind);
+  }
   if (health && (health.type === "http" || health.type === "tcp") && !health.port && !port) {
     problems.push(
       detail(
@@ -209,7 +225,8 @@ export function deployOf(spec: ServiceSpec, secrets: Record<string, string>): Se
 /**
  * applyPatch merges a patch into a deploy request, field by field (decision 180): a field the
  * patch leaves out keeps its value, null resets it to the deploy's default, `env`, `secrets`
- * and `restart` merge key by key (a key set to null is removed), and the rest is replaced.
+ * and `restart` merge key by key (a key set to null is removed), a probe without its type
+ * changes the current probe's fields, and the rest is replaced.
  * Whole GPUs and a share of one are alternatives: asking for one drops the other.
  */
 export function applyPatch(base: ServiceDeploy, patch: ServicePatch): ServiceDeploy {
@@ -234,7 +251,9 @@ export function applyPatch(base: ServiceDeploy, patch: ServicePatch): ServiceDep
   ] as const) {
     set(key);
   }
-  if (patch.health !== undefined) next.health = patch.health;
+  // A probe without its type changes the service's own probe (only start_period_s, say).
+  if (patch.health !== undefined)
+    next.health = patch.health && !patch.health.type && base.health ? { ...base.health, ...patch.health } : patch.health;
   if (patch.build !== undefined) {
     if (patch.build === null) delete next.build;
     else next.build = patch.build;

@@ -3,6 +3,17 @@
  * into the binary (see assets.ts). It calls the same /api routes as the CLI, authenticated by
  * the session cookie, and sends the session's CSRF token on every state change.
  */
+import { DEFAULT_RESTORE_TIMEOUT_S, MAX_RESTORE_TIMEOUT_S } from "../../contract/defaults";
+import {
+  describeHealthSpec,
+  describeLastDump,
+  describeProbe,
+  gpuDefault,
+  hasColour,
+  initials,
+  type LastDumpView,
+  serviceActions,
+} from "./format";
 
 type Child = Node | string | number | null | undefined | false;
 type Attrs = Record<string, string | number | boolean | EventListener | null | undefined>;
@@ -385,17 +396,19 @@ async function renderServices(): Promise<void> {
       ]);
       const domainsOf = (service: string) => proxy.domains.filter((d) => d.service === service);
       const key = JSON.stringify([
-        services.map((x) => [x.name, x.status, x.gpus, x.gpu_devices, x.port, x.restarts, since(x.started_at)]),
+        services.map((x) => [x.name, x.status, x.status_message, x.gpus, x.gpu_devices, x.port, x.restarts, since(x.started_at)]),
         proxy.domains,
       ]);
       update(list, key, () => [
         table(
           "Services",
-          ["Name", "Kind", "Status", "GPUs", "Port", "Domains", "Uptime", "Restarts"],
+          ["Name", "Kind", "Status", "Message", "GPUs", "Port", "Domains", "Uptime", "Restarts"],
           services.map((s) => [
             h("a", { href: `#/services/${encodeURIComponent(s.name)}` }, s.name),
             s.kind,
             badge(s.status),
+            // Why it is in that status (the CLI's `services list` message): an exit, a wait, a failing probe.
+            s.status_message ? h("span", { class: "status-message" }, s.status_message) : "—",
             s.gpu_devices.length > 0 ? `${s.gpus} (${s.gpu_devices.join(", ")})` : String(s.gpus),
             s.port ?? "—",
             domainsOf(s.name).length > 0
@@ -454,6 +467,22 @@ interface Diagnosis {
 
 const yesNo = (value: boolean) => (value ? "yes" : "no");
 
+/** startPeriodNote says where the probe's start period stands, when it has one worth a word. */
+function startPeriodNote(health: Diagnosis["health"]): HTMLElement | null {
+  const probe = health.probe;
+  const failures = Number(probe?.start_period_failures ?? 0);
+  const uncounted = `${failures} failed probe${failures === 1 ? "" : "s"}`;
+  if (probe?.in_start_period) {
+    return h(
+      "p",
+      { class: "start-period" },
+      `In start period: ${probe.start_period_left_s} s of ${health.spec?.start_period_s} s left, ${uncounted} not counted.`,
+    );
+  }
+  if (failures > 0) return h("p", { class: "start-period muted" }, `Start period over; ${uncounted} in it not counted.`);
+  return null;
+}
+
 /** diagnosisReport renders a Diagnosis cause-and-remedy first, then the evidence. */
 function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
   const healthy = !d.error && !d.remediation;
@@ -495,7 +524,13 @@ function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
       ["Next retry in", d.restarts.next_retry_in_s === null ? "—" : `${d.restarts.next_retry_in_s}s`],
     ]),
     h("h3", {}, "Health"),
-    d.health.spec ? h("p", {}, h("code", {}, JSON.stringify(d.health.spec))) : h("p", { class: "muted" }, "No health probe."),
+    d.health.spec
+      ? dl([
+          ["Probe", describeHealthSpec(d.health.spec, record.port)],
+          ["Last probe", d.health.probe ? describeProbe(d.health.probe, when) : "not probed yet"],
+        ])
+      : h("p", { class: "muted" }, "No health probe."),
+    startPeriodNote(d.health),
     d.health.observations.length > 0
       ? h(
           "ul",
@@ -517,7 +552,7 @@ function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
       ["Version", d.build.version],
       ["Reason", d.build.reason ?? ""],
     ]),
-    d.last_dump ? [h("h3", {}, "Last dump"), h("pre", { class: "json" }, JSON.stringify(d.last_dump, null, 2))] : null,
+    d.last_dump ? [h("h3", {}, "Last restore"), dl(describeLastDump(d.last_dump as LastDumpView, when))] : null,
     d.injected_env_keys.length + d.pending_env_keys.length > 0
       ? [
           h("h3", {}, "Environment"),
@@ -622,12 +657,21 @@ async function renderService(name: string): Promise<void> {
         h("p", { class: "muted" }, `${record.kind} · ${record.command.join(" ")}`),
       ]);
       if (session?.role !== "readonly") {
-        const paused = record.status === "paused";
-        update(actions, String(paused), () => [
-          h("button", { type: "button", onclick: () => void act("start") }, "Start"),
-          h("button", { type: "button", onclick: () => void act("stop") }, "Stop"),
-          h("button", { type: "button", onclick: () => void act("restart") }, "Restart"),
-          h("button", { type: "button", onclick: () => void act(paused ? "resume" : "pause") }, paused ? "Resume" : "Pause"),
+        // Each button is disabled, with the reason as its title, where it cannot apply now.
+        const buttons = serviceActions(record.status, record.kind);
+        update(actions, JSON.stringify(buttons), () => [
+          buttons.map((button) =>
+            h(
+              "button",
+              {
+                type: "button",
+                disabled: button.disabledReason !== null,
+                title: button.disabledReason,
+                onclick: () => void act(button.action),
+              },
+              button.label,
+            ),
+          ),
           h("button", { type: "button", class: "danger", onclick: () => void remove() }, "Delete…"),
         ]);
       }
@@ -685,13 +729,60 @@ interface AppTemplate {
   env_schema: { name: string; required: boolean; secret: boolean }[];
 }
 
+/** emojiSupport remembers, per icon, whether this browser draws it in colour (emojiRenders). */
+const emojiSupport = new Map<string, boolean>();
+
+/**
+ * emojiRenders says whether the browser draws `text` as a colour emoji: it paints the text black
+ * on a small transparent canvas once and looks for colour (hasColour). Without an emoji font
+ * the glyph is a black box or a monochrome shape, and the caller shows a text badge instead.
+ */
+function emojiRenders(text: string): boolean {
+  const known = emojiSupport.get(text);
+  if (known !== undefined) return known;
+  let renders = false;
+  try {
+    const size = 32;
+    const canvas = document.createElement("canvas");
+    canvas.width = size;
+    canvas.height = size;
+    const context = canvas.getContext("2d", { willReadFrequently: true });
+    if (context && text.trim() !== "") {
+      context.textBaseline = "top";
+      context.fillStyle = "#000";
+      context.font = `24px ${getComputedStyle(document.body).fontFamily}`;
+      context.fillText(text, 2, 2);
+      renders = hasColour(context.getImageData(0, 0, size, size).data);
+    }
+  } catch {
+    renders = false;
+  }
+  emojiSupport.set(text, renders);
+  return renders;
+}
+
+/** templateIcon is a template's emoji where the browser can draw it, else a badge of its initials. */
+function templateIcon(template: AppTemplate): HTMLElement {
+  return emojiRenders(template.icon)
+    ? h("span", { class: "icon", "aria-hidden": "true" }, template.icon)
+    : h("span", { class: "icon-badge", "aria-hidden": "true" }, initials(template.name));
+}
+
 async function renderTemplates(): Promise<void> {
   const gallery = h("div", { class: "gallery" }, h("p", { class: "muted" }, "Loading templates…"));
   const panel = h("div", {});
   fill(main(), h("h1", {}, "Templates"), panel, gallery);
   let templates: AppTemplate[];
+  // The host's GPU count sets the deploy form's default; unknown (null) when it cannot be read.
+  let gpuCount: number | null;
   try {
-    templates = await api<AppTemplate[]>("GET", "/api/app-templates");
+    [templates, gpuCount] = await Promise.all([
+      api<AppTemplate[]>("GET", "/api/app-templates"),
+      api<GpuInventory>("GET", "/api/gpus").then(
+        (inventory) => inventory.devices.length,
+        () => null,
+      ),
+    ]);
   } catch (error) {
     gallery.replaceChildren(errorBox(messageOf(error)));
     return;
@@ -701,7 +792,7 @@ async function renderTemplates(): Promise<void> {
       h(
         "article",
         { class: "card template", "aria-labelledby": `t-${template.id}` },
-        h("h2", { id: `t-${template.id}` }, h("span", { "aria-hidden": "true" }, template.icon, " "), template.name),
+        h("h2", { id: `t-${template.id}` }, templateIcon(template), " ", template.name),
         h(
           "p",
           { class: "muted" },
@@ -709,17 +800,25 @@ async function renderTemplates(): Promise<void> {
         ),
         h("p", { class: "hint" }, template.ai_hint.length > 180 ? `${template.ai_hint.slice(0, 180)}…` : template.ai_hint),
         session?.role !== "readonly"
-          ? h("button", { type: "button", "aria-label": `Deploy ${template.name}`, onclick: () => deployForm(template, panel) }, "Deploy")
+          ? h(
+              "button",
+              { type: "button", "aria-label": `Deploy ${template.name}`, onclick: () => deployForm(template, panel, gpuCount) },
+              "Deploy",
+            )
           : null,
       ),
     ),
   );
 }
 
-/** deployForm builds the one-click deploy form from a template's env_schema and defaults. */
-function deployForm(template: AppTemplate, panel: HTMLElement): void {
+/**
+ * deployForm builds the one-click deploy form from a template's env_schema and defaults; the
+ * GPU count starts at what this host can give (gpuDefault), with the host's count as its hint.
+ */
+function deployForm(template: AppTemplate, panel: HTMLElement, gpuCount: number | null): void {
   const name = h("input", { name: "name", required: true, value: template.id, pattern: "[a-z0-9][a-z0-9-]*" }) as HTMLInputElement;
-  const gpus = h("input", { name: "gpus", type: "number", min: 0, max: 64, value: template.deploy_defaults.gpus }) as HTMLInputElement;
+  const gpuStart = gpuDefault(template.deploy_defaults.gpus, gpuCount);
+  const gpus = h("input", { name: "gpus", type: "number", min: 0, max: 64, value: gpuStart.value }) as HTMLInputElement;
   const domain = h("input", { name: "domain", placeholder: `${template.id}.local`, autocomplete: "off" }) as HTMLInputElement;
   const envInputs = template.env_schema.map((entry) => ({
     entry,
@@ -770,7 +869,7 @@ function deployForm(template: AppTemplate, panel: HTMLElement): void {
     },
     h("h2", { id: "deploy-title" }, `Deploy ${template.name}`),
     field("Service name", name),
-    field("GPUs", gpus),
+    field("GPUs", gpus, gpuStart.hint ?? undefined),
     field("Domain (optional)", domain, "e.g. app.local: served by the proxy with a local-CA certificate"),
     envInputs.length > 0
       ? h(
@@ -1116,7 +1215,14 @@ async function renderDatabases(): Promise<void> {
     services.map((s) => h("option", { value: s.name }, `${s.name} (${s.status})`)),
   ) as HTMLSelectElement;
   const dump = h("input", { name: "dump", required: true, placeholder: "/path/to/dump.sql.gz or https://…" }) as HTMLInputElement;
-  const timeout = h("input", { name: "timeout_s", type: "number", min: 1, value: 600 }) as HTMLInputElement;
+  // The same default as `engine restore` without --timeout.
+  const timeout = h("input", {
+    name: "timeout_s",
+    type: "number",
+    min: 1,
+    max: MAX_RESTORE_TIMEOUT_S,
+    value: DEFAULT_RESTORE_TIMEOUT_S,
+  }) as HTMLInputElement;
   const progress = h("div", { "aria-live": "polite" });
   panel.replaceChildren(
     h(
@@ -1224,5 +1330,3 @@ window.addEventListener("hashchange", () => {
   });
 });
 void route();
-
-export {};

@@ -9,4 +9,13 @@ export {
   type WorkloadUser,
 } from "./accounts";
 export { asWorkloadUser, credentialsArg } from "./exec";
-export { firstClosedParent, firstUnreachableBy, secureDataDir } from "./layout";
+export {
+  dataDirModes,
+  describeModeChange,
+  firstClosedParent,
+  firstUnreachableBy,
+  type ModeChange,
+  modeChangesSince,
+  secureDataDir,
+  tightened,
+} from "./layout";

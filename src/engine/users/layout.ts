@@ -14,6 +14,24 @@ const ENGINE_PREFIXES = ["engine.", "admin.token.", "secret.key."];
 const TRAVERSE = 0o711;
 const PRIVATE_DIR = 0o700;
 
+/** ModeChange is one chmod the engine made to its data dir: the path, its mode before and after. */
+export interface ModeChange {
+  path: string;
+  was: number;
+  now: number;
+}
+
+/** tightened says whether a change took permissions away: the mode before had a bit the mode after lacks. */
+export function tightened(change: ModeChange): boolean {
+  return (change.was & ~change.now & 0o7777) !== 0;
+}
+
+/** describeModeChange writes a change as `path 0644 -> 0600`, for a log line. */
+export function describeModeChange(change: ModeChange): string {
+  const octal = (mode: number) => `0${(mode & 0o7777).toString(8).padStart(3, "0")}`;
+  return `${change.path} ${octal(change.was)} -> ${octal(change.now)}`;
+}
+
 /**
  * secureDataDir gives the data dir the modes that keep the engine's state from workloads, also
  * when an older engine made it (an upgrade in place). With `switching` (a root engine whose
@@ -31,11 +49,10 @@ const PRIVATE_DIR = 0o700;
  *                         tmp/, templates/, proxy/ (ENGINE_ENTRIES)
  *
  * Without `switching` the workloads are the engine's own user and nothing needs traversal: the
- * same entries are private and the data dir stays 0700. It returns what it changed,
- * for one log line.
+ * same entries are private and the data dir stays 0700. What it changed shows in
+ * modeChangesSince (other modules close their own entries too: the store, the shim's bin/).
  */
-export function secureDataDir(dataDir: string, switching: boolean): string[] {
-  const changed: string[] = [];
+export function secureDataDir(dataDir: string, switching: boolean): void {
   const traverse = switching ? TRAVERSE : PRIVATE_DIR;
   // A directory others may write (a shared one such as /tmp) is never changed, its entries aside
   // (prepareDataDir in the daemon follows the same rule).
@@ -44,7 +61,6 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
     const stat = lstatSync(path, { throwIfNoEntry: false });
     if (!stat || stat.isSymbolicLink() || (stat.mode & 0o7777) === mode) return;
     chmodSync(path, mode);
-    changed.push(`${path} ${mode.toString(8)}`);
   };
   const privatize = (path: string) => {
     const stat = lstatSync(path, { throwIfNoEntry: false });
@@ -61,7 +77,38 @@ export function secureDataDir(dataDir: string, switching: boolean): string[] {
   // services/ holds the shim's logs and exit records and the build logs: the engine's alone.
   set(join(dataDir, "services"), PRIVATE_DIR);
   set(join(data, ".builds"), traverse);
-  return changed;
+}
+
+/** governedPaths are the paths whose modes secureDataDir sets, where they exist. */
+function governedPaths(dataDir: string): string[] {
+  const paths = [dataDir, join(dataDir, "data"), join(dataDir, "data", ".builds"), join(dataDir, "services")];
+  for (const entry of readdirSync(dataDir)) {
+    if (ENGINE_ENTRIES.has(entry) || ENGINE_PREFIXES.some((prefix) => entry.startsWith(prefix))) paths.push(join(dataDir, entry));
+  }
+  return paths;
+}
+
+/**
+ * dataDirModes reads the modes of what the engine keeps at the top of its data dir (the
+ * entries secureDataDir governs), before a start changes any: modeChangesSince compares.
+ */
+export function dataDirModes(dataDir: string): Map<string, number> {
+  const modes = new Map<string, number>();
+  for (const path of governedPaths(dataDir)) {
+    const stat = lstatSync(path, { throwIfNoEntry: false });
+    if (stat && !stat.isSymbolicLink()) modes.set(path, stat.mode & 0o7777);
+  }
+  return modes;
+}
+
+/** modeChangesSince lists the paths of `before` whose mode is no longer what it was. */
+export function modeChangesSince(before: Map<string, number>): ModeChange[] {
+  const changes: ModeChange[] = [];
+  for (const [path, was] of before) {
+    const stat = lstatSync(path, { throwIfNoEntry: false });
+    if (stat && !stat.isSymbolicLink() && (stat.mode & 0o7777) !== was) changes.push({ path, was, now: stat.mode & 0o7777 });
+  }
+  return changes;
 }
 
 /** firstClosedParent returns the first directory above `path` that others may not search, or null. */

@@ -330,6 +330,110 @@ describeEachDialect("sign-in through an OpenID provider", (dialect) => {
     await expect(browserSignIn(cloud, idp, { email: "GRACE@example.com", headers: fresh() })).rejects.toThrow(/401.*login_failed/);
   });
 
+  test("a social provider the operator did not list is refused with 400 before anything is written", async () => {
+    const only = await startTestCloud(dialect, { ...idp.cloudConfig, oidcSocialProviders: "github" }, { modules: [signinRoutes] });
+    try {
+      const before = Number((await only.deps.db.sql`SELECT COUNT(*) AS n FROM login_attempts`)[0].n);
+      const refused = await only.api("GET", "/api/auth/social?provider=google");
+      expect(refused.status).toBe(400);
+      expect(refused.body.error.code).toBe("social_provider_not_configured");
+      expect(refused.body.error.message).toContain("ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS");
+      expect(Number((await only.deps.db.sql`SELECT COUNT(*) AS n FROM login_attempts`)[0].n)).toBe(before);
+      expect((await only.api("GET", "/api/auth/social?provider=github")).status).toBe(200);
+    } finally {
+      await only.close();
+    }
+  });
+
+  /** refusedLine is the newest "sign-in refused" log line, parsed. */
+  const refusedLine = () => {
+    const line = logs.lines.findLast((entry) => entry.includes('"sign-in refused"'));
+    return line ? (JSON.parse(line) as Record<string, unknown>) : undefined;
+  };
+
+  test.each([
+    // A provider that takes the Basic user name undecoded makes the form-encoded id its audience.
+    [
+      "aud",
+      (c: Record<string, unknown>) => ({ ...c, aud: "engine%2Dconsole" }),
+      '"aud" claim does not match: expected "engine-console", got "engine%2Dconsole" (the client id as form-encoded in the Basic header',
+    ],
+    ["iss", (c: Record<string, unknown>) => ({ ...c, iss: "https://elsewhere.example" }), 'got "https://elsewhere.example"'],
+    ["nonce", (c: Record<string, unknown>) => ({ ...c, nonce: "not-the-nonce" }), '"nonce" claim does not match (values not logged)'],
+    [
+      "exp",
+      (c: Record<string, unknown>) => ({ ...c, iat: Math.floor(Date.now() / 1000) - 7200, exp: Math.floor(Date.now() / 1000) - 3600 }),
+      '"exp" claim fails the time check',
+    ],
+  ])("an ID token whose %s does not check out is refused, and the log line names the claim", async (claim, rewrite, reason) => {
+    idp.rewriteIdTokens(rewrite);
+    try {
+      const { body, jar } = await startLogin(cloud, "/api/auth/login", fresh());
+      const back = await idp.authorize(body.url, { login: "ada@example.com" });
+      const answer = await getJson(back, { cookie: jar.header() });
+      expect(answer.status).toBe(401);
+      expect(answer.body.error.code).toBe("login_failed");
+      const line = refusedLine();
+      expect(line?.claim).toBe(claim);
+      expect(String(line?.reason)).toStartWith("code redemption failed: the ID token's");
+      expect(String(line?.reason)).toContain(reason);
+      if (claim === "aud") expect(line).toMatchObject({ expected: "engine-console", got: "engine%2Dconsole" });
+      // Named, never shown: the nonce's values, the code, and the claims the token carried (email).
+      const row = await attemptOf(body.url);
+      const text = JSON.stringify(line);
+      expect(text).not.toContain(row.nonce as string);
+      expect(text).not.toContain(back.searchParams.get("code") as string);
+      expect(text).not.toContain("ada@example.com");
+    } finally {
+      idp.rewriteIdTokens(undefined);
+    }
+  });
+
+  test("a browser that comes back on another host is told where it started and where to open the console; the checks still run", async () => {
+    const port = new URL(cloud.url).port;
+    const localhost = `http://localhost:${port}`;
+    // The page was opened at localhost; the IdP sends the browser back to the public URL (127.0.0.1), where localhost's cookie is not sent.
+    const { body, jar } = await startLogin(cloud, "/api/auth/login", { ...fresh(), host: `localhost:${port}` });
+    expect((await attemptOf(body.url)).started_origin).toBe(localhost);
+    const back = await idp.authorize(body.url, { login: "ada@example.com" });
+    expect(back.origin).toBe(new URL(cloud.deps.site.publicUrl).origin);
+    const tokensBefore = idp.tokenRequests;
+
+    const api = await getJson(back);
+    expect(api.status).toBe(401);
+    expect(api.body.error.code).toBe("login_failed");
+    expect(api.body.error.message).toContain(`you started sign-in at ${localhost} but came back at ${new URL(cloud.url).origin}`);
+    expect(api.body.error.message).toContain(`open the console at ${cloud.deps.site.publicUrl}`);
+    expect(refusedLine()).toMatchObject({ reason: expect.stringContaining("no binding cookie"), started_at: localhost });
+
+    const navigated = await fetch(back, { redirect: "manual", headers: { "sec-fetch-mode": "navigate" } });
+    expect(navigated.status).toBe(303);
+    expect(navigated.headers.get("location")).toBe(`/signin?error=login_failed&started_at=${encodeURIComponent(localhost)}`);
+
+    // Only the message changes: a wrong state, or a wrong cookie, is the plain refusal.
+    const wrongState = await getJson(callback(back, { state: "not-the-state" }));
+    expect(wrongState.status).toBe(401);
+    expect(wrongState.body.error.message).not.toContain("started sign-in at");
+    const [name] = [...jar.cookies.keys()];
+    const wrongCookie = await getJson(back, { cookie: `${name}=${"A".repeat(43)}` });
+    expect(wrongCookie.status).toBe(401);
+    expect(wrongCookie.body.error.message).not.toContain("started sign-in at");
+    // Nothing was redeemed or spent: the browser that kept its cookie still signs in, once.
+    expect(idp.tokenRequests).toBe(tokensBefore);
+    expect((await getJson(back, { cookie: jar.header() })).status).toBe(200);
+    expect((await getJson(back, { cookie: jar.header() })).status).toBe(401);
+  });
+
+  test("a browser that lost its cookie on the same host gets the plain refusal", async () => {
+    const { body } = await startLogin(cloud, "/api/auth/login", fresh());
+    const back = await idp.authorize(body.url, { login: "ada@example.com" });
+    const answer = await getJson(back);
+    expect(answer.status).toBe(401);
+    expect(answer.body.error.message).toBe("sign-in failed; start again from the sign-in page");
+    const navigated = await fetch(back, { redirect: "manual", headers: { "sec-fetch-mode": "navigate" } });
+    expect(navigated.headers.get("location")).toBe("/signin?error=login_failed");
+  });
+
   test("the client secret never appears in any answer or log line, nor do codes or tokens", async () => {
     const extra = ["/api/auth/provider-config", "/api/ready", "/api/openapi.json", "/api/auth/login", "/api/auth/social?provider=github"];
     for (const path of extra) await cloud.api("GET", path, { headers: fresh() });
@@ -341,6 +445,56 @@ describeEachDialect("sign-in through an OpenID provider", (dialect) => {
       expect(line).not.toContain(signedIn.token);
     }
     expect(logs.lines.some((line) => line.includes('"signed in"'))).toBe(true);
+  });
+});
+
+describeEachDialect("sign-in at a provider that wants client_secret_post, with a hyphenated client id", (dialect) => {
+  let idp: TestIdp;
+  let basic: TestCloud;
+  let post: TestCloud;
+  const basicLogs = capturingLogger();
+  const postLogs = capturingLogger();
+  beforeAll(async () => {
+    // oidc-provider refuses a Basic header for this client: as a provider that reads the Basic
+    // user name undecoded refuses `engine%2Dconsole` (RFC 6749 §2.3.1 form-encodes the hyphen).
+    idp = await startTestIdp({ tokenEndpointAuthMethod: "client_secret_post" });
+    basic = await startTestCloud(
+      dialect,
+      { ...idp.cloudConfig, oidcAuthMethod: undefined, oidcPublishableKey: "pk_test" },
+      { modules: [signinRoutes], log: basicLogs.log },
+    );
+    post = await startTestCloud(
+      dialect,
+      { ...idp.cloudConfig, oidcAuthMethod: "client_secret_post", oidcPublishableKey: "pk_test" },
+      { modules: [signinRoutes], log: postLogs.log },
+    );
+  }, HOOK_TIMEOUT_MS);
+  afterAll(async () => {
+    await basic?.close();
+    await post?.close();
+    await idp?.close();
+  });
+
+  test("client_secret_basic (the default) fails with a log line naming the reason and the setting", async () => {
+    expect(idp.clientId).toBe("engine-console");
+    expect(basic.deps.config.oidc?.authMethod).toBe("client_secret_basic");
+    await expect(browserSignIn(basic, idp, { email: "ada@example.com" })).rejects.toThrow(/401.*login_failed/);
+    const line = basicLogs.lines.findLast((entry) => entry.includes('"sign-in refused"')) as string;
+    expect(JSON.parse(line)).toMatchObject({ oauth_error: "invalid_client", auth_method: "client_secret_basic" });
+    expect(line).toContain("ENGINE_CLOUD_OIDC_AUTH_METHOD=client_secret_post");
+    for (const entry of basicLogs.lines) expect(entry).not.toContain(idp.clientSecret);
+  });
+
+  test("ENGINE_CLOUD_OIDC_AUTH_METHOD=client_secret_post signs in", async () => {
+    const signedIn = await browserSignIn(post, idp, { email: "ada@example.com", provider: "github" });
+    expect((await post.api("GET", "/api/auth/session", { token: signedIn.token })).body.account.email).toBe("ada@example.com");
+    for (const entry of postLogs.lines) expect(entry).not.toContain(idp.clientSecret);
+  });
+
+  test.each(["basic", "post"] as const)("provider-config answers only the three browser-safe values (%s)", async (which) => {
+    const answer = await (which === "basic" ? basic : post).api("GET", "/api/auth/provider-config");
+    expect(answer.status).toBe(200);
+    expect(answer.body).toEqual({ publishable_key: "pk_test", project_url: idp.issuer, client_id: "engine-console" });
   });
 });
 
@@ -407,6 +561,8 @@ describe("the relying party's configuration checks", () => {
     issuer: "http://idp.example.com",
     clientId: "c",
     clientSecret: "s",
+    authMethod: "client_secret_basic" as const,
+    socialProviders: [],
     providerHintParam: "identity_provider",
     publishableKey: "",
     extraCaFile: undefined,

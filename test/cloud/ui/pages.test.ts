@@ -1,5 +1,8 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
+import type { CloudConfigInput, SocialProvider } from "../../../src/cloud/config";
 import { CONSOLE_PAGES } from "../../../src/cloud/ui";
+import { readSignInOffer } from "../../../src/cloud/ui/client/signin";
+import { startTestIdp, type TestIdp } from "../../fixtures/cloud/idp";
 import { describeEachDialect, startTestCloud, type TestCloud } from "../helpers";
 
 describeEachDialect("console pages", (dialect) => {
@@ -60,4 +63,62 @@ describeEachDialect("sign-in callback for a browser's navigation", (dialect) => 
       expect(invalid.status).toBe(422);
     },
   );
+});
+
+/** bodyAttributes reads the data attributes of a page shell's <body>. */
+async function bodyAttributes(url: string): Promise<Record<string, string>> {
+  const html = await (await fetch(url)).text();
+  const body = /<body([^>]*)>/.exec(html)?.[1] ?? "";
+  return Object.fromEntries([...body.matchAll(/([a-z-]+)="([^"]*)"/g)].map((m) => [m[1] as string, m[2] as string]));
+}
+
+describeEachDialect("the sign-in page offers only what is configured", (dialect) => {
+  let idp: TestIdp;
+  const clouds: TestCloud[] = [];
+  const start = async (input: CloudConfigInput) => {
+    const cloud = await startTestCloud(dialect, input);
+    clouds.push(cloud);
+    return cloud;
+  };
+  beforeAll(async () => {
+    idp = await startTestIdp({ tls: false });
+  });
+  afterAll(async () => {
+    for (const cloud of clouds) await cloud.close();
+    await idp?.close();
+  });
+
+  test("no OpenID provider: no buttons, and the page names what the operator must set", async () => {
+    const cloud = await start({});
+    const attributes = await bodyAttributes(`${cloud.url}/signin`);
+    expect(attributes).toMatchObject({ "data-page": "signin", "data-sign-in": "none", "data-social": "" });
+    expect(attributes["data-public-url"]).toBe(cloud.deps.site.publicUrl);
+    const offer = readSignInOffer({ signIn: attributes["data-sign-in"], social: attributes["data-social"] });
+    expect(offer).toMatchObject({ configured: false, social: [] });
+    // Only the sign-in page carries the offer.
+    expect(Object.keys(await bodyAttributes(`${cloud.url}/nodes`))).toEqual(["data-page"]);
+  });
+
+  test.each<[string, string, SocialProvider[], SocialProvider[]]>([
+    ["zero", "", [], ["github", "google"]],
+    ["one", "github", ["github"], ["google"]],
+    ["two", "google, github", ["github", "google"], []],
+  ])("an OpenID provider with %s social providers: those buttons, and only those starts", async (_count, listed, shown, refused) => {
+    const cloud = await start({ ...idp.cloudConfig, oidcSocialProviders: listed, trustedProxies: "127.0.0.1" });
+    const attributes = await bodyAttributes(`${cloud.url}/signin`);
+    expect(attributes["data-sign-in"]).toBe("oidc");
+    expect(attributes["data-social"]).toBe(shown.join(" "));
+    expect(readSignInOffer({ signIn: attributes["data-sign-in"], social: attributes["data-social"] }).social).toEqual(shown);
+    let source = 0;
+    const headers = () => ({ "x-forwarded-for": `198.51.100.${++source}` });
+    for (const provider of shown)
+      expect((await cloud.api("GET", `/api/auth/social?provider=${provider}`, { headers: headers() })).status).toBe(200);
+    for (const provider of refused) {
+      const answer = await cloud.api("GET", `/api/auth/social?provider=${provider}`, { headers: headers() });
+      expect(answer.status).toBe(400);
+      expect(answer.body.error.code).toBe("social_provider_not_configured");
+    }
+    // The provider's own sign-in is there whatever the list says.
+    expect((await cloud.api("GET", "/api/auth/login", { headers: headers() })).status).toBe(200);
+  });
 });

@@ -79,6 +79,12 @@ suite("SQLite database services", () => {
     expect(record).toMatchObject({ kind: "database", port: null, secret_keys: [] });
     expect(existsSync(file)).toBe(true);
     expect(file).toBe(sqliteFile({ dataDir: join(db.engine.dataDir, "data", "notes") } as never));
+    // SQLite has no server and no port: its log says where it is ready, not a host:port.
+    const own = await eventually(async () => {
+      const lines = (await db.api.diagnose("notes")).logs.map((line) => line.line);
+      return lines.includes(`SQLite ready at ${file}`) ? lines : null;
+    });
+    expect(own.join("\n")).not.toContain("accepts connections");
     await db.api.deployed({
       name: "notes-client",
       kind: "batch",

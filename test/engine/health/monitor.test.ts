@@ -3,7 +3,7 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { HealthMonitor, type HealthSpec, type HealthState } from "../../../src/engine/health";
 import { AppError } from "../../../src/lib/errors";
-import { eventually, tempDir } from "../../helpers";
+import { eventually, freePort, stopGently, tempDir } from "../../helpers";
 import { isAlive, readPids } from "./processes";
 
 let status = 200;
@@ -74,7 +74,16 @@ const summary = (state: HealthState) => [state.healthy, state.consecutive_failur
 describe("HealthMonitor", () => {
   test("healthy, then unhealthy once the threshold is reached, then healthy again", async () => {
     const { instance, changes } = monitor(fast);
-    expect(instance.state()).toEqual({ healthy: null, consecutive_failures: 0, last: null, observations: [], threshold_reached: false });
+    expect(instance.state()).toEqual({
+      healthy: null,
+      consecutive_failures: 0,
+      last: null,
+      observations: [],
+      threshold_reached: false,
+      in_start_period: false,
+      start_period_ends_at: null,
+      start_period_failures: 0,
+    });
     instance.start();
     await eventually(() => instance.state().healthy === true);
 
@@ -215,9 +224,115 @@ describe("HealthMonitor", () => {
 
   test.each<[string, Partial<HealthSpec>]>([
     ["a zero interval", { interval_s: 0 }],
+    ["a negative start period", { start_period_s: -1 }],
+    ["a start period that is not a number", { start_period_s: Number.NaN }],
     ["a negative timeout", { timeout_s: -1 }],
     ["a fractional threshold", { failure_threshold: 1.5 }],
   ])("rejects %s", (_name, change) => {
     expect(() => new HealthMonitor({ ...fast, ...change }, { host: "127.0.0.1", port: 1 }, { onChange() {} })).toThrow(AppError);
+  });
+});
+
+describe("HealthMonitor start period", () => {
+  /** clock is the start period's clock: the probes run in real time, the grace runs out when a test says. */
+  let clock = Date.parse("2030-01-01T00:00:00.000Z");
+  const now = () => clock;
+
+  test("failures in the start period are recorded but do not count; after it they do", async () => {
+    status = 503;
+    const { instance, changes } = monitor({ ...fast, start_period_s: 30 }, { now });
+    instance.start();
+    await eventually(() => instance.state().start_period_failures >= 4);
+    const during = instance.state();
+    expect(during).toMatchObject({
+      healthy: null,
+      consecutive_failures: 0,
+      threshold_reached: false,
+      in_start_period: true,
+      start_period_ends_at: "2030-01-01T00:00:30.000Z",
+      last: { ok: false, detail: "HTTP 503" },
+    });
+    for (const line of during.observations) expect(line).toMatch(/ fail HTTP 503 \(\d+ ms\) \[start period: not counted\]$/);
+    expect(changes).toEqual([]);
+
+    clock += 30_000;
+    expect(instance.state().in_start_period).toBe(false);
+    await eventually(() => instance.state().threshold_reached);
+    expect(changes.map(summary)).toEqual([
+      [false, 1, false],
+      [false, 3, true],
+    ]);
+    expect(instance.state().observations.at(-1)).toMatch(/ fail HTTP 503 \(\d+ ms\)$/);
+    expect(instance.state().start_period_failures).toBeGreaterThanOrEqual(4);
+  });
+
+  test("a pass ends the start period at once: healthy, and later failures count", async () => {
+    status = 503;
+    const { instance, changes } = monitor({ ...fast, start_period_s: 3600 }, { now });
+    instance.start();
+    await eventually(() => instance.state().start_period_failures >= 2);
+    status = 200;
+    await eventually(() => instance.state().healthy === true);
+    expect(instance.state().in_start_period).toBe(false);
+    expect(changes.map(summary)).toEqual([[true, 0, false]]);
+    status = 503;
+    await eventually(() => instance.state().threshold_reached);
+    expect(changes.map(summary)).toEqual([
+      [true, 0, false],
+      [false, 1, false],
+      [false, 3, true],
+    ]);
+    expect(instance.state().in_start_period).toBe(false);
+  });
+
+  test("the start period counts from the workload's start: one long past gives no grace", async () => {
+    status = 503;
+    const { instance, changes } = monitor({ ...fast, start_period_s: 60, failure_threshold: 1 }, { now, startedAt: clock - 61_000 });
+    instance.start();
+    await eventually(() => changes.length === 1);
+    expect(changes.map(summary)).toEqual([[false, 1, true]]);
+    expect(instance.state()).toMatchObject({ in_start_period: false, start_period_failures: 0 });
+  });
+
+  test.each<[string, Partial<HealthSpec>]>([
+    ["a start period of 0", { start_period_s: 0 }],
+    ["no start period", {}],
+  ])("%s: the first failure counts", async (_name, change) => {
+    status = 503;
+    const { instance, changes } = monitor({ ...fast, ...change, failure_threshold: 1 }, { now });
+    instance.start();
+    await eventually(() => changes.length === 1);
+    expect(changes.map(summary)).toEqual([[false, 1, true]]);
+    expect(instance.state()).toMatchObject({ in_start_period: false, start_period_ends_at: null, start_period_failures: 0 });
+  });
+
+  test("a server that binds its port late is healthy at once, never unhealthy", async () => {
+    // A real program that listens only after 1.5 s; until then every probe is refused.
+    const port = await freePort();
+    const late = Bun.spawn(
+      [
+        process.execPath,
+        "-e",
+        `await Bun.sleep(1500); Bun.serve({ port: ${port}, hostname: "127.0.0.1", fetch: () => new Response("up") });`,
+      ],
+      { stdin: "ignore", stdout: "ignore", stderr: "ignore" },
+    );
+    try {
+      const changes: HealthState[] = [];
+      const instance = new HealthMonitor(
+        { type: "http", path: "/", interval_s: 0.1, timeout_s: 1, failure_threshold: 1, start_period_s: 30 },
+        { host: "127.0.0.1", port },
+        { onChange: (state) => changes.push(state) },
+      );
+      monitors.push(instance);
+      instance.start();
+      await eventually(() => instance.state().healthy === true, { timeoutMs: 15_000 });
+      expect(changes.map(summary)).toEqual([[true, 0, false]]);
+      const state = instance.state();
+      expect(state.start_period_failures).toBeGreaterThan(0);
+      expect(state.observations.some((line) => line.includes(`connect ECONNREFUSED 127.0.0.1:${port}`))).toBe(true);
+    } finally {
+      await stopGently(late);
+    }
   });
 });

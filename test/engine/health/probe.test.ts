@@ -1,9 +1,9 @@
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
-import { rmSync } from "node:fs";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type HealthSpec, parseHealthShorthand, runProbe, SHORTHAND_DEFAULTS } from "../../../src/engine/health";
 import { AppError } from "../../../src/lib/errors";
-import { eventually, tempDir } from "../../helpers";
+import { collectOutput, eventually, stopGently, tempDir } from "../../helpers";
 import { isAlive, readPids } from "./processes";
 
 const base = { interval_s: 1, timeout_s: 2, failure_threshold: 3 };
@@ -27,6 +27,17 @@ beforeAll(() => {
       if (path === "/redirect") return new Response(null, { status: 302, headers: { location: "/missing" } });
       if (path === "/missing") return new Response("gone", { status: 404 });
       if (path === "/slow") await hanging;
+      if (path === "/slow-body") {
+        // The status and a first chunk come at once; the rest never does.
+        const body = new ReadableStream({
+          async start(controller) {
+            controller.enqueue(new TextEncoder().encode("partial"));
+            await hanging;
+            controller.close();
+          },
+        });
+        return new Response(body, { status: 200 });
+      }
       return new Response(`status ${status}`, { status });
     },
   });
@@ -81,6 +92,11 @@ describe("http probe", () => {
     expect(result).toMatchObject({ ok: false, detail: "timed out after 200 ms" });
   });
 
+  test("fails after timeout_s when the body does not end", async () => {
+    const result = await runProbe({ ...base, type: "http", path: "/slow-body", timeout_s: 0.2 }, target());
+    expect(result).toMatchObject({ ok: false, detail: "timed out after 200 ms" });
+  });
+
   test("fails without a port to probe", async () => {
     expect(await runProbe({ ...base, type: "http" }, { host: "127.0.0.1", port: null })).toMatchObject({
       ok: false,
@@ -93,6 +109,59 @@ describe("http probe", () => {
     const probing = runProbe({ ...base, type: "http", path: "/slow", timeout_s: 10 }, target(), { signal: controller.signal });
     controller.abort();
     expect(await probing).toMatchObject({ ok: false, detail: "aborted" });
+  });
+});
+
+describe("http probe of Python's http.server", () => {
+  let python: Bun.Subprocess<"ignore", "pipe", "pipe">;
+  let output: () => string;
+  let port: number;
+  let www: string;
+
+  beforeAll(async () => {
+    www = join(scratch, "www");
+    mkdirSync(www);
+    writeFileSync(join(www, "index.html"), "<p>ok</p>");
+    // 300 KB is more than one socket buffer: a client that drops the answer unread meets Python mid-write.
+    writeFileSync(join(www, "page.bin"), Buffer.alloc(300_000, "a"));
+    writeFileSync(join(www, "huge.bin"), Buffer.alloc(2 * 1024 * 1024 + 1, "b"));
+    python = Bun.spawn(["python3", "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", www], {
+      stdin: "ignore",
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    output = collectOutput(python);
+    const match = await eventually(() => /Serving HTTP on \S+ port (\d+)/.exec(output()), { timeoutMs: 10_000 });
+    port = Number(match[1]);
+  });
+
+  afterAll(async () => {
+    if (python) await stopGently(python);
+  });
+
+  /** requestLines counts the requests Python logged for a path. */
+  const requestLines = (path: string) =>
+    output()
+      .split("\n")
+      .filter((line) => line.includes(`"GET ${path} HTTP/1.1"`)).length;
+
+  test("20 probes leave no reset or broken pipe in the server's log", async () => {
+    const before = requestLines("/page.bin");
+    for (let i = 0; i < 20; i++) {
+      const path = i % 2 === 0 ? "/page.bin" : "/";
+      const result = await runProbe({ ...base, type: "http", path }, { host: "127.0.0.1", port });
+      expect(result).toMatchObject({ ok: true, detail: "HTTP 200" });
+    }
+    await eventually(() => requestLines("/page.bin") === before + 10 && requestLines("/") >= 10);
+    // A last request read in full, after every probe: Python has handled the probes by the time it logs it.
+    await (await fetch(`http://127.0.0.1:${port}/index.html?last`)).text();
+    await eventually(() => requestLines("/index.html?last") === 1);
+    expect(output().match(/ConnectionResetError|BrokenPipeError|Connection reset|Traceback|Exception occurred.*/g) ?? []).toEqual([]);
+  });
+
+  test("a body past the limit is not read to the end, and the status still decides", async () => {
+    const result = await runProbe({ ...base, type: "http", path: "/huge.bin" }, { host: "127.0.0.1", port });
+    expect(result).toMatchObject({ ok: true, detail: "HTTP 200 (body over 1048576 bytes: the rest was not read)" });
   });
 });
 

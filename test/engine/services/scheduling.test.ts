@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { eventually, REPO_ROOT, startTestEngine, type TestEngine, workloadBun } from "../../helpers";
+import { eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, workloadBun } from "../../helpers";
 import { ServiceClient } from "./harness";
 
 const FAKE_NVIDIA_SMI = join(REPO_ROOT, "test", "fixtures", "gpu", "nvidia-smi");
@@ -113,6 +113,116 @@ describe("health probes", () => {
     await api.waitFor("probed", "running");
     await eventually(async () => (await api.diagnose("probed")).health.probe?.ok === true);
     await api.control("probed", "stop");
+  });
+
+  test("start period: a server that listens only after 1.5 s is never degraded, never restarted", async () => {
+    const port = await freePort();
+    // With one failure to fail and restart always, a single counted failure would show: degraded, a new pid.
+    await api.deployed({
+      name: "slow-start",
+      command: [
+        workloadBun(),
+        "-e",
+        `await Bun.sleep(1500); Bun.serve({ port: ${port}, hostname: "127.0.0.1", fetch: () => new Response("up") })`,
+      ],
+      port,
+      health: { type: "http", path: "/", interval_s: 0.1, timeout_s: 1, failure_threshold: 1, start_period_s: 30 },
+      restart: { policy: "always", max_restarts: 10, window_seconds: 60, backoff_s: 0 },
+    });
+    const first = await api.waitFor("slow-start", "running", (r) => r.pid !== null);
+    const seen = new Set<string>();
+    const during = await eventually(
+      async () => {
+        seen.add((await api.get("slow-start")).status);
+        const diagnosis = await api.diagnose("slow-start");
+        return diagnosis.health.probe?.in_start_period && Number(diagnosis.health.probe.start_period_failures) >= 2 ? diagnosis : null;
+      },
+      { timeoutMs: 10_000 },
+    );
+    expect(during.status).toBe("running");
+    expect(during.remediation).toBeNull();
+    expect(during.health.spec).toMatchObject({ start_period_s: 30 });
+    expect(Number(during.health.probe?.start_period_left_s)).toBeGreaterThan(0);
+    expect(Number(during.health.probe?.start_period_left_s)).toBeLessThanOrEqual(30);
+    expect(
+      during.health.observations.some(
+        (o) => o.includes(`connect ECONNREFUSED 127.0.0.1:${port}`) && o.endsWith("[start period: not counted]"),
+      ),
+    ).toBe(true);
+    const healthy = await eventually(
+      async () => {
+        seen.add((await api.get("slow-start")).status);
+        const diagnosis = await api.diagnose("slow-start");
+        return diagnosis.health.probe?.ok === true ? diagnosis : null;
+      },
+      { timeoutMs: 15_000 },
+    );
+    expect(healthy.health.probe).toMatchObject({
+      healthy: true,
+      in_start_period: false,
+      start_period_left_s: null,
+      consecutive_failures: 0,
+    });
+    expect([...seen]).toEqual(["running"]);
+    const record = await api.get("slow-start");
+    expect(record).toMatchObject({ status: "running", status_message: null, pid: first.pid, restarts: 0 });
+    await api.control("slow-start", "stop");
+  });
+
+  test("start period: failures after it still make the service degraded", async () => {
+    const port = await freePort();
+    await api.deployed({
+      name: "never-listens",
+      command: "exec sleep 300",
+      port,
+      health: { type: "http", path: "/", interval_s: 0.1, timeout_s: 1, failure_threshold: 100, start_period_s: 1 },
+    });
+    const degraded = await api.waitFor("never-listens", "degraded", () => true, 10_000);
+    expect(degraded.status_message).toBe(`health check failing: connect ECONNREFUSED 127.0.0.1:${port}`);
+    const diagnosis = await api.diagnose("never-listens");
+    expect(diagnosis.health.probe).toMatchObject({ healthy: false, in_start_period: false });
+    expect(Number(diagnosis.health.probe?.start_period_failures)).toBeGreaterThan(0);
+    expect(diagnosis.remediation?.code).toBe("check_health");
+    await api.control("never-listens", "stop");
+  });
+
+  test("start period 0: the first failed probe counts, as before", async () => {
+    const port = await freePort();
+    await api.deployed({
+      name: "no-grace",
+      command: "exec sleep 300",
+      port,
+      health: { type: "tcp", interval_s: 0.1, timeout_s: 1, failure_threshold: 100, start_period_s: 0 },
+    });
+    await api.waitFor("no-grace", "degraded");
+    const diagnosis = await api.diagnose("no-grace");
+    expect(diagnosis.health.probe).toMatchObject({ in_start_period: false, start_period_failures: 0, start_period_left_s: null });
+    expect(diagnosis.health.observations.some((o) => o.includes("not counted"))).toBe(false);
+    await api.control("no-grace", "stop");
+  });
+
+  test.each<[string, unknown, string]>([
+    ["a negative", -1, "greater_than_equal"],
+    ["a fractional", 1.5, "int_type"],
+    ["a longer than a day", 86401, "less_than_equal"],
+    ["a string as", "10", "int_type"],
+  ])("%s start period is refused with 422 and nothing is created", async (_name, value, type) => {
+    const name = `bad-grace-${type.replaceAll("_", "-")}`;
+    const response = await engine.json<{ detail: { loc: unknown[]; type: string }[] }>("POST", "/api/services", {
+      body: { name, command: ["true"], port: 8080, health: { type: "http", start_period_s: value } },
+    });
+    expect(response.status).toBe(422);
+    expect(response.body.detail[0]).toMatchObject({ loc: ["body", "health", "start_period_s"], type });
+    expect((await engine.call("GET", `/api/services/${name}`)).status).toBe(404);
+  });
+
+  test("a probe without a type and no template probe to change is refused with 422", async () => {
+    const response = await engine.json<{ detail: { loc: unknown[]; type: string }[] }>("POST", "/api/services", {
+      body: { name: "typeless", command: ["true"], port: 8080, health: { start_period_s: 5 } },
+    });
+    expect(response.status).toBe(422);
+    expect(response.body.detail[0]).toMatchObject({ loc: ["body", "health", "type"], type: "missing" });
+    expect((await engine.call("GET", "/api/services/typeless")).status).toBe(404);
   });
 
   test("tcp and exec probes", async () => {

@@ -12,7 +12,14 @@ describe("normalizeDeploy from a template", () => {
     const { spec, secrets } = normalizeDeploy({ name: "llm", template_id: "vllm", env: { MODEL: "m", HF_TOKEN: "hf_x" } }, templates);
     expect(spec).toMatchObject({ kind: "model", port: 8000, gpus: 1, template_id: "vllm", env: { MODEL: "m" }, secret_keys: ["HF_TOKEN"] });
     expect(spec.command.slice(0, 2)).toEqual(["/bin/sh", "-c"]);
-    expect(spec.health).toMatchObject({ type: "http", path: "/health", interval_s: 10, timeout_s: 5, failure_threshold: 3 });
+    expect(spec.health).toEqual({
+      type: "http",
+      path: "/health",
+      interval_s: 10,
+      timeout_s: 5,
+      failure_threshold: 3,
+      start_period_s: 1800,
+    });
     expect(spec.restart.policy).toBe("always");
     expect(secrets).toEqual({ HF_TOKEN: "hf_x" });
   });
@@ -61,6 +68,11 @@ describe("a patch over the deploy that makes a spec again (decision 180)", () =>
     ["env merges key by key; null removes a key", { env: { OTHER: null, EXTRA: "1" } }, { env: { MODEL: "m", EXTRA: "1" } }],
     ["restart merges field by field", { restart: { policy: "never" } }, { restart: { policy: "never", max_restarts: 9 } }],
     ["health is replaced whole; null removes the probe", { health: null }, { health: null }],
+    [
+      "a probe without its type changes the current probe",
+      { health: { start_period_s: 60 } },
+      { health: { type: "http", path: "/health", start_period_s: 60 } },
+    ],
     ["a share of one GPU drops the whole GPUs", { gpu_memory_mb: 8000 }, { gpus: 0, gpu_memory_mb: 8000 }],
   ] as const)("%s", (_label, patch, expected) => {
     const { spec } = normalizeDeploy(applyPatch(deployOf(vllm.spec, vllm.secrets), patch as never), templates);
@@ -84,6 +96,55 @@ describe("a patch over the deploy that makes a spec again (decision 180)", () =>
     expect(body).toMatchObject({ kind: "database", engine: "postgres" });
     expect(body.command).toBeUndefined();
     expect(body.user).toBeUndefined();
+  });
+});
+
+describe("normalizeDeploy: the probe's start period", () => {
+  const http = { type: "http" as const, path: "/health" };
+  const startPeriod = (body: Parameters<typeof normalizeDeploy>[0]) => normalizeDeploy(body, templates).spec.health?.start_period_s;
+
+  test.each<[string, Parameters<typeof normalizeDeploy>[0], number]>([
+    ["a service's probe gets 10 s", { name: "web", command: ["true"], port: 8080, health: http }, 10],
+    ["a model's probe gets 600 s", { name: "llm", kind: "model", command: ["true"], port: 8080, health: http }, 600],
+    ["an exec probe gets 10 s too", { name: "job", command: ["true"], health: { type: "exec", command: "true" } }, 10],
+    ["0 turns it off", { name: "web", command: ["true"], port: 8080, health: { ...http, start_period_s: 0 } }, 0],
+    ["a given value is kept", { name: "web", command: ["true"], port: 8080, health: { ...http, start_period_s: 45 } }, 45],
+    ["a template gives its own", { name: "llm", template_id: "vllm", env: { MODEL: "m" } }, 1800],
+    ["a template's applies to a probe given in full", { name: "llm", template_id: "vllm", env: { MODEL: "m" }, health: http }, 1800],
+    [
+      "a given value beats the template's",
+      { name: "llm", template_id: "vllm", env: { MODEL: "m" }, health: { start_period_s: 7200 } },
+      7200,
+    ],
+  ])("%s", (_name, body, expected) => {
+    expect(startPeriod(body)).toBe(expected);
+  });
+
+  test("a probe without a type changes the template's probe and keeps the rest of it", () => {
+    const { spec } = normalizeDeploy(
+      { name: "lcpp", template_id: "llama-cpp", env: { MODEL_PATH: "/m.gguf" }, health: { start_period_s: 60, interval_s: 2 } },
+      templates,
+    );
+    expect(spec.health).toEqual({ type: "http", path: "/health", interval_s: 2, timeout_s: 5, failure_threshold: 3, start_period_s: 60 });
+  });
+
+  test.each<[string, Parameters<typeof normalizeDeploy>[0], string]>([
+    ["without a template", { name: "web", command: ["true"], port: 8080, health: { start_period_s: 5 } }, "no template gives one"],
+    [
+      "with a template that has no probe",
+      { name: "db", template_id: "postgres", health: { start_period_s: 5 } },
+      "template postgres has no probe to change",
+    ],
+  ])("a probe without a type %s is refused", (_name, body, why) => {
+    try {
+      normalizeDeploy(body, templates);
+      throw new Error("expected an InputError");
+    } catch (error) {
+      expect(error).toBeInstanceOf(InputError);
+      expect((error as InputError).detail).toContainEqual(
+        expect.objectContaining({ loc: ["body", "health", "type"], type: "missing", msg: expect.stringContaining(why) }),
+      );
+    }
   });
 });
 

@@ -52,6 +52,18 @@ describe("app templates", () => {
     for (const id of ["postgres", "mariadb", "redis"]) expect(bundled.get(id).deploy_defaults.gpus).toBe(0);
   });
 
+  test("every template with its own probe sets a start period; model servers allow minutes for their weights", () => {
+    for (const template of bundled.list().filter((t) => t.deploy_defaults.health !== "" && !t.deploy_defaults.engine)) {
+      expect({ id: template.id, set: template.deploy_defaults.health_start_period_s !== undefined }).toEqual({
+        id: template.id,
+        set: true,
+      });
+    }
+    for (const id of ["vllm", "tgi", "sglang", "llama-cpp"]) {
+      expect(bundled.get(id).deploy_defaults.health_start_period_s).toBeGreaterThanOrEqual(600);
+    }
+  });
+
   test("secret variables are marked secret", () => {
     const secrets = bundled.list().flatMap((t) => t.env_schema.filter((e) => /TOKEN|PASSWORD|SECRET|_KEY$/.test(e.name)));
     expect(secrets.length).toBeGreaterThan(0);
@@ -65,6 +77,11 @@ describe("app templates", () => {
       "wrong type",
       JSON.stringify({ ...valid, deploy_defaults: { ...valid.deploy_defaults, port: "80" } }),
       "deploy_defaults.port: Input should be a valid integer",
+    ],
+    [
+      "a start period past a day",
+      JSON.stringify({ ...valid, deploy_defaults: { ...valid.deploy_defaults, health_start_period_s: 86401 } }),
+      "deploy_defaults.health_start_period_s: Input should be less than or equal to 86400",
     ],
     ["bad id", JSON.stringify({ ...valid, id: "Demo!" }), "id: a name is lowercase letters, digits and dashes"],
     ["extra field", JSON.stringify({ ...valid, extra: 1 }), "extra: Extra inputs are not permitted"],

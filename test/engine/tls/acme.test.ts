@@ -5,7 +5,8 @@ import { join } from "node:path";
 import { type AcmeCertificate, AcmeIssuer, type AcmeIssuerOptions } from "../../../src/engine/tls/acme";
 import { AppError } from "../../../src/lib/errors";
 import { eventually, MutableClock, tempDir } from "../../helpers";
-import { freePort, pebbleAvailable, type RunningPebble, startPebble } from "./pebble";
+import { freePort, pebbleMissing, type RunningPebble, startPebble } from "./pebble";
+import { describeWhen } from "./tls-helpers";
 
 // Everything here runs against a real Pebble (Debian package `pebble`); without it the suite is skipped.
 const EAB_KID = "kid-1";
@@ -37,7 +38,7 @@ async function rejection(promise: Promise<unknown>): Promise<AppError> {
   throw new Error("expected a rejection");
 }
 
-describe.skipIf(!pebbleAvailable())("AcmeIssuer against Pebble", () => {
+describeWhen(pebbleMissing(), "AcmeIssuer against Pebble")("AcmeIssuer against Pebble", () => {
   let pebble: RunningPebble;
   let challengeServer: ReturnType<typeof Bun.serve>;
   const dirs: string[] = [];

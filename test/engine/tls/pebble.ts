@@ -22,7 +22,15 @@ export const CHALLTESTSRV_BINARY = "/usr/bin/pebble-challtestsrv";
 
 /** pebbleAvailable reports whether both Pebble binaries and openssl are installed, for `test.skipIf`. */
 export function pebbleAvailable(): boolean {
-  return existsSync(PEBBLE_BINARY) && existsSync(CHALLTESTSRV_BINARY) && Bun.which("openssl") !== null;
+  return pebbleMissing() === null;
+}
+
+/** pebbleMissing says what of Pebble and openssl is not installed, and how to install it; null when nothing is. */
+export function pebbleMissing(): string | null {
+  if (!existsSync(PEBBLE_BINARY) || !existsSync(CHALLTESTSRV_BINARY)) {
+    return `${PEBBLE_BINARY} or ${CHALLTESTSRV_BINARY} not found (apt-get install pebble)`;
+  }
+  return Bun.which("openssl") === null ? "openssl not found (apt-get install openssl)" : null;
 }
 
 export interface PebbleOptions {

@@ -1,5 +1,16 @@
+import { describe } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+
+/**
+ * describeWhen is `describe` when nothing is missing; otherwise it says on stderr which suite
+ * is skipped and why (what to install), and skips it, so that a skip is never silent.
+ */
+export function describeWhen(missing: string | null, suite: string): typeof describe | typeof describe.skip {
+  if (missing === null) return describe;
+  process.stderr.write(`skipped: ${suite}: ${missing}\n`);
+  return describe.skip;
+}
 
 /** run runs a command to its end and returns its exit code and output. */
 export async function run(

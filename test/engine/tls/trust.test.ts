@@ -3,7 +3,7 @@ import { existsSync, lstatSync, mkdirSync, readFileSync, rmSync, statSync, write
 import { join } from "node:path";
 import { installTrust, LocalCa, rootFileStem, type TrustOptions, trustStatus, uninstallTrust } from "../../../src/engine/tls";
 import { tempDir } from "../../helpers";
-import { curlThrough, run, serveTls } from "./tls-helpers";
+import { curlThrough, describeWhen, run, serveTls } from "./tls-helpers";
 
 const dirs: string[] = [];
 function newDir(): string {
@@ -130,7 +130,10 @@ describe("trust store (temporary store, fake update command)", () => {
       });
       return;
     }
-    if ((await run(["id", "-u", "nobody"])).code !== 0 || !Bun.which("setpriv")) return;
+    if ((await run(["id", "-u", "nobody"])).code !== 0 || !Bun.which("setpriv")) {
+      console.warn("skipped: a trust store the user may not write: needs the user nobody and setpriv (apt-get install util-linux)");
+      return;
+    }
     const probe = join(newDir(), "probe.ts");
     writeFileSync(
       probe,
@@ -151,7 +154,7 @@ describe("trust store (temporary store, fake update command)", () => {
       `test -x ${JSON.stringify(process.execPath)} && test -r ${JSON.stringify(join(import.meta.dir, "../../../src/engine/tls/index.ts"))}`,
     ]);
     if (reachable.code !== 0) {
-      console.warn("skipped: the checkout is not readable by the user nobody");
+      console.warn("skipped: a trust store the user may not write: the checkout is not readable by the user nobody");
       return;
     }
     const result = await run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", process.execPath, probe], {
@@ -164,7 +167,8 @@ describe("trust store (temporary store, fake update command)", () => {
 });
 
 const certutil = Bun.which("certutil");
-describe.skipIf(!certutil)("trust store: NSS database with the real certutil", () => {
+const NSS_SUITE = "trust store: NSS database with the real certutil";
+describeWhen(certutil ? null : "certutil not found (apt-get install libnss3-tools)", NSS_SUITE)(NSS_SUITE, () => {
   test("install adds the root to an existing NSS database with C,, trust; uninstall removes it", async () => {
     const nssDb = join(newDir(), "nssdb");
     mkdirSync(nssDb);
@@ -195,9 +199,14 @@ describe.skipIf(!certutil)("trust store: NSS database with the real certutil", (
 
 // This one changes the machine's real trust store (what CI runs as root): it installs a fresh
 // root, proves OpenSSL and curl trust a leaf through the system bundle, and removes it again.
-const realStore =
-  process.getuid?.() === 0 && Bun.which("update-ca-certificates") !== null && existsSync("/usr/local/share/ca-certificates");
-describe.skipIf(!realStore)("trust store: the real system store", () => {
+const realStoreMissing =
+  process.getuid?.() !== 0
+    ? "it changes the machine's trust store, so it runs as root only"
+    : Bun.which("update-ca-certificates") === null || !existsSync("/usr/local/share/ca-certificates")
+      ? "update-ca-certificates or /usr/local/share/ca-certificates not found (apt-get install ca-certificates)"
+      : null;
+const REAL_STORE_SUITE = "trust store: the real system store";
+describeWhen(realStoreMissing, REAL_STORE_SUITE)(REAL_STORE_SUITE, () => {
   const dir = newDir();
   const ca = new LocalCa({ dir: join(dir, "pki") });
   const rootPem = ca.rootPem();

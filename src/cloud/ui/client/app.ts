@@ -6,6 +6,8 @@
  * become markup.
  */
 
+import { hostMismatchText, notConfiguredHelp, readSignInOffer, SOCIAL_LABELS, type Text, wrongHostText } from "./signin";
+
 type Json = Record<string, unknown>;
 type Child = Node | string | null | undefined | false;
 
@@ -143,10 +145,40 @@ async function signedIn(): Promise<Json> {
 
 // ---- pages
 
+/** paragraph renders a Text as a paragraph, its `code` pieces in <code>. */
+function paragraph(text: Text): HTMLElement {
+  return h("p", {}, ...text.map((piece) => (typeof piece === "string" ? piece : h("code", {}, piece.code))));
+}
+
 function signInPage(): void {
+  const offer = readSignInOffer(document.body.dataset);
   const params = new URLSearchParams(location.search);
   const returnTo = params.get("return_to") ?? "/nodes";
   const failed = params.get("error");
+  const mismatch = failed ? hostMismatchText(params.get("started_at"), location.origin, offer.publicUrl) : null;
+  const failure = failed
+    ? notice(
+        "error",
+        mismatch ? `Sign-in did not complete (${failed}). ${mismatch}` : `Sign-in did not complete (${failed}). Please start again.`,
+      )
+    : null;
+  if (!offer.configured) {
+    main().replaceChildren(
+      h(
+        "section",
+        { class: "card narrow" },
+        h("h1", {}, "Sign in to engine cloud"),
+        failure,
+        h(
+          "div",
+          { class: "notice notice-info", role: "status", "data-testid": "signin-not-configured" },
+          ...notConfiguredHelp(offer.publicUrl).map(paragraph),
+        ),
+      ),
+    );
+    return;
+  }
+  const wrongHost = wrongHostText(location.origin, offer.publicUrl);
   const status = h("div", { "aria-live": "polite" });
   const start = async (path: string) => {
     status.replaceChildren(notice("info", "Taking you to the sign-in provider…"));
@@ -159,27 +191,23 @@ function signInPage(): void {
   };
   const query = (extra: Record<string, string>) => new URLSearchParams({ ...extra, return_to: returnTo }).toString();
   const email = h("input", { id: "identity", name: "identity", type: "email", autocomplete: "email" }) as HTMLInputElement;
+  // Only the providers the operator listed (ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS); none, and the provider's own sign-in stands alone.
+  const social = offer.social.map((provider) =>
+    h(
+      "button",
+      { type: "button", class: "primary", onclick: () => start(`/api/auth/social?${query({ provider })}`) },
+      `Continue with ${SOCIAL_LABELS[provider]}`,
+    ),
+  );
   main().replaceChildren(
     h(
       "section",
       { class: "card narrow" },
       h("h1", {}, "Sign in to engine cloud"),
-      failed ? notice("error", `Sign-in did not complete (${failed}). Please start again.`) : null,
-      h(
-        "div",
-        { class: "stack" },
-        h(
-          "button",
-          { type: "button", class: "primary", onclick: () => start(`/api/auth/social?${query({ provider: "github" })}`) },
-          "Continue with GitHub",
-        ),
-        h(
-          "button",
-          { type: "button", class: "primary", onclick: () => start(`/api/auth/social?${query({ provider: "google" })}`) },
-          "Continue with Google",
-        ),
-      ),
-      h("p", { class: "or" }, "or"),
+      failure,
+      wrongHost ? notice("info", wrongHost) : null,
+      social.length > 0 ? h("div", { class: "stack", "data-testid": "signin-social" }, ...social) : null,
+      social.length > 0 ? h("p", { class: "or" }, "or") : null,
       h(
         "form",
         {
@@ -541,6 +569,3 @@ async function boot(): Promise<void> {
 }
 
 void boot();
-
-// A module, so its names stay out of the global scope that other browser scripts in the tree share.
-export {};
