@@ -228,11 +228,11 @@ describe("engine services CLI", () => {
     ],
     [
       ["services", "deploy", "x", "--health-start-period", "5", "--", "true"],
-      "engine: health.type: give the probe's type (http, tcp or exec): no template gives one [validation]\n",
+      "engine: --health: give the probe's type (http, tcp or exec): no template gives one [validation]\n",
     ],
     [
       ["services", "deploy", "x", "--health", "tcp:80", "--health-start-period", "86401", "--", "true"],
-      "engine: health.start_period_s: Input should be less than or equal to 86400 [validation]\n",
+      "engine: --health-start-period: Input should be less than or equal to 86400 [validation]\n",
     ],
     [
       ["services", "deploy", "x", "--command", "true", "--", "true"],

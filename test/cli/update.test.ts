@@ -57,6 +57,14 @@ describe("engine services update", () => {
     expect((await cli("services", "show", "tuned")).stdout).toMatch(/^memory\s+no limit$/m);
   }, 30_000);
 
+  test("--health-start-period alone changes only the current probe's start period", async () => {
+    expect((await cli("services", "deploy", "probed", "--port", "18978", "--health", "tcp", "--", "sleep", "300")).code).toBe(0);
+    const updated = await cli("services", "update", "probed", "--health-start-period", "60");
+    expect(updated.code).toBe(0);
+    expect((await record("probed")).health).toMatchObject({ type: "tcp", start_period_s: 60, interval_s: 10 });
+    await cli("services", "rm", "probed");
+  });
+
   test("a deploy that leaves out the command of a service that exists points to update", async () => {
     const result = await cli("services", "deploy", "tuned", "--memory-mb", "400");
     expect(result.code).toBe(1);
