@@ -116,6 +116,8 @@ interface Runtime {
   pendingEnvKeys: string[];
   envSource: string;
   launching: boolean;
+  /** launched settles when the launch under way has started its process (or failed): a stop waits for it. */
+  launched: Promise<void> | null;
   /** forcedKill is set when a stop had to end the run with SIGKILL after stop_timeout_s. */
   forcedKill: boolean;
   /** stopMethod says how the latest purposeful stop asked the process to end ("SIGTERM", "pg_ctl stop -m fast"). */
@@ -141,6 +143,7 @@ function newRuntime(): Runtime {
     pendingEnvKeys: [],
     envSource: "none",
     launching: false,
+    launched: null,
     forcedKill: false,
     stopMethod: null,
     setup: null,
@@ -925,6 +928,8 @@ export class ServiceManager implements ServiceDirectory {
       case "stop":
         this.update(service.id, { desired_state: "stopped" });
         runtime.setup?.abort(); // a database still initializing does not start
+        // A launch under way finishes first, so its process is known and stopped, not left running.
+        await runtime.launched;
         await this.stopRun(service.id, "stopped");
         this.cancelPending(service.id);
         this.update(service.id, { status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped by request" });
@@ -937,6 +942,7 @@ export class ServiceManager implements ServiceDirectory {
         break;
       case "restart":
         if (service.status === "building") throw new AppError("invalid_transition", `${service.name} is building; wait for the build`);
+        await runtime.launched;
         await this.stopRun(service.id, "restarted");
         this.requeue(service.id, {});
         break;
@@ -972,6 +978,7 @@ export class ServiceManager implements ServiceDirectory {
       .map((other) => other.name);
     this.update(service.id, { desired_state: "stopped" });
     this.runtime(service.id).setup?.abort();
+    await this.runtime(service.id).launched;
     await this.stopRun(service.id, "deleted");
     this.cancelPending(service.id);
     this.runtimes.delete(service.id);
@@ -1169,7 +1176,12 @@ export class ServiceManager implements ServiceDirectory {
           memory_mb: allocation.memory_mb,
         };
       }
-      void this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
+      const runtime = this.runtime(service.id);
+      const launched = this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
+      runtime.launched = launched;
+      void launched.finally(() => {
+        if (runtime.launched === launched) runtime.launched = null;
+      });
     }
   }
 
