@@ -405,7 +405,10 @@ export function httpsNames(status: ProxyStatus | null, service: ServiceRecord): 
   if (!status) return "-";
   if (status.state === "disabled") return "- (the proxy is off: ENGINE_PROXY=off)";
   const urls = status.domains.filter((domain) => domain.service === service.name).map((domain) => domain.url);
-  if (urls.length === 0) return service.port === null ? "- (no port: the proxy routes services that declare one)" : "-";
+  if (urls.length === 0) {
+    if (service.kind === "database") return "- (a database: clients connect to its port; see connection)";
+    return service.port === null ? "- (no port: the proxy routes services that declare one)" : "-";
+  }
   const note = status.state === "running" ? "" : `\n(the proxy is ${status.state}${status.tls.error ? `: ${status.tls.error}` : ""})`;
   return `${urls.join("\n")}${note}`;
 }

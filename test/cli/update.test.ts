@@ -133,6 +133,8 @@ describe("engine services show", () => {
       const masked = await cli("services", "show", "cache");
       expect(masked.stdout).toMatch(new RegExp(`^connection\\s+redis://:\\*\\*\\*\\*@127\\.0\\.0\\.1:${port}/0$`, "m"));
       expect(masked.stdout).not.toContain(password);
+      // A database speaks its own protocol: the proxy gives it no HTTPS name.
+      expect(masked.stdout).toMatch(/^https\s+- \(a database: clients connect to its port; see connection\)$/m);
       const revealed = await cli("services", "show", "cache", "--reveal");
       expect(revealed.stdout).toMatch(new RegExp(`^connection\\s+redis://:${password}@127\\.0\\.0\\.1:${port}/0$`, "m"));
       const json = JSON.parse((await cli("--json", "services", "show", "cache", "--reveal")).stdout) as ServiceRecord & {
