@@ -3,11 +3,23 @@ import { join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
 import { defaultDataDir } from "../src/lib/config";
 
-/** CliError is a user-facing failure: printed as one line, never with a stack trace. */
+/** ErrorDetail is one entry of the engine's 422 `detail`, as the CLI reads it. */
+export interface ErrorDetail {
+  loc: (string | number)[];
+  msg: string;
+  type?: string;
+  input?: unknown;
+}
+
+/**
+ * CliError is a user-facing failure: printed as one line, never with a stack trace. A 422 from
+ * the engine keeps its `detail`, so a command can name the flags that set the fields.
+ */
 export class CliError extends Error {
   constructor(
     message: string,
     readonly code = "error",
+    readonly detail?: ErrorDetail[],
   ) {
     super(message);
   }
@@ -155,10 +167,14 @@ function parseEvent(block: string): ServerSentEvent | null {
 
 /** errorOf turns an error answer (the error envelope or a 422 detail list) into a CliError. */
 function errorOf(status: number, parsed: unknown): CliError {
-  const envelope = parsed as { error?: { code: string; message: string }; detail?: { loc: unknown[]; msg: string }[] } | undefined;
+  const envelope = parsed as { error?: { code: string; message: string }; detail?: ErrorDetail[] } | undefined;
   if (envelope?.error) return new CliError(envelope.error.message, envelope.error.code);
   if (envelope?.detail) {
-    return new CliError(envelope.detail.map((d) => `${d.loc.slice(1).join(".") || d.loc.join(".")}: ${d.msg}`).join("; "), "validation");
+    return new CliError(
+      envelope.detail.map((d) => `${d.loc.slice(1).join(".") || d.loc.join(".")}: ${d.msg}`).join("; "),
+      "validation",
+      envelope.detail,
+    );
   }
   return new CliError(`the engine answered ${status}`);
 }

@@ -95,7 +95,8 @@ export function registerRestore(program: Command, client: () => EngineClient, ou
               else bar?.update(bytesRead, totalBytes);
             } else if (json) {
               writeJson({ event: "log", line: line.line });
-            } else if (!tty) {
+            } else if (!tty && !/^restore: (failed|stopped)/.test(line.line)) {
+              // A failure or timeout is the engine's answer too, printed once as the error.
               process.stdout.write(`${line.line}\n`);
             }
           }

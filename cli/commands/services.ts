@@ -1,5 +1,14 @@
 import type { Command } from "commander";
-import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../src/contract/engine";
+import type {
+  Diagnosis,
+  GpuInventoryRecord,
+  LogLine,
+  ProxyStatus,
+  RevealedConnection,
+  ServiceDeploy,
+  ServicePatch,
+  ServiceRecord,
+} from "../../src/contract/engine";
 import { CliError, type EngineClient } from "../client";
 import { emit, formatPairs, type Output, printPairs, printTable } from "../output";
 
@@ -111,13 +120,112 @@ interface DeployOptions {
   user?: string;
 }
 
-/** deployBody turns the deploy command's arguments into a ServiceDeploy request. */
-export function deployBody(name: string, argv: string[], options: DeployOptions): ServiceDeploy {
+/**
+ * SettingOption is one flag of `services deploy` and `services update`: its commander flags
+ * and help, whether it may be given many times, the API field it sets (so an error about
+ * that field names the flag), and for `update` whether `--clear` may reset it.
+ */
+interface SettingOption {
+  flags: string;
+  description: string;
+  repeatable?: boolean;
+  /** field is the path of the request body's field the flag sets ("memory_mb", "restart.policy"). */
+  field: string;
+  /** deployOnly: what the service is (its kind, template, database engine) is set at deploy, never updated. */
+  deployOnly?: boolean;
+  /** clearable: `update --clear <name>` resets the field (the API's null). */
+  clearable?: boolean;
+}
+
+/** SETTING_OPTIONS are the flags deploy and update share: one table, so the two cannot drift. */
+const SETTING_OPTIONS: SettingOption[] = [
+  {
+    flags: "--kind <kind>",
+    description: "batch | service | model | database (default: service, or the template's)",
+    field: "kind",
+    deployOnly: true,
+  },
+  { flags: "--template <id>", description: "start from an app template", field: "template_id", deployOnly: true },
+  {
+    flags: "--command <string>",
+    description: "the command as one shell string (run by /bin/sh -c), instead of argv after --",
+    field: "command",
+  },
+  { flags: "--env <KEY=VALUE>", description: "an environment variable (repeatable)", repeatable: true, field: "env" },
+  {
+    flags: "--secret <KEY=VALUE>",
+    description: "a secret environment variable, stored encrypted (repeatable)",
+    repeatable: true,
+    field: "secrets",
+  },
+  { flags: "--gpus <n>", description: "whole GPUs to hold", field: "gpus", clearable: true },
+  { flags: "--gpu-memory-mb <n>", description: "a share of one GPU, in MiB", field: "gpu_memory_mb", clearable: true },
+  { flags: "--memory-mb <n>", description: "memory limit in MiB", field: "memory_mb", clearable: true },
+  { flags: "--port <n>", description: "the port the service listens on", field: "port", clearable: true },
+  { flags: "--priority <n>", description: "scheduling priority, -1000 to 1000", field: "priority", clearable: true },
+  { flags: "--restart <policy>", description: "always | on-failure | never", field: "restart.policy" },
+  {
+    flags: "--max-restarts <n>",
+    description: "restarts allowed within the window before the service is failed",
+    field: "restart.max_restarts",
+  },
+  { flags: "--window-seconds <n>", description: "the restart window", field: "restart.window_seconds" },
+  { flags: "--backoff-s <n>", description: "first delay before a restart; it doubles", field: "restart.backoff_s" },
+  {
+    flags: "--health <check>",
+    description: "http:/path, http:PORT/path, tcp, tcp:PORT, exec:COMMAND or none",
+    field: "health",
+    clearable: true,
+  },
+  {
+    flags: "--health-start-period <s>",
+    description: "seconds after start in which failed probes do not count (default: the template's, 600 for models, else 10; 0: none)",
+    field: "health.start_period_s",
+  },
+  { flags: "--cwd <dir>", description: "working directory (absolute)", field: "cwd", clearable: true },
+  {
+    flags: "--bind <services...>",
+    description: "services this one needs (their connection env is injected)",
+    field: "bindings",
+    clearable: true,
+  },
+  { flags: "--repo <url>", description: "build from this git repository", field: "build.repo_url", clearable: true },
+  { flags: "--ref <ref>", description: "branch, tag or commit to build (with --repo)", field: "build.ref" },
+  { flags: "--subdir <dir>", description: "directory inside the repository (with --repo)", field: "build.subdir" },
+  { flags: "--build <command>", description: "build command (with --repo)", field: "build.command" },
+  {
+    flags: "--engine <engine>",
+    description: "a database the engine manages: postgres | sqlite (mariadb, redis where available); no command needed",
+    field: "engine",
+    deployOnly: true,
+  },
+  {
+    flags: "--user <user>",
+    description: "admin only: the OS user (name or uid) to run as instead of the service's own, root included",
+    field: "user",
+    clearable: true,
+  },
+];
+
+/** optionName is a flag's name without dashes or argument: "--memory-mb <n>" → "memory-mb". */
+function optionName(option: SettingOption): string {
+  return (option.flags.split(" ")[0] ?? "").replace(/^--/, "");
+}
+
+/** addSettingOptions registers the shared flags on a command (for update, those a service may change). */
+function addSettingOptions(command: Command, forUpdate: boolean): Command {
+  for (const option of SETTING_OPTIONS) {
+    if (forUpdate && option.deployOnly) continue;
+    if (option.repeatable) command.option(option.flags, option.description, collect);
+    else command.option(option.flags, option.description);
+  }
+  return command;
+}
+
+/** settingsOf turns the shared flags (and a command after --) into the settings of a deploy or patch request. */
+function settingsOf(argv: string[], options: DeployOptions): Omit<ServiceDeploy, "name"> {
   if (options.command !== undefined && argv.length > 0) {
     throw new CliError("give the command after -- (as argv) or with --command (as a shell string), not both");
-  }
-  if (!options.repo && (options.ref || options.subdir || options.build)) {
-    throw new CliError("--ref, --subdir and --build need --repo");
   }
   const restart = {
     policy: oneOf("--restart", options.restart, RESTART_POLICIES),
@@ -136,8 +244,7 @@ export function deployBody(name: string, argv: string[], options: DeployOptions)
   if (priority !== undefined && !/^-?\d+$/.test(priority)) {
     throw new CliError(`--priority takes a whole number (got ${JSON.stringify(priority)})`);
   }
-  const body: ServiceDeploy = {
-    name,
+  return {
     kind: oneOf("--kind", options.kind, KINDS),
     command: argv.length > 0 ? argv : options.command,
     template_id: options.template,
@@ -159,8 +266,103 @@ export function deployBody(name: string, argv: string[], options: DeployOptions)
     engine: oneOf("--engine", options.engine, DATABASE_ENGINES),
     user: options.user,
   };
+}
+
+/** deployBody turns the deploy command's arguments into a ServiceDeploy request. */
+export function deployBody(name: string, argv: string[], options: DeployOptions): ServiceDeploy {
+  if (!options.repo && (options.ref || options.subdir || options.build)) {
+    throw new CliError("--ref, --subdir and --build need --repo");
+  }
   // Leave unset fields out, so the engine applies its defaults (and the template's).
-  return JSON.parse(JSON.stringify(body)) as ServiceDeploy;
+  return JSON.parse(JSON.stringify({ name, ...settingsOf(argv, options) })) as ServiceDeploy;
+}
+
+interface UpdateOptions extends DeployOptions {
+  unsetEnv?: string[];
+  unsetSecret?: string[];
+  clear?: string[];
+}
+
+/**
+ * patchBody turns the update command's arguments into a ServicePatch (decision 180): the
+ * flags set what they name, `--env K=V` sets or overrides one key and `--unset-env K` removes
+ * one (likewise for secrets), `--clear <flag>` resets a setting. `currentBuild` is the
+ * service's build, which --ref, --subdir or --build alone change in place.
+ */
+export function patchBody(argv: string[], options: UpdateOptions, currentBuild?: ServiceDeploy["build"]): ServicePatch {
+  const settings = settingsOf(argv, options);
+  const patch: Record<string, unknown> = { ...settings };
+  for (const key of ["kind", "template_id", "engine"]) delete patch[key];
+  if (!options.repo && (options.ref || options.subdir || options.build)) {
+    if (!currentBuild) throw new CliError("--ref, --subdir and --build need --repo: the service is not built from a repository");
+    patch.build = { ...currentBuild, ...JSON.parse(JSON.stringify({ ref: options.ref, subdir: options.subdir, command: options.build })) };
+  }
+  const unset = (name: string, keys: string[] | undefined): Record<string, null> | undefined => {
+    if (!keys || keys.length === 0) return undefined;
+    for (const key of keys)
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(key)) throw new CliError(`${name} takes a variable name (got ${JSON.stringify(key)})`);
+    return Object.fromEntries(keys.map((key) => [key, null]));
+  };
+  const unsetEnv = unset("--unset-env", options.unsetEnv);
+  const unsetSecrets = unset("--unset-secret", options.unsetSecret);
+  for (const key of Object.keys(unsetEnv ?? {}))
+    if (settings.env && key in settings.env) throw new CliError(`--env and --unset-env both name ${key}`);
+  for (const key of Object.keys(unsetSecrets ?? {}))
+    if (settings.secrets && key in settings.secrets) throw new CliError(`--secret and --unset-secret both name ${key}`);
+  if (unsetEnv) patch.env = { ...(settings.env ?? {}), ...unsetEnv };
+  if (unsetSecrets) patch.secrets = { ...(settings.secrets ?? {}), ...unsetSecrets };
+  const clearable = SETTING_OPTIONS.filter((option) => option.clearable);
+  for (const name of options.clear ?? []) {
+    const option = clearable.find((candidate) => optionName(candidate) === name.replace(/^--/, ""));
+    if (!option) throw new CliError(`--clear takes ${clearable.map(optionName).join(", ")} (got ${JSON.stringify(name)})`);
+    const field = option.field.split(".")[0] as string;
+    if (patch[field] !== undefined) throw new CliError(`--${optionName(option)} is both set and cleared`);
+    patch[field] = null;
+  }
+  const body = JSON.parse(JSON.stringify(patch)) as ServicePatch;
+  if (Object.keys(body).length === 0) {
+    throw new CliError("give at least one setting to change (see engine services update --help)");
+  }
+  return body;
+}
+
+/**
+ * flagFor names what set a request field, for errors: the flag that sets it ("--memory-mb",
+ * "--env GREETING"), or the name the user typed. A probe's port the CLI did not send is the
+ * service's: "--port" is what fixes it.
+ */
+export function flagFor(loc: (string | number)[], sent: Record<string, unknown>): string {
+  const path = loc[0] === "body" ? loc.slice(1) : loc;
+  const [head, next] = path;
+  if (path.length === 0) return loc.join(".");
+  if (head === "name") return "name";
+  if (head === "command") return sent.command === undefined || Array.isArray(sent.command) ? "command" : "--command";
+  if ((head === "env" || head === "secrets") && next !== undefined) return `${head === "env" ? "--env" : "--secret"} ${next}`;
+  if (head === "health" && next === "port") {
+    const health = sent.health as { port?: number } | null | undefined;
+    return health?.port !== undefined ? "--health" : "--port";
+  }
+  const joined = path.join(".");
+  const exact = SETTING_OPTIONS.find((option) => option.field === joined || option.field === `${head}.${next}`);
+  const parent = SETTING_OPTIONS.find((option) => option.field === head || option.field.startsWith(`${String(head)}.`));
+  const option = exact ?? parent;
+  return option ? `--${optionName(option)}` : joined;
+}
+
+/** speakingFlags re-words a 422 from the engine with the flags that set each field. */
+async function speakingFlags<T>(sent: Record<string, unknown>, request: () => Promise<T>): Promise<T> {
+  try {
+    return await request();
+  } catch (error) {
+    if (!(error instanceof CliError) || !error.detail) throw error;
+    const parts = error.detail.map((entry) => {
+      const label = flagFor(entry.loc, sent);
+      return label === "name" && typeof entry.input === "string"
+        ? `name ${JSON.stringify(entry.input)}: ${entry.msg}`
+        : `${label}: ${entry.msg}`;
+    });
+    throw new CliError(parts.join("; "), error.code, error.detail);
+  }
 }
 
 /** quoteArgv writes an argv as a shell would need it typed. */
@@ -189,8 +391,31 @@ function describeHealth(health: Record<string, unknown> | null): string {
   return `${health.type}${where}${every}${threshold}${grace}`;
 }
 
-function printService(service: ServiceRecord): void {
+/** ServiceExtras are what `services show` adds to the record: its HTTPS names and, with --reveal, the full connection. */
+interface ServiceExtras {
+  https: string;
+  revealed: RevealedConnection | null;
+}
+
+/**
+ * httpsNames lists the addresses the proxy serves a service at ("https://web-box.local:8443/"),
+ * one a line, and says so when the proxy is not serving them.
+ */
+export function httpsNames(status: ProxyStatus | null, service: ServiceRecord): string {
+  if (!status) return "-";
+  if (status.state === "disabled") return "- (the proxy is off: ENGINE_PROXY=off)";
+  const urls = status.domains.filter((domain) => domain.service === service.name).map((domain) => domain.url);
+  if (urls.length === 0) {
+    if (service.kind === "database") return "- (a database: clients connect to its port; see connection)";
+    return service.port === null ? "- (no port: the proxy routes services that declare one)" : "-";
+  }
+  const note = status.state === "running" ? "" : `\n(the proxy is ${status.state}${status.tls.error ? `: ${status.tls.error}` : ""})`;
+  return `${urls.join("\n")}${note}`;
+}
+
+function printService(service: ServiceRecord, extras: ServiceExtras): void {
   const restart = service.restart;
+  const connection = extras.revealed ?? service.connection;
   printPairs([
     ["name", service.name],
     ["id", service.id],
@@ -226,6 +451,8 @@ function printService(service: ServiceRecord): void {
         : "-",
     ],
     ["bindings", service.bindings.join(", ") || "-"],
+    ...(connection ? ([["connection", connection.url]] as [string, string][]) : []),
+    ["https", extras.https],
     ["created", service.created_at],
     ["updated", service.updated_at],
     ["started", service.started_at ?? "-"],
@@ -297,53 +524,118 @@ export function registerServices(program: Command, client: () => EngineClient, o
       );
     });
 
-  services
-    .command("deploy <name> [command...]")
-    .description("deploy a service, or a new version of one; give its command after --")
-    .usage("<name> [options] [-- command args...]")
-    .option("--kind <kind>", "batch | service | model | database (default: service, or the template's)")
-    .option("--template <id>", "start from an app template")
-    .option("--command <string>", "the command as one shell string (run by /bin/sh -c), instead of argv after --")
-    .option("--env <KEY=VALUE>", "an environment variable (repeatable)", collect)
-    .option("--secret <KEY=VALUE>", "a secret environment variable, stored encrypted (repeatable)", collect)
-    .option("--gpus <n>", "whole GPUs to hold")
-    .option("--gpu-memory-mb <n>", "a share of one GPU, in MiB")
-    .option("--memory-mb <n>", "memory limit in MiB")
-    .option("--port <n>", "the port the service listens on")
-    .option("--priority <n>", "scheduling priority, -1000 to 1000")
-    .option("--restart <policy>", "always | on-failure | never")
-    .option("--max-restarts <n>", "restarts allowed within the window before the service is failed")
-    .option("--window-seconds <n>", "the restart window")
-    .option("--backoff-s <n>", "first delay before a restart; it doubles")
-    .option("--health <check>", "http:/path, http:PORT/path, tcp, tcp:PORT, exec:COMMAND or none")
-    .option(
-      "--health-start-period <s>",
-      "seconds after start in which failed probes do not count (default: the template's, 600 for models, else 10; 0: none)",
-    )
-    .option("--cwd <dir>", "working directory (absolute)")
-    .option("--bind <services...>", "services this one needs (their connection env is injected)")
-    .option("--repo <url>", "build from this git repository")
-    .option("--ref <ref>", "branch, tag or commit to build (with --repo)")
-    .option("--subdir <dir>", "directory inside the repository (with --repo)")
-    .option("--build <command>", "build command (with --repo)")
-    .option("--engine <engine>", "a database the engine manages: postgres | sqlite (mariadb, redis where available); no command needed")
-    .option("--user <user>", "admin only: the OS user (name or uid) to run as instead of the service's own, root included")
-    .action(async (name: string, argv: string[], options: DeployOptions) => {
-      const record = await client().request<ServiceRecord>("POST", "/api/services", deployBody(name, argv, options));
-      emit(output(), record, () =>
-        process.stdout.write(
-          `deployed ${record.name} version ${record.version} (${record.id}): ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`,
-        ),
+  addSettingOptions(
+    services
+      .command("deploy <name> [command...]")
+      .description("deploy a service, or a new version of one; give its command after --")
+      .usage("<name> [options] [-- command args...]"),
+    false,
+  ).action(async (name: string, argv: string[], options: DeployOptions) => {
+    const body = deployBody(name, argv, options);
+    let record: ServiceRecord;
+    try {
+      record = await speakingFlags(body, () => client().request<ServiceRecord>("POST", "/api/services", body));
+    } catch (error) {
+      throw await withUpdateHint(error, name, body);
+    }
+    emit(output(), record, () =>
+      process.stdout.write(
+        `deployed ${record.name} version ${record.version} (${record.id}): ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`,
+      ),
+    );
+  });
+
+  /**
+   * withUpdateHint adds, to a deploy of an existing service refused for want of a command,
+   * that `services update` changes some settings without repeating the whole deploy.
+   */
+  const withUpdateHint = async (error: unknown, name: string, body: ServiceDeploy): Promise<unknown> => {
+    const missingCommand =
+      error instanceof CliError && error.detail?.some((entry) => entry.loc.at(-1) === "command" && entry.type === "missing");
+    if (!missingCommand || body.command !== undefined) return error;
+    const exists = await client()
+      .request<ServiceRecord>("GET", servicePath(name))
+      .then(() => true)
+      .catch(() => false);
+    if (!exists) return error;
+    return new CliError(
+      `${error.message}. ${name} exists: to change only some of its settings, use engine services update ${name} (e.g. --memory-mb 400)`,
+      error.code,
+      error.detail,
+    );
+  };
+
+  addSettingOptions(
+    services
+      .command("update <name> [command...]")
+      .description(
+        "change some settings of a service: a new version from its latest one, with only what you give changed; a running service restarts on it, a stopped one stays stopped",
+      )
+      .usage("<name> [options] [-- command args...]")
+      .option("--unset-env <KEY>", "remove an environment variable (repeatable); --env KEY=VALUE sets or overrides one", collect)
+      .option("--unset-secret <KEY>", "remove a secret (repeatable)", collect)
+      .option(
+        "--clear <setting>",
+        `reset a setting to its default (repeatable): ${SETTING_OPTIONS.filter((option) => option.clearable)
+          .map(optionName)
+          .join(", ")}`,
+        collect,
+      ),
+    true,
+  ).action(async (ident: string, argv: string[], options: UpdateOptions) => {
+    const before = await client().request<ServiceRecord>("GET", servicePath(ident));
+    const body = patchBody(argv, options, (before.build as ServiceDeploy["build"]) ?? undefined);
+    const record = await speakingFlags(body, () => client().request<ServiceRecord>("PATCH", servicePath(ident), body));
+    // A version that builds first runs once its build succeeds: the build's version is the new one.
+    const building = record.build
+      ? (await client().request<Diagnosis>("GET", servicePath(ident, "/diagnose"))).build.version
+      : record.version;
+    const latest = Math.max(record.version, building ?? 0);
+    emit(output(), record, () => {
+      if (latest === before.version && record.version === before.version) {
+        process.stdout.write(`${record.name} unchanged: version ${record.version} already has these settings\n`);
+        return;
+      }
+      const state = `${record.status}${record.status_message ? ` — ${record.status_message}` : ""}`;
+      process.stdout.write(
+        latest > record.version
+          ? `updated ${record.name} to version ${latest}, building; version ${record.version} runs until it succeeds: ${state}\n`
+          : `updated ${record.name} to version ${record.version} (${record.id}): ${state}\n`,
       );
     });
+  });
 
   services
     .command("show <name>")
-    .description("show one service")
-    .action(async (ident: string) => {
+    .description("show one service: its settings, its HTTPS names and, for a database, how to connect (password masked)")
+    .option("--reveal", "admin only: show a database's connection URL with its password (the reveal is logged)")
+    .action(async (ident: string, options: { reveal?: boolean }) => {
       const record = await client().request<ServiceRecord>("GET", servicePath(ident));
-      emit(output(), record, () => printService(record));
+      const revealed = options.reveal ? await revealConnection(ident) : null;
+      const shown = revealed ? { ...record, connection: revealed } : record;
+      // The names are the proxy's: a reader that may not see its status still sees the service.
+      const proxy = output().json
+        ? null
+        : await client()
+            .request<ProxyStatus>("GET", "/api/proxy/status")
+            .catch(() => null);
+      emit(output(), shown, () => printService(record, { https: httpsNames(proxy, record), revealed }));
     });
+
+  /** revealConnection asks for a database's connection in full, saying plainly why a non-admin is refused. */
+  const revealConnection = async (ident: string): Promise<RevealedConnection> => {
+    try {
+      return await client().request<RevealedConnection>("GET", servicePath(ident, "/connection"));
+    } catch (error) {
+      if (error instanceof CliError && error.code === "forbidden") {
+        throw new CliError(
+          `--reveal needs an admin token: the connection URL holds the database's password, which only an admin may read (without --reveal it is shown masked)`,
+          "forbidden",
+        );
+      }
+      throw error;
+    }
+  };
 
   services
     .command("stop [name]")

@@ -421,6 +421,94 @@ export const ServiceDeploy = t.Object(
 );
 export type ServiceDeploy = Static<typeof ServiceDeploy>;
 
+/**
+ * ServicePatch changes some settings of a service: a new version is made from the latest one
+ * with these fields changed (PATCH /api/services/{ident}, decision 180). A field left out keeps
+ * its value; `null` resets an optional field (no memory limit, no port, no health check, no
+ * build, the default priority, ...). `env` and `secrets` merge key by key, a key set to null
+ * removing it; `restart` merges field by field; `health`, `build`, `command` and `bindings`
+ * are replaced whole. What a service is (name, kind, database engine, template) is not patched.
+ */
+export const ServicePatch = t.Object(
+  {
+    command: t.Optional(
+      t.Union([t.String({ minLength: 1, maxLength: 65536 }), t.Array(t.String({ maxLength: 65536 }), { minItems: 1, maxItems: 1024 })]),
+    ),
+    cwd: t.Optional(t.Union([t.String({ pattern: "^/", maxLength: 4096 }), t.Null()])),
+    env: t.Optional(
+      t.Union([
+        t.Record(EnvName, t.Union([t.String({ maxLength: 65536 }), t.Null()]), { maxProperties: 256, additionalProperties: false }),
+        t.Null(),
+      ]),
+    ),
+    secrets: t.Optional(
+      t.Union([
+        t.Record(EnvName, t.Union([t.String({ maxLength: 65536, writeOnly: true }), t.Null()]), {
+          maxProperties: 256,
+          additionalProperties: false,
+        }),
+        t.Null(),
+      ]),
+    ),
+    gpus: t.Optional(t.Union([t.Integer({ minimum: 0, maximum: 64 }), t.Null()])),
+    gpu_memory_mb: t.Optional(t.Union([t.Integer({ minimum: 1, maximum: 4194304 }), t.Null()])),
+    memory_mb: t.Optional(t.Union([t.Integer({ minimum: 4, maximum: 16777216 }), t.Null()])),
+    port: t.Optional(t.Union([t.Integer({ minimum: 1, maximum: 65535 }), t.Null()])),
+    priority: t.Optional(t.Union([t.Integer({ minimum: -1000, maximum: 1000 }), t.Null()])),
+    stop_timeout_s: t.Optional(t.Union([t.Integer({ minimum: 0, maximum: 3600 }), t.Null()])),
+    restart: t.Optional(t.Union([RestartSpec, t.Null()])),
+    health: t.Optional(t.Union([HealthSpec, t.Null()])),
+    build: t.Optional(t.Union([BuildSpec, t.Null()])),
+    bindings: t.Optional(t.Union([t.Array(ServiceName, { maxItems: 64, uniqueItems: true }), t.Null()])),
+    user: t.Optional(
+      t.Union([
+        t.String({
+          minLength: 1,
+          maxLength: 32,
+          pattern: "^[A-Za-z0-9_][A-Za-z0-9_.-]*[$]?$",
+          description: "Admin only, as in a deploy; null: the service's own user again.",
+        }),
+        t.Null(),
+      ]),
+    ),
+  },
+  { additionalProperties: false, $id: "ServicePatch" },
+);
+export type ServicePatch = Static<typeof ServicePatch>;
+
+const DATABASE_CONNECTION_FIELDS = {
+  engine: DatabaseEngineName,
+  host: t.Union([t.String(), t.Null()], { description: "Where clients connect (loopback); null for SQLite, a file" }),
+  port: NullableInteger,
+  database: NullableString,
+  user: NullableString,
+  path: t.Union([t.String(), t.Null()], { description: "SQLite: the database file" }),
+};
+
+/** DatabaseConnection is how clients reach a managed database, its password masked (decision 181). */
+export const DatabaseConnection = t.Object(
+  {
+    ...DATABASE_CONNECTION_FIELDS,
+    url: t.String({
+      description:
+        "The URL bound services get (DATABASE_URL; REDIS_URL for Redis) with the password shown as ****; GET /api/services/{ident}/connection (admin) answers it in full",
+    }),
+  },
+  { $id: "DatabaseConnection", description: "A managed database's connection details, the password masked" },
+);
+export type DatabaseConnection = Static<typeof DatabaseConnection>;
+
+/** RevealedConnection is DatabaseConnection with the password: admin only, never logged. */
+export const RevealedConnection = t.Object(
+  {
+    ...DATABASE_CONNECTION_FIELDS,
+    url: t.String({ description: "The URL in full, password included" }),
+    password: t.Union([t.String(), t.Null()], { description: "The password in the URL; null for SQLite" }),
+  },
+  { $id: "RevealedConnection", description: "A managed database's connection details in full (admin only)" },
+);
+export type RevealedConnection = Static<typeof RevealedConnection>;
+
 export const ServiceRecord = t.Object(
   {
     id: t.String(),
@@ -449,6 +537,9 @@ export const ServiceRecord = t.Object(
     restarts: t.Integer({ description: "Restarts counted in the current window." }),
     user: t.Union([t.String(), t.Null()], {
       description: "The OS user the workload runs as; null when the engine runs it as its own user (see Diagnosis.user).",
+    }),
+    connection: t.Union([DatabaseConnection, t.Null()], {
+      description: "A database the engine manages: how to connect, the password masked; null for other services",
     }),
     created_at: DateTime,
     updated_at: DateTime,

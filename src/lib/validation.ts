@@ -174,6 +174,28 @@ function expandNullable(issue: SchemaIssue): SchemaIssue[] {
   }));
 }
 
+/**
+ * PATTERN_MESSAGES say in words what a pattern of the contracts accepts, for the `msg` of a
+ * `string_pattern_mismatch` (a user reads "a name is lowercase letters…", not the regular
+ * expression, which `ctx.pattern` still carries). Keyed by the pattern's exact text; a test
+ * holds each key to the schema constant it describes.
+ */
+export const PATTERN_MESSAGES: Readonly<Record<string, string>> = {
+  // NAME_PATTERN (src/contract/engine.ts): service and template names, DNS labels.
+  "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$":
+    "a name is lowercase letters, digits and dashes, up to 63 characters, starting and ending with a letter or digit",
+  // cwd and a health probe's path.
+  "^/": "should start with / (an absolute path)",
+  // EnvName: the keys of env and secrets.
+  "^[A-Za-z_][A-Za-z0-9_]*$": "a variable name is letters, digits and _, not starting with a digit",
+};
+
+/** keyRule is what a map's keys must match, in words, when the map allows only keys of one pattern (env, secrets). */
+function keyRule(schema: Record<string, unknown>): string | undefined {
+  const patterns = Object.keys((schema.patternProperties as Record<string, unknown> | undefined) ?? {});
+  return patterns.length === 1 ? PATTERN_MESSAGES[patterns[0] as string] : undefined;
+}
+
 /** describeIssue turns a TypeBox error into the contract's `type`, `msg` and `ctx`. */
 function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg" | "ctx"> {
   const s = issue.schema;
@@ -185,7 +207,7 @@ function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg
     case ValueErrorType.ObjectRequiredProperty:
       return { type: "missing", msg: "Field required", ctx: {} };
     case ValueErrorType.ObjectAdditionalProperties:
-      return { type: "extra_forbidden", msg: "Extra inputs are not permitted", ctx: {} };
+      return { type: "extra_forbidden", msg: keyRule(s) ?? "Extra inputs are not permitted", ctx: {} };
     case ValueErrorType.Integer:
       return { type: "int_type", msg: "Input should be a valid integer", ctx: {} };
     case ValueErrorType.Number:
@@ -215,7 +237,11 @@ function describeIssue(issue: SchemaIssue): Pick<ValidationDetail, "type" | "msg
     case ValueErrorType.StringMaxLength:
       return { type: "string_too_long", msg: `String should have at most ${s.maxLength} characters`, ctx: { max_length: s.maxLength } };
     case ValueErrorType.StringPattern:
-      return { type: "string_pattern_mismatch", msg: `String should match pattern '${s.pattern}'`, ctx: { pattern: s.pattern } };
+      return {
+        type: "string_pattern_mismatch",
+        msg: PATTERN_MESSAGES[s.pattern as string] ?? `String should match pattern '${s.pattern}'`,
+        ctx: { pattern: s.pattern },
+      };
     case ValueErrorType.StringFormat:
       if (s.format === "date-time") {
         return { type: "datetime_parsing", msg: "Input should be a valid RFC 3339 date-time", ctx: { format: "date-time" } };

@@ -228,11 +228,11 @@ describe("engine services CLI", () => {
     ],
     [
       ["services", "deploy", "x", "--health-start-period", "5", "--", "true"],
-      "engine: health.type: give the probe's type (http, tcp or exec): no template gives one [validation]\n",
+      "engine: --health: give the probe's type (http, tcp or exec): no template gives one [validation]\n",
     ],
     [
       ["services", "deploy", "x", "--health", "tcp:80", "--health-start-period", "86401", "--", "true"],
-      "engine: health.start_period_s: Input should be less than or equal to 86400 [validation]\n",
+      "engine: --health-start-period: Input should be less than or equal to 86400 [validation]\n",
     ],
     [
       ["services", "deploy", "x", "--command", "true", "--", "true"],
@@ -240,7 +240,7 @@ describe("engine services CLI", () => {
     ],
     [
       ["services", "deploy", "Bad_Name", "--", "true"],
-      "engine: name: String should match pattern '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$' [validation]\n",
+      'engine: name "Bad_Name": a name is lowercase letters, digits and dashes, up to 63 characters, starting and ending with a letter or digit [validation]\n',
     ],
     [["restart", "--drain-timeout", "soon"], 'engine: --drain-timeout takes a whole number of seconds up to 3600 (got "soon")\n'],
   ])("user error %p is one line and exit 1", async (args, message) => {

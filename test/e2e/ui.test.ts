@@ -3,6 +3,7 @@ import { copyFileSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync 
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { DEFAULT_RESTORE_TIMEOUT_S } from "../../src/contract/defaults";
+import { RedisEngine } from "../../src/engine/databases";
 import { eventually, freePort, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { buildBinaries } from "./binaries";
 import { launchChromium } from "./processes";
@@ -107,6 +108,7 @@ afterAll(async () => {
 });
 
 const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+const redisTools = new RedisEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
 
 describe("the engine's web UI in a browser (compiled dist/engine, headless Chromium)", () => {
   test("`engine ui` prints a link that signs the browser in once; signing out returns to the token form", async () => {
@@ -388,6 +390,32 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     await shot("database-last-dump");
   }, 60_000);
 
+  (redisTools ? test : test.skip)(
+    "a database's page shows its connection URL masked; an admin's Reveal shows the password, Hide masks it again",
+    async () => {
+      const password = "ui-reveal-pw-42";
+      const deployed = await fetch(`${engine.url}/api/services`, {
+        method: "POST",
+        headers: { ...bearer(adminToken), "content-type": "application/json" },
+        body: JSON.stringify({ name: "kv", engine: "redis", secrets: { REDIS_PASSWORD: password } }),
+      });
+      expect(deployed.status).toBe(201);
+      await page.goto(`${engine.url}/#/services/kv`);
+      await page.getByRole("heading", { name: "Connection" }).waitFor();
+      const url = page.locator("code.connection-url");
+      await expect(url.textContent()).resolves.toMatch(/^redis:\/\/:\*\*\*\*@127\.0\.0\.1:\d+\/0$/);
+      expect(await page.content()).not.toContain(password);
+      await page.getByRole("button", { name: "Reveal" }).click();
+      await page.getByRole("button", { name: "Hide" }).waitFor();
+      await expect(url.textContent()).resolves.toContain(`:${password}@`);
+      await shot("connection");
+      await page.getByRole("button", { name: "Hide" }).click();
+      await expect(url.textContent()).resolves.toContain(":****@");
+      await fetch(`${engine.url}/api/services/kv/stop`, { method: "POST", headers: bearer(adminToken) });
+    },
+    60_000,
+  );
+
   test("a readonly token's session sees no deploy, action or token-creation controls", async () => {
     const created = await fetch(`${engine.url}/api/tokens`, {
       method: "POST",
@@ -407,6 +435,13 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
       await readonly.goto(`${engine.url}/#/services/hello`);
       await readonly.getByRole("heading", { name: "Diagnosis" }).waitFor();
       expect(await readonly.getByRole("button", { name: "Restart" }).count()).toBe(0);
+      if (redisTools) {
+        // The masked connection, without a Reveal button: only an admin may reveal it.
+        await readonly.goto(`${engine.url}/#/services/kv`);
+        await readonly.getByRole("heading", { name: "Connection" }).waitFor();
+        expect(await readonly.locator("code.connection-url").textContent()).toContain(":****@");
+        expect(await readonly.getByRole("button", { name: "Reveal" }).count()).toBe(0);
+      }
       await readonly.goto(`${engine.url}/#/tokens`);
       await readonly.getByRole("row", { name: /e2e-readonly/ }).waitFor();
       expect(await readonly.getByRole("heading", { name: "Create a token" }).count()).toBe(0);

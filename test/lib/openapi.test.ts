@@ -60,6 +60,10 @@ const REQUEST_BODIES: Record<"engine" | "console", Record<string, { valid: unkno
       ],
       invalid: [{ kind: "batch" }, { name: "Bad Name" }, { name: "x", gpus: "1" }],
     },
+    "PATCH /api/services/{ident}": {
+      valid: [{ memory_mb: 400 }, { env: { A: "1", B: null }, health: null, restart: { policy: "never" } }, {}],
+      invalid: [{ name: "web" }, { memory_mb: 1 }, { env: { "1BAD": "x" } }, { kind: "batch" }],
+    },
     "POST /api/services/{ident}/domains": {
       valid: [{ domain: "web.localhost" }, { domain: "example.com", path_prefix: "/api" }],
       invalid: [{}, { domain: 1 }],
@@ -128,8 +132,8 @@ describe("every input of both documents has its schema", () => {
     expect(JSON.stringify(doc.document)).not.toContain('"content":{}');
   });
 
-  test("the engine's 7 and the console's 9 body-taking routes", () => {
-    expect(Object.keys(REQUEST_BODIES.engine)).toHaveLength(7);
+  test("the engine's 8 and the console's 9 body-taking routes", () => {
+    expect(Object.keys(REQUEST_BODIES.engine)).toHaveLength(8);
     expect(Object.keys(REQUEST_BODIES.console)).toHaveLength(9);
   });
 
@@ -268,6 +272,9 @@ describe("real answers validate against the documents", () => {
     await send({ method: "GET", path: "/api/services/{ident}/diagnose", url: "/api/services/oa-batch/diagnose", status: 200 });
     await send({ method: "GET", path: "/api/services/{ident}/logs", url: "/api/services/oa-batch/logs?tail=5", status: 200 });
     await send({ method: "GET", path: "/api/services/{ident}/logs", url: "/api/services/oa-batch/logs?tail=x", status: 422 });
+    await send({ method: "PATCH", path: "/api/services/{ident}", url: "/api/services/oa-batch", body: { priority: 5 }, status: 200 });
+    await send({ method: "PATCH", path: "/api/services/{ident}", url: "/api/services/oa-batch", body: { priority: 5000 }, status: 422 });
+    await send({ method: "GET", path: "/api/services/{ident}/connection", url: "/api/services/oa-batch/connection", status: 409 });
     await send({ method: "POST", path: "/api/services/{ident}/{action}", url: "/api/services/oa-batch/stop", status: 200 });
     await send({ method: "DELETE", path: "/api/services/{ident}", url: "/api/services/oa-batch", status: 200 });
     await send({ method: "GET", path: "/api/services/{ident}", url: "/api/services/oa-batch", status: 404 });

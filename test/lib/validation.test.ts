@@ -3,7 +3,9 @@ import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { Type as t } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
-import { echoInput, type SchemaIssue, safeDetail, toValidationDetail, VALIDATION_TYPES } from "../../src/lib/validation";
+import { Value } from "@sinclair/typebox/value";
+import { NAME_PATTERN, ServiceDeploy, ServicePatch } from "../../src/contract/engine";
+import { echoInput, PATTERN_MESSAGES, type SchemaIssue, safeDetail, toValidationDetail, VALIDATION_TYPES } from "../../src/lib/validation";
 import { REPO_ROOT } from "../helpers";
 
 /** sourceFiles lists every .ts file under src. */
@@ -83,4 +85,41 @@ test.each([
   [["query", "code"], "login-code"],
 ])("safeDetail drops the input under %p", (loc, input) => {
   expect(safeDetail({ loc, msg: "m", type: "value_error", input, ctx: {} }).input).toBeNull();
+});
+
+test("every pattern described in words is a pattern of the contract", () => {
+  const contract = readFileSync(join(REPO_ROOT, "src", "contract", "engine.ts"), "utf8");
+  expect(PATTERN_MESSAGES[NAME_PATTERN]).toBeDefined();
+  for (const pattern of Object.keys(PATTERN_MESSAGES)) {
+    expect({ pattern, used: pattern === NAME_PATTERN || contract.includes(JSON.stringify(pattern)) }).toEqual({ pattern, used: true });
+  }
+});
+
+test.each([
+  [
+    "a service name",
+    ServiceDeploy,
+    { name: "Bad_Name" },
+    "name",
+    "string_pattern_mismatch",
+    "a name is lowercase letters, digits and dashes",
+  ],
+  ["a relative cwd", ServicePatch, { cwd: "here" }, "cwd", "string_pattern_mismatch", "should start with / (an absolute path)"],
+  [
+    "a bad variable name",
+    ServicePatch,
+    { env: { "1BAD": "x" } },
+    "env.1BAD",
+    "extra_forbidden",
+    "a variable name is letters, digits and _",
+  ],
+  ["an unknown field", ServicePatch, { memroy_mb: 1 }, "memroy_mb", "extra_forbidden", "Extra inputs are not permitted"],
+] as const)("%s is refused in words, with the type and ctx unchanged", (_label, schema, value, loc, type, msg) => {
+  const issues = [...Value.Errors(schema, value)].map((error) => ({
+    ...error,
+    schema: error.schema as unknown as Record<string, unknown>,
+  }));
+  const detail = toValidationDetail("body", issues).find((entry) => entry.loc.slice(1).join(".") === loc);
+  expect(detail?.type).toBe(type);
+  expect(detail?.msg).toStartWith(msg);
 });

@@ -9,13 +9,14 @@ import {
   ProxyStatus,
   RestoreRequest,
   RestoreResult,
+  RevealedConnection,
   ServiceIdentParams,
 } from "../../contract/engine";
 import { assertServiceInScope } from "../auth";
 import type { ApiDeps, RequestContext } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
-/** serviceRoutes serves diagnosis, domains, database restore and the proxy's status. */
+/** serviceRoutes serves diagnosis, domains, a database's connection details, database restore and the proxy's status. */
 export function serviceRoutes(deps: ApiDeps, ctx: RequestContext) {
   return new Elysia({ name: "services" })
     .get("/api/proxy/status", () => deps.proxy.status(), {
@@ -32,6 +33,19 @@ export function serviceRoutes(deps: ApiDeps, ctx: RequestContext) {
         params: ServiceIdentParams,
         response: { 200: Diagnosis, ...errorResponses(...AUTHED, 404, 422) },
         detail: { tags: ["services"], summary: "Diagnose a service: status, forensics, restarts, health, bindings, build, logs" },
+      },
+    )
+    .get(
+      "/api/services/:ident/connection",
+      ({ params, request }) => deps.services.revealConnection(params.ident, ctx.principalOf(request)),
+      {
+        params: ServiceIdentParams,
+        response: { 200: RevealedConnection, ...errorResponses(...AUTHED, 404, 409, 422) },
+        detail: {
+          tags: ["databases"],
+          summary:
+            "Admin only: a managed database's connection details in full, password included (GET /api/services/{ident} shows them masked). The reveal is logged, the details never are; 409 not_a_database for other services",
+        },
       },
     )
     .delete(

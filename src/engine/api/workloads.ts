@@ -7,6 +7,7 @@ import {
   ServiceAction,
   ServiceDeploy,
   ServiceIdentParams,
+  ServicePatch,
   ServiceRecord,
 } from "../../contract/engine";
 import { assertServiceInScope } from "../auth";
@@ -83,6 +84,23 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
         params: ServiceIdentParams,
         response: { 200: ServiceRecord, ...errorResponses(...AUTHED, 404, 422) },
         detail: { tags: ["services"], summary: "Read a service by name or id" },
+      },
+    )
+    .patch(
+      "/api/services/:ident",
+      async ({ params, body, request }) => {
+        inScope(request, params.ident);
+        return (await deps.services.patch(params.ident, body, ctx.principalOf(request))).record;
+      },
+      {
+        params: ServiceIdentParams,
+        body: ServicePatch,
+        response: { 200: ServiceRecord, ...errorResponses(...AUTHED, 404, 409, 422, 503) },
+        detail: {
+          tags: ["services"],
+          summary:
+            "Change some settings of a service: a new version from the latest one with the given fields changed (null resets a field; env and secrets merge key by key, a null value removing the key), checked as a deploy is; a running service rolls to it, one stopped by request stays stopped. A patch that changes nothing makes no version.",
+        },
       },
     )
     .post(

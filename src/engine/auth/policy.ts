@@ -36,6 +36,8 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "POST /api/services": "write",
   "GET /api/services": "read",
   "GET /api/services/:ident": "read",
+  "PATCH /api/services/:ident": "write",
+  "GET /api/services/:ident/connection": "admin",
   "POST /api/services/:ident/:action": "write",
   "DELETE /api/services/:name": "write",
   "GET /api/services/:ident/logs": "read",

@@ -21,6 +21,7 @@ export {
 export { SQLITE_DATABASE_FILE, SqliteEngine, sqliteFile } from "./sqlite";
 export { assertTools, asUser, firstUnreachable, freeTcpPort, lookupUser, type RunAs } from "./tools";
 export {
+  type ConnectionDetails,
   DATABASE_ENGINE_NAMES,
   type DatabaseEngine,
   type DatabaseEngineName,

@@ -21,6 +21,7 @@ import {
   type ToolSpec,
 } from "./tools";
 import type {
+  ConnectionDetails,
   DatabaseEngine,
   DatabaseInstance,
   DumpFormat,
@@ -200,10 +201,16 @@ export class MariaDbEngine implements DatabaseEngine {
     return { secrets: { MARIADB_ROOT_PASSWORD: password }, env: { MARIADB_DATABASE: database } };
   }
 
+  connection(instance: DatabaseInstance): ConnectionDetails {
+    const { password, database } = settingsOf(instance);
+    const url = `mysql://root:${encodeURIComponent(password)}@${instance.host}:${instance.port ?? ""}/${database}`;
+    return { url, host: instance.host, port: instance.port, database, user: "root", path: null, password };
+  }
+
   bindings(instance: DatabaseInstance, prefix: string): Record<string, string> {
     const { password, database } = settingsOf(instance);
     const port = String(instance.port ?? "");
-    const url = `mysql://root:${encodeURIComponent(password)}@${instance.host}:${port}/${database}`;
+    const { url } = this.connection(instance);
     // The same keys as the template's unmanaged bindings (src/engine/services/env.ts), plus the
     // database and the variables the mariadb/mysql clients read themselves.
     return {

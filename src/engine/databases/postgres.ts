@@ -20,6 +20,7 @@ import {
   type ToolSpec,
 } from "./tools";
 import type {
+  ConnectionDetails,
   DatabaseEngine,
   DatabaseInstance,
   DumpFormat,
@@ -143,11 +144,17 @@ export class PostgresEngine implements DatabaseEngine {
     return { secrets: { POSTGRES_PASSWORD: password }, env: { POSTGRES_USER: user, POSTGRES_DB: database } };
   }
 
+  connection(instance: DatabaseInstance): ConnectionDetails {
+    const { user, password, database } = settingsOf(instance);
+    const enc = encodeURIComponent;
+    const url = `postgresql://${enc(user)}:${enc(password)}@${instance.host}:${instance.port ?? ""}/${enc(database)}`;
+    return { url, host: instance.host, port: instance.port, database, user, path: null, password };
+  }
+
   bindings(instance: DatabaseInstance, prefix: string): Record<string, string> {
     const { user, password, database } = settingsOf(instance);
     const port = String(instance.port ?? "");
-    const enc = encodeURIComponent;
-    const url = `postgresql://${enc(user)}:${enc(password)}@${instance.host}:${port}/${enc(database)}`;
+    const { url } = this.connection(instance);
     return {
       DATABASE_URL: url,
       [`${prefix}_URL`]: url,

@@ -22,6 +22,7 @@ import { feedFile } from "./feed";
 import { sniffFormat } from "./formats";
 import { assertTools, findTools, lastLines, runTool, type ToolSpec } from "./tools";
 import type {
+  ConnectionDetails,
   DatabaseEngine,
   DatabaseInstance,
   DumpFormat,
@@ -161,6 +162,19 @@ export class RedisEngine implements DatabaseEngine {
     // 24 random bytes, URL-safe: no character that needs escaping in REDIS_URL.
     const password = given.REDIS_PASSWORD || randomBytes(24).toString("base64url");
     return { secrets: { REDIS_PASSWORD: password }, env: {} };
+  }
+
+  connection(instance: DatabaseInstance): ConnectionDetails {
+    // Redis has one password, the default user's; the URL names database 0.
+    return {
+      url: redisUrl(instance),
+      host: instance.host,
+      port: instance.port,
+      database: "0",
+      user: null,
+      path: null,
+      password: passwordOf(instance),
+    };
   }
 
   bindings(instance: DatabaseInstance, prefix: string): Record<string, string> {

@@ -114,7 +114,9 @@ export class RestoreCoordinator {
   async restore(name: string, dump: string, timeoutS: number): Promise<RestoreResult> {
     const target = this.o.host.target(name);
     if (target.kind !== "database" && target.engine === null) {
-      throw new AppError("not_a_database", `${target.serviceName} is a ${target.kind} service, not a database: nothing to restore into`);
+      // "web is a service", "train is a batch job": the kind in words, never "a service service".
+      const kind = target.kind === "batch" ? "a batch job" : `a ${target.kind}`;
+      throw new AppError("not_a_database", `${target.serviceName} is ${kind}, not a database: nothing to restore into`);
     }
     if (target.engine === null || target.instance === null) {
       throw new AppError(

@@ -6,6 +6,7 @@ import { feedFile } from "./feed";
 import { sniffFormat } from "./formats";
 import { assertTools, FileProgress, findTools, lastLines, runTool, type ToolSpec } from "./tools";
 import type {
+  ConnectionDetails,
   DatabaseEngine,
   DatabaseInstance,
   DumpFormat,
@@ -53,10 +54,14 @@ export class SqliteEngine implements DatabaseEngine {
     return { secrets: {}, env: {} };
   }
 
-  bindings(instance: DatabaseInstance, prefix: string): Record<string, string> {
+  connection(instance: DatabaseInstance): ConnectionDetails {
     const path = sqliteFile(instance);
     // sqlite:////abs/path is the SQLAlchemy / dj-database-url form of an absolute path.
-    const url = `sqlite:///${path}`;
+    return { url: `sqlite:///${path}`, host: null, port: null, database: null, user: null, path, password: null };
+  }
+
+  bindings(instance: DatabaseInstance, prefix: string): Record<string, string> {
+    const { url, path } = this.connection(instance) as { url: string; path: string };
     return { DATABASE_URL: url, [`${prefix}_URL`]: url, [`${prefix}_PATH`]: path };
   }
 

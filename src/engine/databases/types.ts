@@ -54,6 +54,23 @@ export interface ToolContext {
   signal: AbortSignal;
 }
 
+/**
+ * ConnectionDetails are how a client reaches a database: the URL bound services get and its
+ * parts. `password` (and the URL) carry whatever the instance's credentials hold, so the
+ * manager gets a masked form by handing in credentials whose secrets read `****`.
+ */
+export interface ConnectionDetails {
+  /** url is what bound services get as DATABASE_URL (REDIS_URL for Redis). */
+  url: string;
+  host: string | null;
+  port: number | null;
+  database: string | null;
+  user: string | null;
+  /** path is the database file of an engine without a server (SQLite); null otherwise. */
+  path: string | null;
+  password: string | null;
+}
+
 /** ReadyResult is the outcome of one readiness check. */
 export interface ReadyResult {
   ready: boolean;
@@ -165,6 +182,9 @@ export interface DatabaseEngine {
    * `prefix` is the bound service's variable prefix (`my-db` → `MY_DB`).
    */
   bindings(instance: DatabaseInstance, prefix: string): Record<string, string>;
+
+  /** connection says how clients reach the database: the URL of `bindings` and its parts. */
+  connection(instance: DatabaseInstance): ConnectionDetails;
 
   /**
    * initialize prepares the data dir before every start; the first time it creates the

@@ -88,9 +88,11 @@ export class McpEndpoint {
       "[::1]",
       options.hostname,
       `${options.hostname}.local`,
-      ...(listen === "0.0.0.0" || listen === "::" ? [] : [isIP(listen) === 6 ? `[${listen}]` : listen]),
+      // A name the API listens on (an IP literal is allowed anyway: #checkHost takes any).
+      ...(isIP(listen) ? [] : [listen]),
       ...options.allowedHosts,
     ].map((host) => host.toLowerCase());
+    this.#namedHosts = [...new Set(this.#namedHosts)];
   }
 
   /** start checks the tool table, compiles its schemas, and begins ending idle sessions. */

@@ -81,6 +81,9 @@ function tool<I extends TSchema, O extends TSchema>(spec: ToolSpec<I, O>): ToolS
   return spec as unknown as ToolSpec;
 }
 
+/** READS are the annotations every read tool has: it changes nothing, so it is safe to repeat. */
+const READS = { readOnly: true, destructive: false, idempotent: true, openWorld: false } as const;
+
 const json = (value: unknown) => JSON.stringify(value, null, 2);
 const ServiceArg = t.String({ minLength: 1, maxLength: 128, description: "The service's name or id" });
 const ServiceOnly = t.Object({ service: ServiceArg }, { additionalProperties: false });
@@ -188,10 +191,7 @@ export const TOOLS: readonly ToolSpec[] = [
     description: "List the services on this machine (a scoped token sees only its own): name, kind, status, version, GPUs, port, restarts.",
     toolset: "services",
     routes: ["GET /api/services"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: NoArgs,
     output: t.Object({ services: t.Array(ServiceRecord) }),
     async run(_args, ctx) {
@@ -205,10 +205,7 @@ export const TOOLS: readonly ToolSpec[] = [
     description: "Read one service's record by name or id: its spec, status, run, GPUs and restarts.",
     toolset: "services",
     routes: ["GET /api/services/:ident"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: ServiceOnly,
     output: ServiceRecord,
     async run(args, ctx) {
@@ -223,10 +220,7 @@ export const TOOLS: readonly ToolSpec[] = [
       "Explain what is wrong with a service: the cause and the remediation first, then the whole diagnosis record (forensics such as OOM and GPU OOM, restarts and backoff, health probes, bindings, build, the last run and the latest log lines).",
     toolset: "services",
     routes: ["GET /api/services/:ident/diagnose"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: ServiceOnly,
     output: DiagnoseOutput,
     async run(args, ctx) {
@@ -244,10 +238,7 @@ export const TOOLS: readonly ToolSpec[] = [
       "Read a service's latest log lines (stdout and stderr). `tail` keeps the last N matching lines, `since` keeps lines from an RFC 3339 time or a duration ago (90s, 15m, 2h, 1d), `grep` keeps lines containing a fixed string. The output is capped at `max_bytes`: what is kept is its END, the latest lines.",
     toolset: "logs",
     routes: ["GET /api/services/:ident/logs"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: t.Object(
       {
         service: ServiceArg,
@@ -320,10 +311,7 @@ export const TOOLS: readonly ToolSpec[] = [
       "List the app templates a service can be deployed from (vLLM, Ollama, llama.cpp, ComfyUI, PostgreSQL, ...): defaults, the environment each takes (env_schema) and a hint for assistants.",
     toolset: "templates",
     routes: ["GET /api/app-templates"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: NoArgs,
     output: t.Object({ templates: t.Array(AppTemplate) }),
     async run(_args, ctx) {
@@ -337,10 +325,7 @@ export const TOOLS: readonly ToolSpec[] = [
     description: "Read one app template: its defaults (port, GPUs, start command, health), its env_schema and its hint.",
     toolset: "templates",
     routes: ["GET /api/app-templates/:template_id"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: t.Object({ template_id: t.String({ pattern: NAME_PATTERN, maxLength: 63 }) }, { additionalProperties: false }),
     output: AppTemplate,
     async run(args, ctx) {
@@ -355,10 +340,7 @@ export const TOOLS: readonly ToolSpec[] = [
       "The machine's GPUs (from nvidia-smi, or declared): memory, utilization, MIG profile, and which service holds which device.",
     toolset: "gpu",
     routes: ["GET /api/gpus"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: NoArgs,
     output: GpuInventoryRecord,
     async run(_args, ctx) {
@@ -372,10 +354,7 @@ export const TOOLS: readonly ToolSpec[] = [
     description: "The reverse proxy: its listeners, routes, domains and their certificates, the local CA and mDNS names.",
     toolset: "services",
     routes: ["GET /api/proxy/status"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: NoArgs,
     output: ProxyStatus,
     async run(_args, ctx) {
@@ -390,10 +369,7 @@ export const TOOLS: readonly ToolSpec[] = [
       "Report on work a tool started that can outlast one call (a deploy's build, a database restore): running, succeeded with its result, or failed with the error. Ask again after poll_after_s while it runs.",
     toolset: null,
     routes: ["GET /api/services/:ident/diagnose"],
-    readOnly: true,
-    destructive: false,
-    idempotent: true,
-    openWorld: false,
+    ...READS,
     input: t.Object({ operation_id: t.String({ minLength: 1, maxLength: 64 }) }, { additionalProperties: false }),
     output: Operation,
     async run(args, ctx) {

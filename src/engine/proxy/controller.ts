@@ -301,7 +301,10 @@ export class ProxyController {
       status: service.status,
       retryAfterS: service.status === "building" ? 30 : 5,
     };
-    const routes: RouteEntry[] = defaultNames(service.name, this.hostname).map((host) => ({ ...base, host, pathPrefix: "/" }));
+    // A database speaks its own protocol, not HTTP: it gets no name of its own (clients reach its
+    // port, bound services get its URL); a domain added to it by hand is still routed.
+    const names = service.kind === "database" ? [] : defaultNames(service.name, this.hostname);
+    const routes: RouteEntry[] = names.map((host) => ({ ...base, host, pathPrefix: "/" }));
     for (const row of this.store.forService(service.id)) routes.push({ ...base, host: row.domain, pathPrefix: row.path_prefix });
     return routes;
   }

@@ -1,10 +1,18 @@
-import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
+import type {
+  Diagnosis,
+  GpuInventoryRecord,
+  LogLine,
+  RevealedConnection,
+  ServiceDeploy,
+  ServicePatch,
+  ServiceRecord,
+} from "../../contract/engine";
 import type { Principal } from "../auth";
 
 export { followLog, parseLogLine, tailLog } from "./logs";
 export { describeExit, type ManagerOptions, ServiceManager } from "./manager";
 export { decideAfterExit, defaultRestartPolicy, type RestartPolicy, type RestartState } from "./restart-policy";
-export { normalizeDeploy, type ServiceSpec } from "./spec";
+export { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 export { ServiceStore } from "./store";
 
 export type ServiceAction = "start" | "stop" | "restart" | "pause" | "resume";
@@ -15,6 +23,10 @@ export type ServiceAction = "start" | "stop" | "restart" | "pause" | "resume";
  */
 export interface ServiceDirectory {
   deploy(body: ServiceDeploy, principal: Principal): Promise<{ record: ServiceRecord; created: boolean }>;
+  /** patch makes a new version from the latest one with some settings changed; `changed` is false when it changed nothing. */
+  patch(ident: string, patch: ServicePatch, principal: Principal): Promise<{ record: ServiceRecord; changed: boolean }>;
+  /** revealConnection answers a managed database's connection details, password included (admins only), and logs who asked. */
+  revealConnection(ident: string, principal: Principal): RevealedConnection;
   list(principal?: Principal): ServiceRecord[];
   get(ident: string): ServiceRecord;
   control(ident: string, action: ServiceAction): Promise<ServiceRecord>;

@@ -1,6 +1,15 @@
 import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
-import type { Diagnosis, GpuInventoryRecord, LogLine, ServiceDeploy, ServiceRecord } from "../../contract/engine";
+import type {
+  DatabaseConnection,
+  Diagnosis,
+  GpuInventoryRecord,
+  LogLine,
+  RevealedConnection,
+  ServiceDeploy,
+  ServicePatch,
+  ServiceRecord,
+} from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { randomId, type SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
@@ -39,7 +48,7 @@ import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariabl
 import type { ServiceDirectory } from "./index";
 import { followLog, tailLog } from "./logs";
 import { decideAfterExit, EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
-import { normalizeDeploy, type ServiceSpec } from "./spec";
+import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 import {
   EMPTY_FORENSICS,
   type Forensics,
@@ -107,6 +116,8 @@ interface Runtime {
   pendingEnvKeys: string[];
   envSource: string;
   launching: boolean;
+  /** launched settles when the launch under way has started its process (or failed): a stop waits for it. */
+  launched: Promise<void> | null;
   /** forcedKill is set when a stop had to end the run with SIGKILL after stop_timeout_s. */
   forcedKill: boolean;
   /** stopMethod says how the latest purposeful stop asked the process to end ("SIGTERM", "pg_ctl stop -m fast"). */
@@ -132,6 +143,7 @@ function newRuntime(): Runtime {
     pendingEnvKeys: [],
     envSource: "none",
     launching: false,
+    launched: null,
     forcedKill: false,
     stopMethod: null,
     setup: null,
@@ -346,6 +358,7 @@ export class ServiceManager implements ServiceDirectory {
       bindings: spec.bindings,
       restarts: restartsInWindow(spec.restart, service.restart_state, this.now().getTime()).length,
       user: this.userNameOf(service, spec),
+      connection: this.maskedConnection(service, spec),
       created_at: service.created_at,
       updated_at: service.updated_at,
       started_at: live ? run.started_at : null,
@@ -372,6 +385,50 @@ export class ServiceManager implements ServiceDirectory {
       user: this.userNameOf(service, version.spec),
       cwd: version.build_dir ?? version.spec.cwd ?? this.serviceDataDir(service.name),
     });
+  }
+
+  /**
+   * maskedConnection is a managed database's connection details with every secret shown as
+   * `****`: it is built from the plain settings alone, so no secret is opened to make it.
+   */
+  private maskedConnection(service: ServiceRow, spec: ServiceSpec): DatabaseConnection | null {
+    const engine = spec.database?.engine;
+    if (!engine || !this.databases.available(engine)) return null;
+    const masked = Object.fromEntries(spec.secret_keys.map((key) => [key, PASSWORD_MASK]));
+    const { password: _password, ...details } = this.databases.get(engine).connection({
+      serviceId: service.id,
+      serviceName: service.name,
+      dataDir: this.serviceDataDir(service.name),
+      host: "127.0.0.1",
+      port: spec.port,
+      credentials: { ...spec.env, ...masked },
+      env: {},
+    });
+    return { engine, ...details };
+  }
+
+  /**
+   * revealConnection answers a managed database's connection details in full, password
+   * included (the route is admin only). The reveal is written to the daemon's log and the
+   * service's log, naming who asked; the details themselves never are.
+   */
+  revealConnection(ident: string, principal: Principal): RevealedConnection {
+    const service = this.find(ident);
+    const version = this.currentSpec(service);
+    const engine = version.spec.database?.engine;
+    if (!engine) {
+      throw new AppError(
+        "not_a_database",
+        service.kind === "database"
+          ? `${service.name} is a database that runs its own command: the engine manages no connection details for it`
+          : `${service.name} is ${kindInWords(service.kind)}, not a database: it has no connection details`,
+      );
+    }
+    const details = this.databases.get(engine).connection(this.databaseInstance(service.id, service.name, version));
+    const who = principal.kind === "local" ? "the local socket" : `token ${principal.name} (${principal.tokenId})`;
+    this.o.log.info({ service: service.name, by: principal.name, token_id: principal.tokenId }, "database connection details revealed");
+    this.appendLog(service.id, `connection details (password included) revealed to ${who}`);
+    return { engine, ...details };
   }
 
   /** restoreDatabase restores a dump into a database service; see RestoreCoordinator. */
@@ -605,15 +662,57 @@ export class ServiceManager implements ServiceDirectory {
    * request against the host and the token's caps and scope.
    */
   async deploy(body: ServiceDeploy, principal: Principal): Promise<{ record: ServiceRecord; created: boolean }> {
-    if (this.draining) throw new AppError("draining", "the daemon is restarting and takes no deploys now; retry in a few seconds");
+    this.assertTakesDeploys();
     assertServiceInScope(principal, body.name);
+    this.assertMayAsk(body, principal);
+    const { spec, secrets } = normalizeDeploy(body, this.o.templates);
+    const { record, created } = await this.commit(spec, secrets, principal, { patch: false });
+    return { record, created };
+  }
+
+  /**
+   * patch makes a new version of a service from its latest one with some settings changed
+   * (decision 180), through the same checks and versioning as a deploy: nothing is written
+   * when one fails. A patch that changes nothing makes no version. A running service rolls
+   * to the new version as on a redeploy; one stopped by request stays stopped and starts on
+   * the new version next time.
+   */
+  async patch(ident: string, patch: ServicePatch, principal: Principal): Promise<{ record: ServiceRecord; changed: boolean }> {
+    this.assertTakesDeploys();
+    const service = this.find(ident);
+    assertServiceInScope(principal, service.name);
+    this.assertMayAsk(patch, principal);
+    const latest = this.o.store.latestVersion(service.id) ?? this.currentSpec(service);
+    const body = applyPatch(deployOf(latest.spec, this.openSecrets(latest)), patch);
+    const { spec, secrets } = normalizeDeploy(body, this.o.templates);
+    const { record, changed } = await this.commit(spec, secrets, principal, { patch: true });
+    return { record, changed };
+  }
+
+  private assertTakesDeploys(): void {
+    if (this.draining) throw new AppError("draining", "the daemon is restarting and takes no deploys now; retry in a few seconds");
+  }
+
+  /** assertMayAsk checks what a deploy or a patch asks beyond its own service: bound services' scope, the OS user. */
+  private assertMayAsk(body: { bindings?: string[] | null; user?: string | null }, principal: Principal): void {
     // A binding hands the bound service's credentials to this one: it is a use of that service.
     for (const bound of body.bindings ?? []) assertServiceInScope(principal, bound);
     // Choosing the OS user (root included) is choosing the workload's privileges: an admin's call.
     if (body.user !== undefined && principal.role !== "admin") {
       throw new AppError("forbidden", "only an admin may choose the user a workload runs as (user)");
     }
-    const { spec, secrets } = normalizeDeploy(body, this.o.templates);
+  }
+
+  /**
+   * commit checks a normalized spec against the host, the other services and the token, then
+   * writes it as a new service or a new version and acts on it (build, roll, schedule).
+   */
+  private async commit(
+    spec: ServiceSpec,
+    secrets: Record<string, string>,
+    principal: Principal,
+    mode: { patch: boolean },
+  ): Promise<{ record: ServiceRecord; created: boolean; changed: boolean }> {
     if (spec.user) spec.user = this.checkChosenUser(spec.user);
     await this.prepareDatabaseSpec(spec, secrets, this.o.store.findService(spec.name));
     // A cycle through the new service needs one of its own bindings: none, no cycle to look for.
@@ -668,7 +767,7 @@ export class ServiceManager implements ServiceDirectory {
       this.changed(id);
       if (spec.build) void this.runVersionBuild(id, 1);
       else this.schedule();
-      return { record: this.get(id), created: true };
+      return { record: this.get(id), created: true, changed: true };
     }
     if (existing.kind !== spec.kind) {
       throw new InputError([
@@ -680,21 +779,36 @@ export class ServiceManager implements ServiceDirectory {
         },
       ]);
     }
-    const version = (this.o.store.latestVersion(existing.id)?.version ?? existing.version) + 1;
+    const latest = this.o.store.latestVersion(existing.id);
+    if (mode.patch && latest && sameSpec(latest.spec, spec) && sameSecrets(this.openSecrets(latest), secrets)) {
+      return { record: this.get(existing.id), created: false, changed: false };
+    }
+    const version = (latest?.version ?? existing.version) + 1;
+    // A patch leaves a service stopped by request stopped: its next start runs the new version.
+    const staysStopped = mode.patch && existing.desired_state === "stopped";
     this.o.store.transaction(() => {
       this.o.store.insertVersion(this.versionRow(existing.id, version, spec, seal(existing.id, version), now));
-      this.o.store.updateService({ ...existing, owner, priority: spec.priority, updated_at: now });
+      this.o.store.updateService({
+        ...existing,
+        owner,
+        priority: spec.priority,
+        updated_at: now,
+        ...(staysStopped && !spec.build ? { version } : {}),
+      });
     });
-    this.o.log.info({ service: spec.name, version }, "service redeployed");
+    this.changed(existing.id);
+    this.o.log.info({ service: spec.name, version, patch: mode.patch }, mode.patch ? "service patched" : "service redeployed");
     if (spec.build) {
       const live = LIVE_STATUSES.has(existing.status);
       // A build of a new version leaves the running version alone until it succeeds.
-      if (!live) this.update(existing.id, { status: "building", status_message: `building version ${version}`, desired_state: "running" });
+      if (!live && !staysStopped) {
+        this.update(existing.id, { status: "building", status_message: `building version ${version}`, desired_state: "running" });
+      }
       void this.runVersionBuild(existing.id, version);
-    } else {
+    } else if (!staysStopped) {
       await this.rollTo(existing.id, version);
     }
-    return { record: this.get(existing.id), created: false };
+    return { record: this.get(existing.id), created: false, changed: true };
   }
 
   /**
@@ -792,6 +906,8 @@ export class ServiceManager implements ServiceDirectory {
     if (result.ok) {
       this.o.log.info({ service: current.name, version, commit: result.commit }, "build succeeded");
       if (current.desired_state === "running" || current.status === "building") await this.rollTo(serviceId, version);
+      // Stopped by request (a patch): the built version is the one its next start runs.
+      else if (current.desired_state === "stopped" && version > current.version) this.update(serviceId, { version });
       return;
     }
     this.o.log.warn({ service: current.name, version, reason: result.reason }, "build failed");
@@ -812,6 +928,8 @@ export class ServiceManager implements ServiceDirectory {
       case "stop":
         this.update(service.id, { desired_state: "stopped" });
         runtime.setup?.abort(); // a database still initializing does not start
+        // A launch under way finishes first, so its process is known and stopped, not left running.
+        await runtime.launched;
         await this.stopRun(service.id, "stopped");
         this.cancelPending(service.id);
         this.update(service.id, { status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped by request" });
@@ -824,6 +942,7 @@ export class ServiceManager implements ServiceDirectory {
         break;
       case "restart":
         if (service.status === "building") throw new AppError("invalid_transition", `${service.name} is building; wait for the build`);
+        await runtime.launched;
         await this.stopRun(service.id, "restarted");
         this.requeue(service.id, {});
         break;
@@ -859,6 +978,7 @@ export class ServiceManager implements ServiceDirectory {
       .map((other) => other.name);
     this.update(service.id, { desired_state: "stopped" });
     this.runtime(service.id).setup?.abort();
+    await this.runtime(service.id).launched;
     await this.stopRun(service.id, "deleted");
     this.cancelPending(service.id);
     this.runtimes.delete(service.id);
@@ -1056,7 +1176,12 @@ export class ServiceManager implements ServiceDirectory {
           memory_mb: allocation.memory_mb,
         };
       }
-      void this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
+      const runtime = this.runtime(service.id);
+      const launched = this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
+      runtime.launched = launched;
+      void launched.finally(() => {
+        if (runtime.launched === launched) runtime.launched = null;
+      });
     }
   }
 
@@ -1784,6 +1909,14 @@ function ownerKey(service: ServiceRow): string {
   return service.owner.token_id ?? "local";
 }
 
+/** PASSWORD_MASK stands for a secret in connection details shown without --reveal. */
+const PASSWORD_MASK = "****";
+
+/** kindInWords names a kind of service with its article: "a service", "a batch job". */
+function kindInWords(kind: string): string {
+  return kind === "batch" ? "a batch job" : `a ${kind}`;
+}
+
 /** describeExit says in words how a run ended: "exited with code 3", "killed by SIGKILL (OOM)". */
 export function describeExit(exit: ExitRecord): string {
   if (exit.lost) return "the process was lost: its shim ended without recording an exit";
@@ -1856,4 +1989,23 @@ function assertRepositoryReachable(repoUrl: string, user: WorkloadUser | null): 
   throw new Error(
     `the repository ${path} is under ${closed}, which the service's user ${user.name} may not enter (builds clone as that user, not as the engine): let it read the repository (e.g. chmod o+rx ${closed}) or clone from a place it can reach`,
   );
+}
+
+/** stableJson writes a value with its object keys sorted and null fields left out, to compare specs. */
+function stableJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(stableJson).join(",")}]`;
+  if (value === null || typeof value !== "object") return JSON.stringify(value) ?? "null";
+  const entries = Object.entries(value as Record<string, unknown>)
+    .filter(([, field]) => field !== null && field !== undefined)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return `{${entries.map(([key, field]) => `${JSON.stringify(key)}:${stableJson(field)}`).join(",")}}`;
+}
+
+/** sameSpec says whether two versions' specs ask for the same thing (a patch that changes nothing makes no version). */
+function sameSpec(a: ServiceSpec, b: ServiceSpec): boolean {
+  return stableJson(a) === stableJson(b);
+}
+
+function sameSecrets(a: Record<string, string>, b: Record<string, string>): boolean {
+  return stableJson(a) === stableJson(b);
 }

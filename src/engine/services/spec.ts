@@ -1,6 +1,6 @@
 import { existsSync, statSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
-import type { ServiceDeploy, ServiceKind } from "../../contract/engine";
+import type { ServiceDeploy, ServiceKind, ServicePatch } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
 import { InputError, type ValidationDetail } from "../../lib/validation";
 import type { BuildSpec } from "../builds";
@@ -140,7 +140,12 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   }
   if (health && (health.type === "http" || health.type === "tcp") && !health.port && !port) {
     problems.push(
-      detail(["health", "port"], `a ${health.type} probe needs a port: set health.port or the service's port`, "missing", null),
+      detail(
+        ["health", "port"],
+        `a ${health.type} health check needs a port to probe: give the service its port (or the check one of its own)`,
+        "missing",
+        null,
+      ),
     );
   }
   if (health?.type === "exec" && !health.command) {
@@ -182,6 +187,92 @@ export function normalizeDeploy(body: ServiceDeploy, templates: TemplateCatalog)
   };
   if (!spec.build && !engine) assertCommandExists(spec.command, spec.cwd, env.PATH ?? process.env.PATH ?? "");
   return { spec, secrets };
+}
+
+/**
+ * deployOf is the deploy request that makes `spec` again: every setting spelled out, so that
+ * no default (the template's included) is applied a second time. It is the base a patch is
+ * merged into (decision 180). Secrets are given back in `secrets`, opened by the caller.
+ */
+export function deployOf(spec: ServiceSpec, secrets: Record<string, string>): ServiceDeploy {
+  const engine = spec.database?.engine;
+  const body: ServiceDeploy = {
+    name: spec.name,
+    kind: spec.kind,
+    // A managed database's command is its adapter's, chosen again at every deploy.
+    command: engine ? undefined : spec.command,
+    template_id: spec.template_id ?? undefined,
+    cwd: spec.cwd ?? undefined,
+    env: { ...spec.env },
+    secrets: { ...secrets },
+    gpus: spec.gpus,
+    gpu_memory_mb: spec.gpu_memory_mb > 0 ? spec.gpu_memory_mb : undefined,
+    memory_mb: spec.memory_mb ?? undefined,
+    port: spec.port ?? undefined,
+    priority: spec.priority,
+    stop_timeout_s: spec.stop_timeout_s,
+    restart: { ...spec.restart },
+    // null, not left out: a template's probe must not come back for a service deployed without one.
+    health: spec.health ? { ...spec.health } : null,
+    build: spec.build ? { ...spec.build } : undefined,
+    bindings: [...spec.bindings],
+    engine,
+    user: spec.user ?? undefined,
+  };
+  return body;
+}
+
+/**
+ * applyPatch merges a patch into a deploy request, field by field (decision 180): a field the
+ * patch leaves out keeps its value, null resets it to the deploy's default, `env`, `secrets`
+ * and `restart` merge key by key (a key set to null is removed), a probe without its type
+ * changes the current probe's fields, and the rest is replaced.
+ * Whole GPUs and a share of one are alternatives: asking for one drops the other.
+ */
+export function applyPatch(base: ServiceDeploy, patch: ServicePatch): ServiceDeploy {
+  const next: ServiceDeploy = { ...base };
+  const set = <K extends keyof ServicePatch & keyof ServiceDeploy>(key: K) => {
+    if (!(key in patch) || patch[key] === undefined) return;
+    const value = patch[key];
+    if (value === null) delete next[key];
+    else (next as Record<string, unknown>)[key] = value;
+  };
+  for (const key of [
+    "command",
+    "cwd",
+    "gpus",
+    "gpu_memory_mb",
+    "memory_mb",
+    "port",
+    "priority",
+    "stop_timeout_s",
+    "bindings",
+    "user",
+  ] as const) {
+    set(key);
+  }
+  // A probe without its type changes the service's own probe (only start_period_s, say).
+  if (patch.health !== undefined)
+    next.health = patch.health && !patch.health.type && base.health ? { ...base.health, ...patch.health } : patch.health;
+  if (patch.build !== undefined) {
+    if (patch.build === null) delete next.build;
+    else next.build = patch.build;
+  }
+  if (patch.restart !== undefined) next.restart = patch.restart === null ? undefined : { ...(base.restart ?? {}), ...patch.restart };
+  for (const key of ["env", "secrets"] as const) {
+    const changes = patch[key];
+    if (changes === undefined) continue;
+    const merged: Record<string, string> = changes === null ? {} : { ...(base[key] ?? {}) };
+    for (const [name, value] of Object.entries(changes ?? {})) {
+      if (value === null) delete merged[name];
+      else merged[name] = value;
+    }
+    next[key] = merged;
+  }
+  if (typeof patch.gpus === "number" && patch.gpus > 0 && patch.gpu_memory_mb === undefined) delete next.gpu_memory_mb;
+  if (typeof patch.gpu_memory_mb === "number" && patch.gpus === undefined) delete next.gpus;
+  for (const key of Object.keys(next) as (keyof ServiceDeploy)[]) if (next[key] === undefined) delete next[key];
+  return next;
 }
 
 const SHELL_SYNTAX = /[|&;<>()$`\\"'*?[\]#~=%{}\n]/;

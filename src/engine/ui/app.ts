@@ -324,6 +324,8 @@ interface ServiceRecord {
   started_at: string | null;
   template_id: string | null;
   command: string[];
+  /** connection is a managed database's: how to connect, the password shown as ****. */
+  connection: { engine: string; url: string } | null;
 }
 
 interface ProxyDomain {
@@ -565,10 +567,52 @@ function diagnosisReport(d: Diagnosis, record: ServiceRecord): HTMLElement {
   );
 }
 
+/**
+ * connectionCard shows a managed database's connection URL with its password masked, and to
+ * an admin a Reveal button that asks the engine for it in full (the engine logs the reveal).
+ * The revealed URL lives in this card only: it is never stored, and Hide puts the mask back.
+ */
+function connectionCard(name: string, masked: { engine: string; url: string }): HTMLElement {
+  const url = h("code", { class: "connection-url" }, masked.url);
+  const status = h("span", { "aria-live": "polite" });
+  const hide = () => {
+    url.textContent = masked.url;
+    fill(buttons, revealButton);
+    status.textContent = "";
+  };
+  const reveal = async () => {
+    try {
+      const full = await api<{ url: string }>("GET", `/api/services/${encodeURIComponent(name)}/connection`);
+      url.textContent = full.url;
+      fill(buttons, h("button", { type: "button", onclick: hide }, "Hide"));
+      announce(`${name}: connection URL revealed`);
+    } catch (error) {
+      status.replaceChildren(errorBox(messageOf(error)));
+    }
+  };
+  const revealButton = h("button", { type: "button", onclick: () => void reveal() }, "Reveal");
+  const buttons = h("span", {}, session?.role === "admin" ? revealButton : null);
+  return h(
+    "section",
+    { class: "card", "aria-labelledby": "connection-title" },
+    h("h2", { id: "connection-title" }, "Connection"),
+    h("p", {}, url, " ", buttons),
+    h(
+      "p",
+      { class: "muted" },
+      session?.role === "admin"
+        ? "The password is masked; Reveal shows it (the engine logs that you did)."
+        : "The password is masked; an admin can reveal it.",
+    ),
+    status,
+  );
+}
+
 async function renderService(name: string): Promise<void> {
   const header = h("div", { class: "service-head" }, h("h1", {}, name));
   const actions = h("div", { class: "actions", role: "group", "aria-label": "Service actions" });
   const notice = h("div", {});
+  const connection = h("div", {});
   const report = h("div", {}, h("p", { class: "muted" }, "Diagnosing…"));
   const logs = h("pre", { class: "logs", role: "log", "aria-label": `Logs of ${name}`, tabindex: "0" });
   const logState = h("span", { class: "muted" }, "connecting…");
@@ -578,6 +622,7 @@ async function renderService(name: string): Promise<void> {
     header,
     actions,
     notice,
+    connection,
     h("section", { class: "card", "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs ", logState), logs),
     report,
   );
@@ -632,6 +677,8 @@ async function renderService(name: string): Promise<void> {
           h("button", { type: "button", class: "danger", onclick: () => void remove() }, "Delete…"),
         ]);
       }
+      // Keyed by the masked URL: a periodic refresh leaves a revealed URL alone until it changes.
+      update(connection, JSON.stringify(record.connection), () => (record.connection ? [connectionCard(name, record.connection)] : []));
       // The report's own logs are left out of the comparison: the live log panel shows them.
       update(report, JSON.stringify([{ ...diagnosis, logs: [] }, record.status_message]), () => [diagnosisReport(diagnosis, record)]);
     } catch (error) {

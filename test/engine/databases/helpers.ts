@@ -4,9 +4,9 @@ import { readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SQL } from "bun";
-import type { Diagnosis } from "../../../src/contract/engine";
+import type { DatabaseConnection, Diagnosis, RevealedConnection, ServiceRecord } from "../../../src/contract/engine";
 import { PostgresEngine } from "../../../src/engine/databases";
-import { eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { createToken, eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "../services/harness";
 
 /** REFERENCE_URL is the machine's PostgreSQL (trust auth), where reference data is made and dumped. */
@@ -153,4 +153,53 @@ export async function expectClosedDataDirRefused(dbUser: string, deploy: Record<
     await engine.close();
     rmSync(home, { recursive: true, force: true });
   }
+}
+
+/**
+ * expectConnection checks a database service's connection details the way every engine must
+ * show them (decision 181): the record's `connection` with the password as ****, the admin-only
+ * route answering it in full (the same URL but for the password), a submitter and a readonly
+ * token refused with 403, and the reveal logged by the daemon and in the service's log with
+ * who asked and never the password. It returns the revealed details for the engine's own
+ * check that they connect.
+ */
+export async function expectConnection(db: DatabaseTestEngine, name: string, password: string | null): Promise<RevealedConnection> {
+  const record = (await db.engine.json<ServiceRecord>("GET", `/api/services/${name}`)).body;
+  const masked = record.connection as DatabaseConnection;
+  expect(masked).not.toBeNull();
+  if (password !== null) {
+    expect(masked.url).toContain(":****@");
+    expect(JSON.stringify(record)).not.toContain(password);
+  }
+  const readonly = await createToken(db.engine, { name: `ro-${name}`, role: "readonly" });
+  const submitter = await createToken(db.engine, { name: `sub-${name}`, role: "submitter", scope_services: [name] });
+  for (const token of [readonly.secret, submitter.secret]) {
+    const refused = await db.engine.json<{ error: { code: string } }>("GET", `/api/services/${name}/connection`, { token });
+    expect(refused.status).toBe(403);
+    expect(refused.body.error.code).toBe("forbidden");
+    // Both may still read the masked form.
+    expect((await db.engine.json<ServiceRecord>("GET", `/api/services/${name}`, { token })).body.connection?.url).toBe(masked.url);
+  }
+  const revealed = await db.engine.json<RevealedConnection>("GET", `/api/services/${name}/connection`);
+  expect(revealed.status).toBe(200);
+  expect(revealed.body.password).toBe(password);
+  const { url, password: _password, ...parts } = revealed.body;
+  const { url: maskedUrl, ...maskedParts } = masked;
+  expect(parts).toEqual(maskedParts);
+  expect(password === null ? url : url.replace(`:${encodeURIComponent(password)}@`, ":****@")).toBe(maskedUrl);
+  const serviceLog = await eventually(async () => {
+    const logs = await db.engine.json<{ line: string }[]>("GET", `/api/services/${name}/logs?tail=200`);
+    return logs.body.some((line) => line.line.startsWith("connection details (password included) revealed to token "))
+      ? JSON.stringify(logs.body)
+      : null;
+  });
+  const daemonLog = await eventually(() => {
+    const text = readFileSync(join(db.engine.dataDir, "engine.log"), "utf8");
+    return text.includes("database connection details revealed") ? text : null;
+  });
+  if (password !== null) {
+    expect(serviceLog).not.toContain(password);
+    expect(daemonLog).not.toContain(password);
+  }
+  return revealed.body;
 }

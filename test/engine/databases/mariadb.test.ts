@@ -9,6 +9,7 @@ import { eventually, freePort } from "../../helpers";
 import {
   type DatabaseTestEngine,
   expectClosedDataDirRefused,
+  expectConnection,
   freshTempPath,
   lastDump,
   restore,
@@ -221,6 +222,14 @@ suite("MariaDB database services", () => {
     if (referenceDir) rmSync(referenceDir, { recursive: true, force: true });
     await db?.close(["shop", "mdb-gen", "mdb-forced"]);
   }, 90_000);
+
+  test("the connection is shown with its password masked; an admin reveals it (logged), and it connects", async () => {
+    const revealed = await expectConnection(db, "shop", PASSWORD);
+    expect(revealed).toMatchObject({ engine: "mariadb", host: "127.0.0.1", port: shop.port, database: "shop", user: "root", path: null });
+    expect(revealed.url).toBe(`mysql://root:${encodeURIComponent(PASSWORD)}@127.0.0.1:${shop.port}/shop`);
+    const client = new SQL({ url: revealed.url, adapter: "mysql", max: 1, connectionTimeout: 5 });
+    expect(await query(client, "SELECT 6 * 7 AS answer")).toEqual([{ answer: 42 }]);
+  }, 30_000);
 
   test("a template deploy gets a free port, a generated root password kept as a secret, and is running only once it answers a query", async () => {
     const { status, body } = await db.api.deploy({ name: "mdb-gen", template_id: "mariadb" });

@@ -6,6 +6,7 @@ import { eventually } from "../../helpers";
 import {
   type DatabaseTestEngine,
   expectClosedDataDirRefused,
+  expectConnection,
   lastDump,
   libpqEnv,
   postgresTools,
@@ -143,6 +144,20 @@ suite("PostgreSQL database services", () => {
     await db.engine.call("DELETE", "/api/services/pg-client");
   }, 90_000);
 
+  test("the connection is shown with its password masked; an admin reveals it (logged), and it connects", async () => {
+    const revealed = await expectConnection(db, "pg", PASSWORD);
+    expect(revealed).toMatchObject({
+      engine: "postgres",
+      host: "127.0.0.1",
+      port: pg.port,
+      database: "postgres",
+      user: "postgres",
+      path: null,
+    });
+    expect(revealed.url).toBe(serviceUrl(pg));
+    expect(await query(revealed.url, "SELECT 6 * 7 AS answer")).toEqual([{ answer: 42 }]);
+  }, 30_000);
+
   test.each([
     ["custom", "postgres-custom"],
     ["plain", "postgres-sql"],
@@ -260,6 +275,14 @@ suite("PostgreSQL database services", () => {
     const notDb = await restore(db.engine, "web", dumps.custom as string);
     expect(notDb.status).toBe(409);
     expect(notDb.body.error?.code).toBe("not_a_database");
+    expect(notDb.body.error?.message).toBe("web is a service, not a database: nothing to restore into");
+    const noConnection = await db.engine.json<{ error: { code: string; message: string } }>("GET", "/api/services/web/connection");
+    expect(noConnection.status).toBe(409);
+    expect(noConnection.body.error).toMatchObject({
+      code: "not_a_database",
+      message: "web is a service, not a database: it has no connection details",
+    });
+    expect((await db.api.get("web")).connection).toBeNull();
     await db.engine.call("DELETE", "/api/services/web");
     const rdb = `${scratch}/dump.rdb`;
     writeFileSync(rdb, "REDIS0011\xfa\x09redis-ver\x057.0.0\xff");

@@ -6,7 +6,7 @@ import { RedisClient } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { RedisEngine } from "../../../src/engine/databases";
 import { eventually, freePort, tempDir } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { type DatabaseTestEngine, expectConnection, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const adapter = new RedisEngine();
 const toolsOk = adapter.detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
@@ -168,6 +168,13 @@ suite("Redis database services", () => {
     await reference?.stop();
     await db?.close(["cache", "cache-gen", "cache-slow"]);
   }, 60_000);
+
+  test("the connection is shown with its password masked; an admin reveals it (logged), and it connects", async () => {
+    const revealed = await expectConnection(db, "cache", PASSWORD);
+    expect(revealed).toMatchObject({ engine: "redis", host: "127.0.0.1", port: cache.port, database: "0", user: null, path: null });
+    expect(revealed.url).toBe(serviceUrl(cache));
+    expect(await withRedis(revealed.url, (client) => client.send("PING", []))).toBe("PONG");
+  }, 30_000);
 
   test("a template deploy gets a free port, a generated requirepass kept as a secret, and is running only once it answers PING", async () => {
     const { status, body } = await db.api.deploy({ name: "cache-gen", template_id: "redis" });

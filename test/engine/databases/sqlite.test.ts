@@ -2,10 +2,11 @@ import { Database } from "bun:sqlite";
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { copyFileSync, existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import type { ServiceRecord } from "../../../src/contract/engine";
 import { SqliteEngine, sqliteFile } from "../../../src/engine/databases";
 import { LocalCa, pkiDirectory } from "../../../src/engine/tls";
 import { eventually } from "../../helpers";
-import { type DatabaseTestEngine, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { type DatabaseTestEngine, expectConnection, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
 
 const toolsOk = new SqliteEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
 const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_SQLITE", "the sqlite3 program (Debian package sqlite3)");
@@ -96,6 +97,35 @@ suite("SQLite database services", () => {
     expect(lines).toContain(`path=${file} url=sqlite:///${file}`);
     await db.engine.call("DELETE", "/api/services/notes-client");
   }, 60_000);
+
+  test("the connection is the file: nothing to mask, an admin's reveal is the same URL (and logged)", async () => {
+    const revealed = await expectConnection(db, "notes", null);
+    expect(revealed).toEqual({
+      engine: "sqlite",
+      url: `sqlite:///${file}`,
+      host: null,
+      port: null,
+      database: null,
+      user: null,
+      path: file,
+      password: null,
+    });
+    expect((await db.api.get("notes")).connection?.url).toBe(`sqlite:///${file}`);
+  }, 30_000);
+
+  test("a patch of a database keeps its engine, data and connection, and restarts it on the new version", async () => {
+    const before = await db.api.get("notes");
+    const patched = await db.engine.json<ServiceRecord>("PATCH", "/api/services/notes", { body: { memory_mb: 256, priority: 3 } });
+    expect(patched.status).toBe(200);
+    expect(patched.body).toMatchObject({ kind: "database", version: before.version + 1, memory_mb: 256, priority: 3 });
+    expect(patched.body.connection).toEqual(before.connection);
+    expect(patched.body.command).toEqual(before.command);
+    await db.api.waitFor("notes", "running", (record) => record.pid !== null && record.pid !== before.pid, 30_000);
+    // A database's command is its adapter's: a patch may not give one.
+    const refused = await db.engine.json<{ detail: { loc: string[] }[] }>("PATCH", "/api/services/notes", { body: { command: "true" } });
+    expect(refused.status).toBe(422);
+    expect(refused.body.detail[0]?.loc).toEqual(["body", "command"]);
+  }, 30_000);
 
   test.each([
     ["database file", "file", "sqlite-db"],

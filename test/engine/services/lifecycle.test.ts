@@ -17,6 +17,24 @@ afterAll(async () => {
 });
 
 describe("statuses", () => {
+  test("a stop that comes while the launch is under way stops what the launch started", async () => {
+    // Deploy and stop at once, before the process is up: the stop waits for the launch, so the
+    // service ends stopped with no process, never `stopped` on record with its workload running.
+    for (let round = 0; round < 5; round++) {
+      const name = `hasty-${round}`;
+      await api.deployed({ name, command: "exec sleep 300" });
+      await eventually(async () => ["scheduled", "running"].includes((await api.get(name)).status), { intervalMs: 2 });
+      const stopped = await api.control(name, "stop");
+      expect(stopped.body.status).toBe("stopped");
+      // The run the launch started has ended (one that ignored the stop would still be running).
+      await eventually(async () => (await api.diagnose(name)).last_run?.ended_at, { timeoutMs: 5000 });
+      const record = await api.get(name);
+      expect(record.status).toBe("stopped");
+      expect(record.pid).toBeNull();
+      expect((await engine.call("DELETE", `/api/services/${name}`)).status).toBe(200);
+    }
+  });
+
   test("a second service on a declared port another service holds is refused at deploy (409 naming it); once that one stops, it is not", async () => {
     await api.deployed({ name: "first-port", port: 18931, command: "exec sleep 300" });
     await api.waitFor("first-port", "running");
@@ -212,20 +230,7 @@ describe("restart policy", () => {
 });
 
 describe("forensics", () => {
-  test("a real cgroup OOM kill under memory_mb is reported as oom_killed with raise_memory_limit", async () => {
-    await api.deploy({
-      name: "hog",
-      // tail keeps the whole newline-free "line" in memory: it grows until the limit.
-      command: "head -c 400M /dev/zero | tail",
-      memory_mb: 32,
-      restart: { policy: "never" },
-    });
-    await api.waitFor("hog", "failed", () => true, 20_000);
-    const diagnosis = await api.diagnose("hog");
-    expect(diagnosis.forensics.oom_killed).toBe(true);
-    expect(diagnosis.error?.class).toBe("oom_killed");
-    expect(diagnosis.remediation?.code).toBe("raise_memory_limit");
-  });
+  // A real cgroup OOM kill: test/engine/diagnose/diagnose.test.ts ("an OOM kill stays oom_killed ...").
 
   test("a GPU OOM in the log is reported as gpu_oom", async () => {
     await api.deploy({

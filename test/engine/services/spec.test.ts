@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { assertNoBindingCycle, type BoundService, bindingVariables } from "../../../src/engine/services/env";
-import { normalizeDeploy } from "../../../src/engine/services/spec";
+import { applyPatch, deployOf, normalizeDeploy } from "../../../src/engine/services/spec";
 import { bundledTemplateSources, TemplateCatalog } from "../../../src/engine/templates";
 import { InputError } from "../../../src/lib/validation";
 
@@ -42,6 +42,60 @@ describe("normalizeDeploy from a template", () => {
         expect.arrayContaining(["body.env.WEBUI_SECRET_KEY", "body.gpu_memory_mb", "body.health.command"]),
       );
     }
+  });
+});
+
+describe("a patch over the deploy that makes a spec again (decision 180)", () => {
+  const vllm = normalizeDeploy(
+    { name: "llm", template_id: "vllm", env: { MODEL: "m", OTHER: "o", HF_TOKEN: "hf_x" }, memory_mb: 2048, restart: { max_restarts: 9 } },
+    templates,
+  );
+
+  test("deployOf makes the same spec again, template defaults included and not applied twice", () => {
+    const again = normalizeDeploy(deployOf(vllm.spec, vllm.secrets), templates);
+    expect(again.spec).toEqual(vllm.spec);
+    expect(again.secrets).toEqual(vllm.secrets);
+  });
+
+  test("a service deployed without a probe does not get its template's probe back", () => {
+    const bare = normalizeDeploy({ name: "llm", template_id: "vllm", env: { MODEL: "m" }, health: null }, templates);
+    expect(normalizeDeploy(applyPatch(deployOf(bare.spec, {}), { memory_mb: 512 }), templates).spec.health).toBeNull();
+  });
+
+  test.each([
+    ["a field left out keeps its value", { port: 9000 }, { port: 9000, memory_mb: 2048, gpus: 1 }],
+    ["null resets a field to the deploy's default", { memory_mb: null, port: null }, { memory_mb: null, port: 8000 }],
+    ["env merges key by key; null removes a key", { env: { OTHER: null, EXTRA: "1" } }, { env: { MODEL: "m", EXTRA: "1" } }],
+    ["restart merges field by field", { restart: { policy: "never" } }, { restart: { policy: "never", max_restarts: 9 } }],
+    ["health is replaced whole; null removes the probe", { health: null }, { health: null }],
+    [
+      "a probe without its type changes the current probe",
+      { health: { start_period_s: 60 } },
+      { health: { type: "http", path: "/health", start_period_s: 60 } },
+    ],
+    ["a share of one GPU drops the whole GPUs", { gpu_memory_mb: 8000 }, { gpus: 0, gpu_memory_mb: 8000 }],
+  ] as const)("%s", (_label, patch, expected) => {
+    const { spec } = normalizeDeploy(applyPatch(deployOf(vllm.spec, vllm.secrets), patch as never), templates);
+    expect(spec).toMatchObject(expected as never);
+  });
+
+  test("a patch is checked as a deploy: removing a variable the template requires is refused", () => {
+    expect(() => normalizeDeploy(applyPatch(deployOf(vllm.spec, vllm.secrets), { env: null }), templates)).toThrow(
+      "template vllm requires MODEL",
+    );
+  });
+
+  test("secrets merge like env; a key set to null is removed", () => {
+    const merged = applyPatch(deployOf(vllm.spec, vllm.secrets), { secrets: { HF_TOKEN: null, API_KEY: "k" } });
+    expect(merged.secrets).toEqual({ API_KEY: "k" });
+  });
+
+  test("a managed database's deploy leaves its command and user to the adapter", () => {
+    const db = normalizeDeploy({ name: "pg", engine: "postgres" }, templates);
+    const body = deployOf(db.spec, { POSTGRES_PASSWORD: "x" });
+    expect(body).toMatchObject({ kind: "database", engine: "postgres" });
+    expect(body.command).toBeUndefined();
+    expect(body.user).toBeUndefined();
   });
 });
 

@@ -83,7 +83,7 @@ describe("app templates", () => {
       JSON.stringify({ ...valid, deploy_defaults: { ...valid.deploy_defaults, health_start_period_s: 86401 } }),
       "deploy_defaults.health_start_period_s: Input should be less than or equal to 86400",
     ],
-    ["bad id", JSON.stringify({ ...valid, id: "Demo!" }), "id: String should match pattern"],
+    ["bad id", JSON.stringify({ ...valid, id: "Demo!" }), "id: a name is lowercase letters, digits and dashes"],
     ["extra field", JSON.stringify({ ...valid, extra: 1 }), "extra: Extra inputs are not permitted"],
   ])("a broken file (%s) is reported with its reason and skipped", (_, text, problem) => {
     const catalog = new TemplateCatalog([
