@@ -91,6 +91,19 @@ const REQUEST_BODIES: Record<"engine" | "console", Record<string, { valid: unkno
       invalid: [{ key: "pak_x" }, { key: "", hostname: "box", os: "", version: "" }],
     },
     "POST /api/link/claim": { valid: [{ code: "ABCD-1234", hostname: "box" }], invalid: [{ hostname: "box" }] },
+    "POST /api/oauth/authorize/decision": {
+      valid: [
+        { rid: "r", approve: false },
+        { rid: "r", approve: true, access: "operate", node_ids: ["node_a"] },
+        { rid: "r", approve: true, node_ids: null },
+      ],
+      invalid: [
+        { rid: "", approve: true },
+        { rid: "r" },
+        { rid: "r", approve: true, access: "admin" },
+        { rid: "r".repeat(513), approve: false },
+      ],
+    },
     "POST /api/link/device": { valid: [{ hostname: "box", os: "linux", version: "0.7.0" }], invalid: [{ hostname: "" }] },
     "POST /api/link/device/poll": { valid: [{ device_code: "dc" }], invalid: [{}, { device_code: 1 }] },
     "POST /api/link/codes": { valid: [{}, { expires_in_s: 600 }], invalid: [{ expires_in_s: 10 }] },
@@ -132,9 +145,9 @@ describe("every input of both documents has its schema", () => {
     expect(JSON.stringify(doc.document)).not.toContain('"content":{}');
   });
 
-  test("the engine's 8 and the console's 9 body-taking routes", () => {
+  test("the engine's 8 and the console's 10 body-taking routes", () => {
     expect(Object.keys(REQUEST_BODIES.engine)).toHaveLength(8);
-    expect(Object.keys(REQUEST_BODIES.console)).toHaveLength(9);
+    expect(Object.keys(REQUEST_BODIES.console)).toHaveLength(10);
   });
 
   test("every schema with an $id is one shared component", () => {
