@@ -41,8 +41,9 @@ export function sqliteFile(instance: DatabaseInstance): string {
  * rename it over the old one only once it is complete and passes an integrity check.
  *
  * Under a root engine the file is the service's own user's (instance.owner), as its data dir
- * is: the engine creates it for that user, and what opens it (readiness, the SQL restore's
- * sqlite3) runs as that user, since SQLite makes `-wal`/`-shm` files as whoever opens it.
+ * is: the engine creates it and a restore's new file for that user, and the SQL restore's
+ * sqlite3 runs as that user. (SQLite itself, run as root, gives the `-wal`, `-shm` and journal
+ * files it makes the database file's owner, so the readiness check may open it as root.)
  */
 export class SqliteEngine implements DatabaseEngine {
   readonly name = "sqlite" as const;
@@ -89,8 +90,7 @@ export class SqliteEngine implements DatabaseEngine {
     return [tools.sleep as string, "infinity"];
   }
 
-  async ready(instance: DatabaseInstance, signal: AbortSignal): Promise<ReadyResult> {
-    if (instance.owner) return readyAs(instance, instance.owner, signal);
+  async ready(instance: DatabaseInstance): Promise<ReadyResult> {
     try {
       const db = new Database(sqliteFile(instance), { readonly: true });
       try {
@@ -222,23 +222,6 @@ async function loadSql(sqlite3: string, staging: string, owner: RunAs | null, jo
     if (timer) clearInterval(timer);
     if (input !== null) closeSync(input);
   }
-}
-
-/**
- * readyAs is the readiness check run as the file's owner (the sqlite3 shell, read-only):
- * opening a WAL database makes its `-wal` and `-shm` files, which must be the owner's.
- */
-async function readyAs(instance: DatabaseInstance, owner: RunAs, signal: AbortSignal): Promise<ReadyResult> {
-  const tools = assertTools("SQLite", findTools(TOOLS, instance.env));
-  const run = await runTool(
-    asUser(owner, [tools.sqlite3 as string, "-readonly", "-bail", sqliteFile(instance), "SELECT count(*) FROM sqlite_master;"]),
-    { env: instance.env, signal, cwd: instance.dataDir },
-  );
-  if (run.exitCode === 0) return { ready: true, detail: "the database file opens" };
-  return {
-    ready: false,
-    detail: `the database file does not open: ${lastLines(run.output, 1) || `sqlite3 exited ${run.exitCode ?? run.signal}`}`,
-  };
 }
 
 /** integrityProblem opens a database and runs PRAGMA integrity_check; null when it is sound. */

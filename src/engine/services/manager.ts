@@ -1824,6 +1824,8 @@ export class ServiceManager implements ServiceDirectory {
       const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
       const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
       if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      // An older engine made a database's dir 0750: the user's own is 0700 (ensureDir sets it once per daemon).
+      chmodSync(dataDir, 0o700);
       this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
     }
     const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };
