@@ -133,6 +133,8 @@ describe("engine services show", () => {
       const masked = await cli("services", "show", "cache");
       expect(masked.stdout).toMatch(new RegExp(`^connection\\s+redis://:\\*\\*\\*\\*@127\\.0\\.0\\.1:${port}/0$`, "m"));
       expect(masked.stdout).not.toContain(password);
+      // A Redis server runs as the service's own user under a root engine, as every other service does.
+      expect(masked.stdout).toMatch(process.geteuid?.() === 0 ? /^user\s+eng-cache$/m : /^user\s+the engine's$/m);
       const revealed = await cli("services", "show", "cache", "--reveal");
       expect(revealed.stdout).toMatch(new RegExp(`^connection\\s+redis://:${password}@127\\.0\\.0\\.1:${port}/0$`, "m"));
       const json = JSON.parse((await cli("--json", "services", "show", "cache", "--reveal")).stdout) as ServiceRecord & {
