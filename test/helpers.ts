@@ -15,7 +15,7 @@ import { basename, join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
 import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
-import { SERVICE_USER_COMMENT, SERVICE_USER_PREFIX } from "../src/engine/users";
+import { SERVICE_USER_COMMENT, SERVICE_USER_PREFIX, serviceUserName } from "../src/engine/users";
 import type { Clock } from "../src/lib/clock";
 import { type ConfigInput, resolveConfig } from "../src/lib/config";
 
@@ -69,10 +69,11 @@ export function reapWorkloads(dataDir: string): void {
 
 /**
  * removeServiceUsers deletes the system users a root engine made for the services of `dataDir`
- * (their home is the service's data dir), so test runs leave no users behind. A user whose
- * processes still run, or that another engine reuses, may stay: it is harmless and reused.
+ * (their home is the service's data dir), so test runs leave no users behind; `only` limits it
+ * to the users of those service names. A user whose processes still run, or that another engine
+ * reuses, may stay: it is harmless and reused.
  */
-export function removeServiceUsers(dataDir: string): void {
+export function removeServiceUsers(dataDir: string, only?: string[]): void {
   if (process.geteuid?.() !== 0) return;
   let passwd = "";
   try {
@@ -84,6 +85,7 @@ export function removeServiceUsers(dataDir: string): void {
     const [name, , , , comment, home] = line.split(":");
     if (!name?.startsWith(SERVICE_USER_PREFIX) || !comment?.startsWith(SERVICE_USER_COMMENT)) continue;
     if (!home?.startsWith(`${join(dataDir, "data")}/`)) continue;
+    if (only && !only.some((service) => serviceUserName(service) === name)) continue;
     // userdel refuses (exit 8) while a process of the user lives: the SIGKILLs above take a moment (up to 2 s).
     for (let attempt = 0; attempt < 100; attempt++) {
       if (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode !== 8) break;

@@ -322,7 +322,7 @@ export const Diagnosis = t.Object(
     logs: t.Array(t.Record(t.String(), t.Unknown())),
     user: t.Union([t.String(), t.Null()], {
       description:
-        "The OS user the workload runs as (a root engine runs each service as its own user, eng-<name>, unless an admin chose one); null when the engine runs it as its own user, or a managed database as its adapter's.",
+        "The OS user the workload runs as (a root engine runs each service as its own user, eng-<name>, unless an admin chose one; a managed Redis or SQLite database too; PostgreSQL and MariaDB as postgres and mysql); null when the engine runs it as its own user (an unprivileged engine).",
     }),
   },
   { $id: "Diagnosis" },

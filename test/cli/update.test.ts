@@ -135,6 +135,9 @@ describe("engine services show", () => {
       expect(masked.stdout).not.toContain(password);
       // A database speaks its own protocol: the proxy gives it no HTTPS name.
       expect(masked.stdout).toMatch(/^https\s+- \(a database: clients connect to its port; see connection\)$/m);
+
+      // A Redis server runs as the service's own user under a root engine, as every other service does.
+      expect(masked.stdout).toMatch(process.geteuid?.() === 0 ? /^user\s+eng-cache$/m : /^user\s+the engine's$/m);
       const revealed = await cli("services", "show", "cache", "--reveal");
       expect(revealed.stdout).toMatch(new RegExp(`^connection\\s+redis://:${password}@127\\.0\\.0\\.1:${port}/0$`, "m"));
       const json = JSON.parse((await cli("--json", "services", "show", "cache", "--reveal")).stdout) as ServiceRecord & {

@@ -159,6 +159,7 @@ export class MariaDbEngine implements DatabaseEngine {
   readonly name = "mariadb" as const;
   readonly label = "MariaDB";
   readonly hasServer = true;
+  readonly serverUser = "mysql";
 
   detectTools(env: Record<string, string>): ToolReport {
     const path = [env.PATH ?? "/usr/local/bin:/usr/bin:/bin", ...SBIN_DIRS].join(":");
@@ -172,7 +173,7 @@ export class MariaDbEngine implements DatabaseEngine {
   /** runAs is the user the server's programs run as: null (the engine's own user) unless the engine is root. */
   private runAs(): RunAs | null {
     if (process.getuid?.() !== 0) return null;
-    const user = lookupUser("mysql");
+    const user = lookupUser(this.serverUser);
     if (!user) {
       throw new AppError(
         "database_tools_missing",

@@ -102,6 +102,7 @@ export class PostgresEngine implements DatabaseEngine {
   readonly name = "postgres" as const;
   readonly label = "PostgreSQL";
   readonly hasServer = true;
+  readonly serverUser = "postgres";
 
   detectTools(env: Record<string, string>): ToolReport {
     return findTools([...SERVER_TOOLS, ...CLIENT_TOOLS], env, pgBinDirs(env));
@@ -114,7 +115,7 @@ export class PostgresEngine implements DatabaseEngine {
   /** runAs is the user the server's programs run as: null (the engine's own user) unless the engine is root. */
   private runAs(): RunAs | null {
     if (process.getuid?.() !== 0) return null;
-    const user = lookupUser("postgres");
+    const user = lookupUser(this.serverUser);
     if (!user) {
       throw new AppError(
         "database_tools_missing",

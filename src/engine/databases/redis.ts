@@ -1,9 +1,11 @@
 import { randomBytes } from "node:crypto";
 import {
   closeSync,
+  constants,
   copyFileSync,
   existsSync,
   linkSync,
+  lstatSync,
   mkdirSync,
   openSync,
   readdirSync,
@@ -11,16 +13,27 @@ import {
   readSync,
   renameSync,
   rmSync,
-  writeFileSync,
   writeSync,
 } from "node:fs";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { RedisClient } from "bun";
 import { randomId } from "../../lib/crypto";
 import { InputError } from "../../lib/validation";
 import { feedFile } from "./feed";
 import { sniffFormat } from "./formats";
-import { assertTools, findTools, lastLines, runTool, type ToolSpec } from "./tools";
+import {
+  assertTools,
+  asUser,
+  findTools,
+  giveTo,
+  lastLines,
+  mkdirOwned,
+  openOwned,
+  type RunAs,
+  runTool,
+  type ToolSpec,
+  writeOwned,
+} from "./tools";
 import type {
   ConnectionDetails,
   DatabaseEngine,
@@ -54,6 +67,8 @@ const AOF_MANIFEST = `${AOF_NAME}.manifest`;
 const DATA_FILES = [RDB_FILE, AOF_DIR];
 /** JOURNAL records a restore between moving the old files aside and the new data's verification. */
 const JOURNAL = ".restore-journal.json";
+/** PREVIOUS_DIR is the name of the directory a restore moves the old data files into (in the data dir). */
+const PREVIOUS_DIR = /^\.restore-previous-[a-z0-9]+$/;
 
 /**
  * OWNED_OPTIONS are the settings the engine writes in redis.conf: EXTRA_ARGS may not change
@@ -73,6 +88,9 @@ const OWNED_OPTIONS = new Set([
   "user",
   "unixsocket",
   "tls-port",
+  "enable-protected-configs",
+  "enable-debug-command",
+  "enable-module-command",
 ]);
 
 /** READY_TIMEOUT_MS bounds one readiness check: a server loading a small dataset answers nothing until it is done. */
@@ -134,6 +152,8 @@ export class RedisEngine implements DatabaseEngine {
   readonly name = "redis" as const;
   readonly label = "Redis";
   readonly hasServer = true;
+  /** serverUser is null: a root engine runs this engine's process as the service's own user (instance.owner). */
+  readonly serverUser = null;
 
   detectTools(env: Record<string, string>): ToolReport {
     return findTools(TOOLS, env);
@@ -192,6 +212,7 @@ export class RedisEngine implements DatabaseEngine {
       );
     }
     mkdirSync(instance.dataDir, { recursive: true, mode: 0o750 });
+    const owner = instance.owner ?? null;
     recoverInterruptedRestore(instance.dataDir, context);
     const config = [
       "# Written by the engine before every start; set EXTRA_ARGS on the service instead of editing it.",
@@ -209,11 +230,19 @@ export class RedisEngine implements DatabaseEngine {
       // A signal from the supervisor (the fallback when the stop command fails) stops as SHUTDOWN SAVE does.
       "shutdown-on-sigterm save",
       "shutdown-on-sigint save",
+      // Whoever holds the password (every service bound to it) may not move where the server
+      // writes (CONFIG SET dir / dbfilename / logfile: files written as the server's user),
+      // nor run DEBUG or load a module (code in the server). Redis 7's defaults, written out
+      // so that a changed default or an included file cannot turn them on; EXTRA_ARGS may not.
+      "enable-protected-configs no",
+      "enable-debug-command no",
+      "enable-module-command no",
       "",
     ].join("\n");
-    writeFileSync(join(instance.dataDir, CONFIG_FILE), config, { mode: 0o600 });
+    // The server runs as the service's own user under a root engine (owner): its files are that user's.
+    writeOwned(join(instance.dataDir, CONFIG_FILE), config, owner, 0o600);
     // redis-cli reads its password from REDISCLI_AUTH; the stop command sets it from this file, never from argv.
-    writeFileSync(join(instance.dataDir, AUTH_FILE), passwordOf(instance), { mode: 0o600 });
+    writeOwned(join(instance.dataDir, AUTH_FILE), passwordOf(instance), owner, 0o600);
   }
 
   startCommand(instance: DatabaseInstance): string[] {
@@ -236,7 +265,8 @@ export class RedisEngine implements DatabaseEngine {
   stopCommand(instance: DatabaseInstance): string[] | null {
     const tools = this.tools(instance.env);
     // sh sets REDISCLI_AUTH from the 0600 file and execs redis-cli: the password is on no command line.
-    return [
+    // It runs as the server's user: the file is in that user's dir, and root reads nothing there.
+    return asUser(instance.owner ?? null, [
       tools.sh as string,
       "-c",
       'REDISCLI_AUTH=$(cat -- "$0") exec "$@"',
@@ -248,7 +278,7 @@ export class RedisEngine implements DatabaseEngine {
       String(instance.port),
       "SHUTDOWN",
       "SAVE",
-    ];
+    ]);
   }
 
   sniff(sample: DumpSample): DumpFormat | null {
@@ -259,6 +289,7 @@ export class RedisEngine implements DatabaseEngine {
     const { instance, sample } = job;
     const tools = this.tools(instance.env);
     const dir = instance.dataDir;
+    const owner = instance.owner ?? null;
     const id = randomId("r").slice(2, 14);
     const staging = join(dir, `.restore-${id}.rdb`);
     const previous = join(dir, `.restore-previous-${id}`);
@@ -267,11 +298,11 @@ export class RedisEngine implements DatabaseEngine {
     try {
       // 1. A copy in the data dir (decompressed): what is checked is what is placed.
       job.log(`copying the RDB into ${dir}`);
-      await copyDump(sample, staging, job);
+      await copyDump(sample, staging, owner, job);
       const header = rdbHeader(staging);
       if (!header) throw new Error("the file does not start with an RDB header (REDIS and a 4-digit version)");
       // 2. The whole file, checksum included, as this host's Redis reads it: a corrupt or newer file stops here.
-      const check = await checkRdb(tools["redis-check-rdb"] as string, staging, job);
+      const check = await checkRdb(tools["redis-check-rdb"] as string, staging, owner, job);
       job.log(`redis-check-rdb: RDB version ${header.version}, ${check.keys} keys (${check.expires} with a TTL), checksum OK`);
       if (job.signal.aborted) throw job.signal.reason;
       // 3. Stop cleanly (SHUTDOWN SAVE: the old data is complete on disk), move it aside, place the new file.
@@ -280,10 +311,10 @@ export class RedisEngine implements DatabaseEngine {
       stopped = true;
       if (job.signal.aborted) throw job.signal.reason;
       journal = { pid: process.pid, previous, existed: DATA_FILES.filter((name) => existsSync(join(dir, name))) };
-      mkdirSync(previous, { mode: 0o700 });
-      writeFileSync(join(dir, JOURNAL), JSON.stringify(journal), { mode: 0o600 });
+      mkdirOwned(previous, owner, 0o700);
+      writeOwned(join(dir, JOURNAL), JSON.stringify(journal), owner, 0o600);
       for (const name of journal.existed) renameSync(join(dir, name), join(previous, name));
-      placeRdb(dir, staging);
+      placeRdb(dir, staging, owner);
       // 4. Start on the new files; the server must hold the keys the check counted (less those that expired meanwhile).
       job.log("starting the server on the restored data");
       await job.server.start();
@@ -368,9 +399,9 @@ function rdbHeader(path: string): { version: number } | null {
   }
 }
 
-/** copyDump copies (gunzipping if need be) the dump into `to`, reporting the dump's bytes read; a timeout stops it. */
-async function copyDump(sample: DumpSample, to: string, job: RestoreJob): Promise<void> {
-  const out = openSync(to, "w", 0o600);
+/** copyDump copies (gunzipping if need be) the dump into a new file `to` of `owner`'s, reporting the dump's bytes read; a timeout stops it. */
+async function copyDump(sample: DumpSample, to: string, owner: RunAs | null, job: RestoreJob): Promise<void> {
+  const out = openOwned(to, owner, 0o600, true);
   try {
     await feedFile(
       sample.path,
@@ -383,9 +414,12 @@ async function copyDump(sample: DumpSample, to: string, job: RestoreJob): Promis
   if (job.signal.aborted) throw job.signal.reason;
 }
 
-/** checkRdb runs redis-check-rdb over the whole file and returns the keys it read; it throws with the tool's complaint. */
-async function checkRdb(tool: string, path: string, job: RestoreJob): Promise<{ keys: number; expires: number }> {
-  const run = await runTool([tool, path], { env: job.instance.env, signal: job.signal });
+/**
+ * checkRdb runs redis-check-rdb over the whole file and returns the keys it read; it throws with
+ * the tool's complaint. It runs as the server's user, who owns the file and the dir it is in.
+ */
+async function checkRdb(tool: string, path: string, owner: RunAs | null, job: RestoreJob): Promise<{ keys: number; expires: number }> {
+  const run = await runTool(asUser(owner, [tool, path]), { env: job.instance.env, signal: job.signal });
   const keys = /\[info\] (\d+) keys read/.exec(run.output);
   if (run.exitCode !== 0 || !/RDB looks OK/.test(run.output) || !keys) {
     const complaint = run.output
@@ -399,17 +433,21 @@ async function checkRdb(tool: string, path: string, job: RestoreJob): Promise<{ 
   return { keys: Number(keys[1]), expires: Number(expires?.[1] ?? 0) };
 }
 
-/** placeRdb makes the staged RDB the AOF's only (base) file and dump.rdb: Redis loads it whether appendonly is on or off. */
-function placeRdb(dir: string, staging: string): void {
+/**
+ * placeRdb makes the staged RDB the AOF's only (base) file and dump.rdb: Redis loads it whether
+ * appendonly is on or off. What it makes is `owner`'s, as the staged file is.
+ */
+function placeRdb(dir: string, staging: string, owner: RunAs | null): void {
   const aof = join(dir, AOF_DIR);
-  mkdirSync(aof, { mode: 0o750 });
+  mkdirOwned(aof, owner, 0o750);
   renameSync(staging, join(aof, AOF_BASE));
-  writeFileSync(join(aof, AOF_MANIFEST), `file ${AOF_BASE} seq 1 type b\n`, { mode: 0o640 });
+  writeOwned(join(aof, AOF_MANIFEST), `file ${AOF_BASE} seq 1 type b\n`, owner, 0o640);
   // Redis replaces both files by rename when it rewrites them, so one inode can serve as both.
   try {
     linkSync(join(aof, AOF_BASE), join(dir, RDB_FILE));
   } catch {
-    copyFileSync(join(aof, AOF_BASE), join(dir, RDB_FILE));
+    copyFileSync(join(aof, AOF_BASE), join(dir, RDB_FILE), constants.COPYFILE_EXCL);
+    giveTo(owner, join(dir, RDB_FILE));
   }
 }
 
@@ -433,6 +471,21 @@ function restorePrevious(dir: string, journal: Journal): void {
 }
 
 /**
+ * parseJournal reads a journal, or returns null for one that is not a restore's own. The data
+ * dir is the server's user's, who could have written it: the directory of old files it names
+ * must be a restore's, in the data dir itself, before the engine moves or removes anything.
+ */
+function parseJournal(dir: string, text: string): Journal | null {
+  const value = JSON.parse(text) as Partial<Journal>;
+  const previous = typeof value.previous === "string" ? value.previous : "";
+  if (!PREVIOUS_DIR.test(basename(previous)) || previous !== join(dir, basename(previous))) return null;
+  const stat = lstatSync(previous, { throwIfNoEntry: false });
+  if (stat && !stat.isDirectory()) return null;
+  const existed = Array.isArray(value.existed) ? value.existed.filter((name) => DATA_FILES.includes(name)) : [];
+  return { pid: typeof value.pid === "number" ? value.pid : -1, previous, existed };
+}
+
+/**
  * recoverInterruptedRestore runs before every start: a journal left by another process (the
  * engine stopped or crashed mid-restore) means the new files were never verified, so the old
  * ones come back. Copies of dumps a restore left are removed.
@@ -441,14 +494,14 @@ function recoverInterruptedRestore(dir: string, context: ToolContext): void {
   const journalPath = join(dir, JOURNAL);
   let journal: Journal | null = null;
   try {
-    journal = JSON.parse(readFileSync(journalPath, "utf8")) as Journal;
+    journal = parseJournal(dir, readFileSync(journalPath, "utf8"));
   } catch {
     journal = null;
   }
   // The restoring process starts the server itself mid-restore: its own journal is not a leftover.
   if (journal && journal.pid === process.pid) return;
   if (journal) {
-    restorePrevious(dir, { ...journal, existed: journal.existed ?? [] });
+    restorePrevious(dir, journal);
     context.log("a restore was interrupted before its data was verified: put the previous data files back");
   }
   rmSync(journalPath, { force: true });

@@ -1,10 +1,10 @@
 import { Database } from "bun:sqlite";
-import { closeSync, existsSync, openSync, readSync, renameSync, rmSync, writeSync } from "node:fs";
+import { closeSync, existsSync, lstatSync, openSync, readSync, renameSync, rmSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { randomId } from "../../lib/crypto";
 import { feedFile } from "./feed";
 import { sniffFormat } from "./formats";
-import { assertTools, FileProgress, findTools, lastLines, runTool, type ToolSpec } from "./tools";
+import { assertTools, asUser, FileProgress, findTools, lastLines, openOwned, type RunAs, runTool, type ToolSpec } from "./tools";
 import type {
   ConnectionDetails,
   DatabaseEngine,
@@ -39,11 +39,18 @@ export function sqliteFile(instance: DatabaseInstance): string {
  * lifecycle as the other engines (start, stop, bindings that wait for it), and readiness
  * opens the file and reads its schema. Restores build a new file beside the old one and
  * rename it over the old one only once it is complete and passes an integrity check.
+ *
+ * Under a root engine the file is the service's own user's (instance.owner), as its data dir
+ * is: the engine creates it and a restore's new file for that user, and the SQL restore's
+ * sqlite3 runs as that user. (SQLite itself, run as root, gives the `-wal`, `-shm` and journal
+ * files it makes the database file's owner, so the readiness check may open it as root.)
  */
 export class SqliteEngine implements DatabaseEngine {
   readonly name = "sqlite" as const;
   readonly label = "SQLite";
   readonly hasServer = false;
+  /** serverUser is null: a root engine runs this engine's process as the service's own user (instance.owner). */
+  readonly serverUser = null;
 
   detectTools(env: Record<string, string>): ToolReport {
     return findTools(TOOLS, env);
@@ -69,8 +76,8 @@ export class SqliteEngine implements DatabaseEngine {
     assertTools(this.label, this.detectTools(instance.env));
     const file = sqliteFile(instance);
     if (existsSync(file)) return;
-    const db = new Database(file, { create: true });
-    db.close();
+    // An empty file is an empty database: SQLite writes its header at the first write.
+    closeSync(openOwned(file, instance.owner, 0o640, true));
     context.log(`created an empty SQLite database, ${file}`);
   }
 
@@ -110,11 +117,12 @@ export class SqliteEngine implements DatabaseEngine {
     const tools = assertTools(this.label, this.detectTools(instance.env));
     const target = sqliteFile(instance);
     const staging = join(instance.dataDir, `.restore-${randomId("r").slice(2)}.sqlite3`);
+    const owner = instance.owner ?? null;
     try {
       if (format.format === "sqlite-db" && !sample.gzip) {
-        await copyWithProgress(sample.path, staging, job);
+        await copyWithProgress(sample.path, staging, owner, job);
       } else if (format.format === "sqlite-db") {
-        const out = openSync(staging, "w", 0o640);
+        const out = openOwned(staging, owner, 0o640, true);
         try {
           await feedFile(sample.path, fdSink(out), {
             gzip: true,
@@ -125,7 +133,7 @@ export class SqliteEngine implements DatabaseEngine {
           closeSync(out);
         }
       } else {
-        await loadSql(tools.sqlite3 as string, staging, job);
+        await loadSql(tools.sqlite3 as string, staging, owner, job);
       }
       if (job.signal.aborted) throw job.signal.reason;
       const problem = integrityProblem(staging);
@@ -149,10 +157,10 @@ function fdSink(fd: number) {
   };
 }
 
-/** copyWithProgress copies a database file chunk by chunk, so that a timeout stops it at once. */
-async function copyWithProgress(from: string, to: string, job: RestoreJob): Promise<void> {
+/** copyWithProgress copies a database file chunk by chunk into a new file of `owner`'s, so that a timeout stops it at once. */
+async function copyWithProgress(from: string, to: string, owner: RunAs | null, job: RestoreJob): Promise<void> {
   const input = openSync(from, "r");
-  const output = openSync(to, "w", 0o640);
+  const output = openOwned(to, owner, 0o640, true);
   const buffer = Buffer.alloc(COPY_CHUNK);
   let copied = 0;
   let lastReport = 0;
@@ -175,8 +183,12 @@ async function copyWithProgress(from: string, to: string, job: RestoreJob): Prom
   }
 }
 
-/** loadSql runs the dump through the sqlite3 shell into a new file, stopping at the first error. */
-async function loadSql(sqlite3: string, staging: string, job: RestoreJob): Promise<void> {
+/**
+ * loadSql runs the dump through the sqlite3 shell into a new file, stopping at the first error.
+ * The shell runs as `owner`, so the file (and its journal) are that user's; it reads the dump
+ * from its stdin, which the engine opened, so the dump need not be readable by that user.
+ */
+async function loadSql(sqlite3: string, staging: string, owner: RunAs | null, job: RestoreJob): Promise<void> {
   const { sample } = job;
   const input = sample.gzip ? null : openSync(sample.path, "r");
   let timer: ReturnType<typeof setInterval> | null = null;
@@ -184,7 +196,7 @@ async function loadSql(sqlite3: string, staging: string, job: RestoreJob): Promi
     const progress = new FileProgress(sample.path, sample.totalBytes);
     let logged = 0;
     // -safe: a dump's dot-commands may not run programs, write files or attach other databases.
-    const run = await runTool([sqlite3, "-safe", "-bail", staging], {
+    const run = await runTool(asUser(owner, [sqlite3, "-safe", "-bail", staging]), {
       env: job.instance.env,
       signal: job.signal,
       stdin: input ?? "pipe",
@@ -234,7 +246,8 @@ function integrityProblem(path: string): string | null {
  * are removed after the rename: left there, SQLite would apply them to the new file.
  */
 function swapFile(target: string, staging: string): void {
-  if (existsSync(`${target}-wal`)) {
+  // Only the database's own file: a link there is not followed to another database.
+  if (existsSync(`${target}-wal`) && lstatSync(target, { throwIfNoEntry: false })?.isFile()) {
     try {
       const db = new Database(target);
       db.exec("PRAGMA wal_checkpoint(TRUNCATE)");

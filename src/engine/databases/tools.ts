@@ -1,4 +1,20 @@
-import { closeSync, existsSync, openSync, readdirSync, readFileSync, readlinkSync, realpathSync, statSync } from "node:fs";
+import {
+  closeSync,
+  constants,
+  existsSync,
+  fchownSync,
+  fstatSync,
+  lchownSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  realpathSync,
+  statSync,
+  writeSync,
+} from "node:fs";
 import { dirname, join } from "node:path";
 import { AppError } from "../../lib/errors";
 import type { MissingTool, RestoreProgress, ToolReport } from "./types";
@@ -68,6 +84,66 @@ export function asUser(runAs: RunAs | null, argv: string[]): string[] {
   if (!runAs) return argv;
   const setpriv = Bun.which("setpriv") ?? "/usr/bin/setpriv";
   return [setpriv, `--reuid=${runAs.uid}`, `--regid=${runAs.gid}`, "--clear-groups", "--", ...argv];
+}
+
+/**
+ * openOwned opens a file in a service's data dir for writing, created with `mode` (or, unless
+ * `exclusive`, truncated), and gives it to `owner` when there is one. A root engine writes
+ * there for a server that runs as the service's own user (instance.owner), who owns the dir:
+ * the file must be the owner's for the server to use it, and a name the owner controls must
+ * not lead root elsewhere, so a symbolic link at the name is refused (O_NOFOLLOW), a FIFO does
+ * not block the engine (O_NONBLOCK), and anything but a regular file is refused.
+ */
+export function openOwned(path: string, owner: RunAs | null | undefined, mode: number, exclusive = false): number {
+  const flags =
+    constants.O_WRONLY |
+    constants.O_CREAT |
+    (exclusive ? constants.O_EXCL : constants.O_TRUNC) |
+    constants.O_NOFOLLOW |
+    constants.O_NONBLOCK;
+  const fd = openSync(path, flags, mode);
+  try {
+    if (!fstatSync(fd).isFile()) throw new Error(`${path} is not a regular file`);
+    if (owner) fchownSync(fd, owner.uid, owner.gid);
+    return fd;
+  } catch (error) {
+    closeSync(fd);
+    throw error;
+  }
+}
+
+/** writeOwned writes a whole file through openOwned. */
+export function writeOwned(path: string, content: string | Uint8Array, owner: RunAs | null | undefined, mode: number): void {
+  const fd = openOwned(path, owner, mode);
+  try {
+    const bytes = typeof content === "string" ? Buffer.from(content, "utf8") : content;
+    for (let written = 0; written < bytes.length; ) written += writeSync(fd, bytes, written, bytes.length - written);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** mkdirOwned makes a directory in a service's data dir and gives it to `owner` (lchown: a link at the name is not followed). */
+export function mkdirOwned(path: string, owner: RunAs | null | undefined, mode: number): void {
+  mkdirSync(path, { mode });
+  if (owner) lchownSync(path, owner.uid, owner.gid);
+}
+
+/**
+ * giveTo gives files a program running as the engine made in a service's data dir to
+ * `owner`, without following links; a path that is not there is skipped.
+ */
+export function giveTo(owner: RunAs | null | undefined, ...paths: string[]): void {
+  if (!owner) return;
+  for (const path of paths) {
+    let stat: ReturnType<typeof lstatSync>;
+    try {
+      stat = lstatSync(path);
+    } catch {
+      continue;
+    }
+    if (stat.uid !== owner.uid || stat.gid !== owner.gid) lchownSync(path, owner.uid, owner.gid);
+  }
 }
 
 /**

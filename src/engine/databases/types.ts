@@ -7,6 +7,8 @@
  * in the DatabaseInstance they are handed, and everything they keep is in its data dir.
  */
 
+import type { RunAs } from "./tools";
+
 /** DatabaseEngineName names an engine the engine can manage. */
 export type DatabaseEngineName = "postgres" | "mariadb" | "redis" | "sqlite";
 
@@ -44,6 +46,14 @@ export interface DatabaseInstance {
   credentials: Record<string, string>;
   /** env is the environment tools run with: the daemon's PATH, HOME, LANG and the like, never secrets. */
   env: Record<string, string>;
+  /**
+   * owner is the service's own OS user (`eng-<name>`) when a root engine runs the server as
+   * it, as any workload (engines whose serverUser is null: Redis, SQLite). Every file the
+   * adapter makes in the data dir is given to it, and the programs that read or write the
+   * service's files for it (its stop command, checks of a dump placed there) run as it.
+   * Null or absent: the engine does not switch users, or the adapter runs as its serverUser.
+   */
+  owner?: RunAs | null;
 }
 
 /** ToolContext is handed to adapter steps that run programs: where their output goes, and when to give up. */
@@ -159,6 +169,13 @@ export interface DatabaseEngine {
   readonly label: string;
   /** hasServer is false for engines without a server process of their own (SQLite): they get no port. */
   readonly hasServer: boolean;
+  /**
+   * serverUser is the OS user a root engine's adapter runs its server and tools as by itself
+   * (through setpriv), for servers that refuse root: PostgreSQL's `postgres`, MariaDB's
+   * `mysql`. null: the engine runs the server as the service's own user, as any workload,
+   * and hands that user to the adapter as `instance.owner`.
+   */
+  readonly serverUser: string | null;
 
   /**
    * detectTools looks for the server, client and restore programs on the host (PATH, then

@@ -26,6 +26,7 @@ import {
   RestoreCoordinator,
   type RestoreHost,
   type RestoreTarget,
+  type RunAs,
   type ServerControl,
 } from "../databases";
 import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "../diagnose";
@@ -229,6 +230,13 @@ export class ServiceManager implements ServiceDirectory {
           runtime.gpuHold = run.gpus;
           runtime.user = this.recordedUser(service);
           this.o.log.info({ service: service.name, workload_pid: handle.pid }, "adopted a running service");
+          if (this.switchUsers && !service.run_as && this.serverUserOf(this.currentSpec(service).spec) === null) {
+            // Started by an older engine, which ran Redis and SQLite services (and every service before decision 117) as root.
+            this.o.log.warn(
+              { service: service.name, user: serviceUserName(service.name) },
+              "this service was started as root by an older engine: restart it to run it as its own user",
+            );
+          }
           const database = this.databaseOf(service);
           if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
             // It was still starting: it is running once it accepts connections, as at launch.
@@ -464,7 +472,25 @@ export class ServiceManager implements ServiceDirectory {
       port: version.spec.port,
       credentials: { ...version.spec.env, ...this.openSecrets(version) },
       env: this.toolEnv(version.spec),
+      owner: this.databaseOwner(serviceId, version.spec),
     };
+  }
+
+  /** serverUserOf is the user a managed database's adapter runs its server as by itself (`postgres`, `mysql`); null for every other service. */
+  private serverUserOf(spec: ServiceSpec): string | null {
+    const engine = spec.database?.engine;
+    return engine && this.databases.available(engine) ? this.databases.get(engine).serverUser : null;
+  }
+
+  /**
+   * databaseOwner is the service's own user that a root engine runs a Redis or SQLite service
+   * as, from its row (recorded at its first launch, see workloadUser); null when the engine
+   * does not switch users, the adapter runs as its own user, or the service never ran.
+   */
+  private databaseOwner(serviceId: string, spec: ServiceSpec): RunAs | null {
+    if (!this.switchUsers || this.serverUserOf(spec)) return null;
+    const runAs = this.o.store.getService(serviceId)?.run_as;
+    return runAs ? { user: runAs.name, uid: runAs.uid, gid: runAs.gid } : null;
   }
 
   /**
@@ -1342,6 +1368,8 @@ export class ServiceManager implements ServiceDirectory {
       if (closed) throw new Error(`the working directory ${cwd} is not reachable by the user ${user?.name}: it may not enter ${closed}`);
       let argv = spec.command;
       if (database) {
+        // A Redis or SQLite server runs as the service's user, as this run does: what its adapter writes is that user's.
+        if (!database.adapter.serverUser) database.instance.owner = user ? { user: user.name, uid: user.uid, gid: user.gid } : null;
         // First start: initdb and the like, with its output in the service's log.
         const setup = new AbortController();
         runtime.setup = setup;
@@ -1747,10 +1775,14 @@ export class ServiceManager implements ServiceDirectory {
     return null;
   }
 
-  /** userNameOf is the user a service's workload runs (or will run) as, for its record and Diagnosis; null: the engine's own. */
+  /**
+   * userNameOf is the user a service's workload runs (or will run) as, for its record and
+   * Diagnosis: the admin's choice, PostgreSQL's and MariaDB's own user, or the service's own;
+   * null: the engine's own (an unprivileged engine).
+   */
   private userNameOf(service: ServiceRow, spec: ServiceSpec): string | null {
-    if (!this.switchUsers || spec.database?.engine) return spec.user ?? null;
-    return spec.user ?? serviceUserName(service.name);
+    if (!this.switchUsers) return spec.user ?? null;
+    return spec.user ?? this.serverUserOf(spec) ?? serviceUserName(service.name);
   }
 
   /** recordedUser rebuilds the identity of a run started by an earlier daemon from the service's row. */
@@ -1764,15 +1796,16 @@ export class ServiceManager implements ServiceDirectory {
 
   /**
    * workloadUser returns who a service's code (its run, build and exec probes) runs as: null
-   * (the engine's own user) when the engine cannot switch users or an adapter runs the
-   * database; the admin's choice; or the service's own user, made on first use. The service's
-   * data dir is given to that user (0700), and the row records it.
+   * (the engine's own user) when the engine cannot switch users or the database's adapter
+   * runs its server as a user of its own (PostgreSQL, MariaDB); the admin's choice; or the
+   * service's own user, made on first use, a Redis or SQLite service's included. The
+   * service's data dir is given to that user (0700), and the row records it.
    */
   private async workloadUser(serviceId: string): Promise<WorkloadUser | null> {
     const service = this.o.store.getService(serviceId);
     if (!service || !this.switchUsers) return null;
     const { spec } = this.currentSpec(service);
-    if (spec.database?.engine) return null;
+    if (this.serverUserOf(spec)) return null;
     const dataDir = this.serviceDataDir(service.name);
     let user: WorkloadUser;
     if (spec.user) {
@@ -1791,6 +1824,8 @@ export class ServiceManager implements ServiceDirectory {
       const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
       const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
       if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      // An older engine made a database's dir 0750: the user's own is 0700 (ensureDir sets it once per daemon).
+      chmodSync(dataDir, 0o700);
       this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
     }
     const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };

@@ -3,7 +3,8 @@ import { existsSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync }
 import { join } from "node:path";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { DatabaseEngines, isDatabaseEngineName, lookupUser } from "../../../src/engine/databases";
-import { collectOutput, eventually, REPO_ROOT, reapWorkloads, spawnEngine, tempDir } from "../../helpers";
+import { serviceUserName } from "../../../src/engine/users";
+import { collectOutput, eventually, REPO_ROOT, reapWorkloads, removeServiceUsers, spawnEngine, tempDir } from "../../helpers";
 import { suiteWhen } from "../databases/helpers";
 
 /**
@@ -34,7 +35,7 @@ const DATABASE_TEMPLATES = readdirSync(join(REPO_ROOT, "templates"))
   .filter((template) => template.deploy_defaults.engine !== undefined)
   .map((template) => ({ id: template.id, engine: template.deploy_defaults.engine as string }));
 
-/** The servers that refuse root run as these users (the Debian packages create them). */
+/** The servers that refuse root run as these users (the Debian packages create them); the others as the service's own (eng-<name>). */
 const RUNS_AS: Record<string, string> = { postgres: "postgres", mariadb: "mysql" };
 
 const ready = asRoot && unshare !== null && nsenter !== null;
@@ -151,6 +152,8 @@ databaseSuite("the engine as npm start runs it, as root", () => {
       await cli("services", "stop", "db-sqlite").catch(() => undefined);
       if (existsSync(view)) reapWorkloads(view);
       await engine.stop();
+      // Their users' homes are the namespace's /var/lib/engine/data/<name>, which reapWorkloads(view) does not match.
+      removeServiceUsers(SYSTEM_DATA_DIR, [...DATABASE_TEMPLATES.map(({ id }) => `db-${id}`), "db-sqlite"]);
     }
     rmSync(home, { recursive: true, force: true });
   }, 60_000);
@@ -187,11 +190,12 @@ databaseSuite("the engine as npm start runs it, as root", () => {
       process.stderr.write(`${JSON.stringify(diagnoses)}\n`);
     }
     expect(statuses).toEqual(Object.fromEntries(names.map((name) => [name, "running"])));
-    for (const { id, engine } of DATABASE_TEMPLATES) {
-      const owner = RUNS_AS[engine];
-      const dir = statSync(join(view, "data", `db-${id}`));
-      expect(dir.uid).toBe(owner ? (lookupUser(owner)?.uid ?? -1) : 0);
+    for (const [name, engine] of [...DATABASE_TEMPLATES.map(({ id, engine }) => [`db-${id}`, engine]), ["db-sqlite", "sqlite"]]) {
+      const owner = RUNS_AS[engine as string] ?? serviceUserName(name as string);
+      const dir = statSync(join(view, "data", name as string));
+      expect(dir.uid).toBe(lookupUser(owner)?.uid ?? -1);
       expect(dir.mode & 0o007).toBe(0);
+      expect(list.find((service) => service.name === name)?.user).toBe(owner);
     }
   }, 300_000);
 

@@ -1,11 +1,12 @@
 import { describe, expect } from "bun:test";
 import { randomBytes } from "node:crypto";
-import { readFileSync, rmSync, statSync } from "node:fs";
+import { lstatSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SQL } from "bun";
 import type { DatabaseConnection, Diagnosis, RevealedConnection, ServiceRecord } from "../../../src/contract/engine";
 import { PostgresEngine } from "../../../src/engine/databases";
+import { serviceUserName } from "../../../src/engine/users";
 import { createToken, eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { ServiceClient } from "../services/harness";
 
@@ -202,4 +203,37 @@ export async function expectConnection(db: DatabaseTestEngine, name: string, pas
     expect(daemonLog).not.toContain(password);
   }
   return revealed.body;
+}
+
+/** asRoot says whether the tests run as root, where the engine runs each service as a user of its own. */
+export const asRoot = process.geteuid?.() === 0;
+
+/** serviceUid is the uid and gid of a service's own user (eng-<name>) from /etc/passwd; null when the host has none. */
+export function serviceUid(name: string): { uid: number; gid: number } | null {
+  const user = serviceUserName(name);
+  const fields = readFileSync("/etc/passwd", "utf8")
+    .split("\n")
+    .find((line) => line.startsWith(`${user}:`))
+    ?.split(":");
+  return fields ? { uid: Number(fields[2]), gid: Number(fields[3]) } : null;
+}
+
+/** processUids reads a process's real, effective, saved and filesystem uids from /proc/<pid>/status. */
+export function processUids(pid: number): number[] {
+  const line = readFileSync(`/proc/${pid}/status`, "utf8")
+    .split("\n")
+    .find((l) => l.startsWith("Uid:"));
+  return (line ?? "").slice(4).trim().split(/\s+/).map(Number);
+}
+
+/** notOwnedBy lists what under `dir` (itself included, links not followed) is not owned by `uid`:`gid`, as "path uid:gid". */
+export function notOwnedBy(dir: string, owner: { uid: number; gid: number }): string[] {
+  const found: string[] = [];
+  const visit = (path: string) => {
+    const stat = lstatSync(path);
+    if (stat.uid !== owner.uid || stat.gid !== owner.gid) found.push(`${path} ${stat.uid}:${stat.gid}`);
+    if (stat.isDirectory()) for (const name of readdirSync(path)) visit(`${path}/${name}`);
+  };
+  visit(dir);
+  return found;
 }

@@ -7,11 +7,13 @@ import type { ServiceRecord } from "../../../src/contract/engine";
 import { lookupUser, MariaDbEngine, osUserName } from "../../../src/engine/databases";
 import { eventually, freePort } from "../../helpers";
 import {
+  asRoot,
   type DatabaseTestEngine,
   expectClosedDataDirRefused,
   expectConnection,
   freshTempPath,
   lastDump,
+  processUids,
   restore,
   run,
   startDatabaseEngine,
@@ -240,6 +242,11 @@ suite("MariaDB database services", () => {
     expect(body.secret_keys).toEqual(["MARIADB_ROOT_PASSWORD"]);
     expect(body.env).toEqual({ MARIADB_DATABASE: "mdb_gen" });
     const running = await db.api.waitFor("mdb-gen", "running", () => true, 90_000);
+    // Its record and Diagnosis name the user the server runs as: mysql under a root engine (the adapter switches to it).
+    const serverUser = asRoot ? lookupUser("mysql") : null;
+    expect(running.user).toBe(serverUser?.user ?? null);
+    expect((await db.api.diagnose("mdb-gen")).user).toBe(serverUser?.user ?? null);
+    if (serverUser) expect(processUids(running.pid as number)[0]).toBe(serverUser.uid);
     // A bound job reads the credentials from its bindings (MYSQL_HOST, MYSQL_TCP_PORT, MYSQL_PWD) and asks.
     await db.api.deployed({
       name: "mdb-client",

@@ -2,14 +2,17 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync, writeFileSync } from "node:fs";
 import { SQL } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
+import { lookupUser } from "../../../src/engine/databases";
 import { eventually } from "../../helpers";
 import {
+  asRoot,
   type DatabaseTestEngine,
   expectClosedDataDirRefused,
   expectConnection,
   lastDump,
   libpqEnv,
   postgresTools,
+  processUids,
   referenceAvailable,
   referenceUrl,
   restore,
@@ -124,6 +127,11 @@ suite("PostgreSQL database services", () => {
     expect(JSON.stringify(body)).not.toContain("POSTGRES_PASSWORD=");
     expect(body.env).toEqual({ POSTGRES_USER: "postgres", POSTGRES_DB: "postgres" });
     const running = await db.api.waitFor("pg-gen", "running", () => true, 60_000);
+    // Its record and Diagnosis name the user the server runs as: postgres under a root engine (the adapter switches to it).
+    const serverUser = asRoot ? lookupUser("postgres") : null;
+    expect(running.user).toBe(serverUser?.user ?? null);
+    expect((await db.api.diagnose("pg-gen")).user).toBe(serverUser?.user ?? null);
+    if (serverUser) expect(processUids(running.pid as number)[0]).toBe(serverUser.uid);
     // running means it answers a query: a bound job reads the credentials from its bindings and asks.
     await db.api.deployed({
       name: "pg-client",
@@ -342,7 +350,6 @@ function REFERENCE_URL_ADMIN(): string {
   );
 }
 
-const asRoot = process.getuid?.() === 0;
 (referenceOk && asRoot ? describe : describe.skip)("PostgreSQL under a root engine whose data dir the postgres user cannot enter", () => {
   test("start-up warns, the start fails with the directory and the fix, and nothing above the data dir is loosened", async () => {
     await expectClosedDataDirRefused("postgres", { engine: "postgres" }, ["chmod g+x"]);

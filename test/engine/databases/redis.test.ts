@@ -1,12 +1,28 @@
+import { Database } from "bun:sqlite";
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
 import { RedisClient } from "bun";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { RedisEngine } from "../../../src/engine/databases";
-import { eventually, freePort, tempDir } from "../../helpers";
-import { type DatabaseTestEngine, expectConnection, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import { serviceUserName } from "../../../src/engine/users";
+import { eventually, freePort, startTestEngine, tempDir } from "../../helpers";
+import { ServiceClient } from "../services/harness";
+import {
+  asRoot,
+  type DatabaseTestEngine,
+  expectConnection,
+  freshTempPath,
+  lastDump,
+  notOwnedBy,
+  processUids,
+  restore,
+  run,
+  serviceUid,
+  startDatabaseEngine,
+  suiteWhen,
+} from "./helpers";
 
 const adapter = new RedisEngine();
 const toolsOk = adapter.detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
@@ -176,6 +192,35 @@ suite("Redis database services", () => {
     expect(await withRedis(revealed.url, (client) => client.send("PING", []))).toBe("PONG");
   }, 30_000);
 
+  (asRoot ? test : test.skip)(
+    "as root the server runs as the service's own user, which owns its data dir (0700) and every file in it",
+    async () => {
+      const owner = serviceUid("cache");
+      if (!owner) throw new Error(`the host has no user ${serviceUserName("cache")}`);
+      const record = await db.api.get("cache");
+      expect(processUids(record.pid as number)).toEqual([owner.uid, owner.uid, owner.uid, owner.uid]);
+      expect(record.user).toBe(serviceUserName("cache"));
+      expect((await db.api.diagnose("cache")).user).toBe(serviceUserName("cache"));
+      const dir = join(db.engine.dataDir, "data", "cache");
+      expect(statSync(dir).mode & 0o777).toBe(0o700);
+      expect(notOwnedBy(dir, owner)).toEqual([]);
+    },
+  );
+
+  test("a client with the password may not move where the server writes, nor run DEBUG or MODULE", async () => {
+    const dir = join(db.engine.dataDir, "data", "cache");
+    await withRedis(serviceUrl(cache), async (client) => {
+      const refusals: [string, string[], RegExp][] = [
+        ["CONFIG", ["SET", "dir", "/tmp"], /protected config/],
+        ["CONFIG", ["SET", "dbfilename", "elsewhere.rdb"], /protected config/],
+        ["DEBUG", ["SLEEP", "0"], /DEBUG command not allowed/],
+        ["MODULE", ["LOAD", join(dir, "module.so")], /MODULE command not allowed/],
+      ];
+      for (const [command, args, refusal] of refusals) await expect(client.send(command, args)).rejects.toThrow(refusal);
+      expect(JSON.stringify(await client.send("CONFIG", ["GET", "dir"]))).toContain(JSON.stringify(dir));
+    });
+  });
+
   test("a template deploy gets a free port, a generated requirepass kept as a secret, and is running only once it answers PING", async () => {
     const { status, body } = await db.api.deploy({ name: "cache-gen", template_id: "redis" });
     expect(status).toBe(201);
@@ -225,6 +270,8 @@ suite("Redis database services", () => {
       const dir = join(db.engine.dataDir, "data", "cache");
       expect(readdirSync(dir).filter((name) => name.startsWith(".restore"))).toEqual([]);
       expect(readFileSync(join(dir, "appendonlydir", "appendonly.aof.manifest"), "utf8")).toContain("type b");
+      // What the restore placed is the server's user's, as root runs it (the engine wrote it as root).
+      if (asRoot) expect(notOwnedBy(dir, serviceUid("cache") ?? { uid: -1, gid: -1 })).toEqual([]);
     },
     60_000,
   );
@@ -310,6 +357,7 @@ suite("Redis database services", () => {
     expect(logs).toContain("put the previous data files back");
     const dir = join(db.engine.dataDir, "data", "cache-slow");
     expect(readdirSync(dir).filter((name) => name.startsWith(".restore"))).toEqual([]);
+    if (asRoot) expect(notOwnedBy(dir, serviceUid("cache-slow") ?? { uid: -1, gid: -1 })).toEqual([]);
   }, 120_000);
 
   test("another engine's dump is a 409 that names it", async () => {
@@ -340,7 +388,59 @@ suite("Redis database services", () => {
     expect(secret.status).toBe(422);
     expect(JSON.stringify(secret.body)).toContain("--requirepass");
     expect(JSON.stringify(secret.body)).not.toContain("hunter2");
+    // Nor turn CONFIG SET dir, DEBUG or MODULE LOAD back on.
+    for (const option of ["--enable-protected-configs yes", "--enable-debug-command local", "--enable-module-command yes"]) {
+      const enabled = await db.api.deploy({ name: "cache-bad", template_id: "redis", env: { EXTRA_ARGS: option } });
+      expect(enabled.status).toBe(422);
+      expect(JSON.stringify(enabled.body)).toContain(option.split(" ")[0] as string);
+    }
   });
+});
+
+describe.if(toolsOk && asRoot)("a Redis service an older engine ran as root", () => {
+  test("its first start as its own user gives it the data dir and every file in it, and keeps its data", async () => {
+    const dataDir = freshTempPath("engine-db-upgrade-");
+    const name = "legacy-redis";
+    const dir = join(dataDir, "data", name);
+    try {
+      let engine = await startTestEngine({ dataDir });
+      let api = new ServiceClient(engine);
+      await api.deployed({ name, template_id: "redis", secrets: { REDIS_PASSWORD: PASSWORD } });
+      let record = await api.waitFor(name, "running", () => true, 60_000);
+      await withRedis(serviceUrl(record), (client) => client.send("SET", ["kept", "across the upgrade"]));
+      await api.control(name, "stop");
+      // Closing removes the service's user too: a host the older engine ran on never had it.
+      await engine.close();
+      // What the older engine left: the dir 0750 and everything in it root's, no user on record.
+      run(["chown", "-R", "-P", "0:0", dir]);
+      chmodSync(dir, 0o750);
+      const store = new Database(join(dataDir, "engine.db"));
+      store.query("UPDATE services SET run_as = NULL WHERE name = ?").run(name);
+      store.close();
+      expect(serviceUid(name)).toBeNull();
+
+      engine = await startTestEngine({ dataDir });
+      api = new ServiceClient(engine);
+      try {
+        expect((await api.control(name, "start")).status).toBe(200);
+        record = await api.waitFor(name, "running", (r) => r.pid !== null, 60_000);
+        const owner = serviceUid(name);
+        if (!owner) throw new Error(`the engine made no user ${serviceUserName(name)}`);
+        expect(processUids(record.pid as number)).toEqual([owner.uid, owner.uid, owner.uid, owner.uid]);
+        expect(statSync(dir).mode & 0o777).toBe(0o700);
+        expect(notOwnedBy(dir, owner)).toEqual([]);
+        expect(record.user).toBe(serviceUserName(name));
+        expect(await withRedis(serviceUrl(record), (client) => client.send("GET", ["kept"]))).toBe("across the upgrade");
+        // The server writes as its user: a SAVE lands in its own dir.
+        expect(await withRedis(serviceUrl(record), (client) => client.send("SAVE", []))).toBe("OK");
+        await api.control(name, "stop");
+      } finally {
+        await engine.close();
+      }
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  }, 120_000);
 });
 
 describe.if(toolsOk)("Redis restore recovery", () => {

@@ -1,12 +1,25 @@
 import { Database } from "bun:sqlite";
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { copyFileSync, existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { SqliteEngine, sqliteFile } from "../../../src/engine/databases";
 import { LocalCa, pkiDirectory } from "../../../src/engine/tls";
+import { serviceUserName } from "../../../src/engine/users";
 import { eventually } from "../../helpers";
-import { type DatabaseTestEngine, expectConnection, lastDump, restore, run, startDatabaseEngine, suiteWhen } from "./helpers";
+import {
+  asRoot,
+  type DatabaseTestEngine,
+  expectConnection,
+  lastDump,
+  notOwnedBy,
+  processUids,
+  restore,
+  run,
+  serviceUid,
+  startDatabaseEngine,
+  suiteWhen,
+} from "./helpers";
 
 const toolsOk = new SqliteEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0;
 const suite = suiteWhen(toolsOk, "ENGINE_REQUIRE_SQLITE", "the sqlite3 program (Debian package sqlite3)");
@@ -143,6 +156,8 @@ suite("SQLite database services", () => {
       // Nothing of the restore is left beside the database.
       const leftovers = [...new Bun.Glob(".restore-*").scanSync({ cwd: join(db.engine.dataDir, "data", "notes"), dot: true })];
       expect(leftovers).toEqual([]);
+      // The restored file is the service's user's, as root runs it (the engine made it as root).
+      if (asRoot) expect(notOwnedBy(join(db.engine.dataDir, "data", "notes"), serviceUid("notes") ?? { uid: -1, gid: -1 })).toEqual([]);
     },
     30_000,
   );
@@ -236,4 +251,38 @@ suite("SQLite database services", () => {
     expect((await restore(db.engine, "notes", copy)).status).toBe(200);
     expect(readFileSync(file).equals(readFileSync(copy))).toBe(true);
   });
+
+  (asRoot ? test : test.skip)(
+    "as root it runs as the service's own user, which owns the data dir and the file, and opens it as that user",
+    async () => {
+      const owner = serviceUid("notes");
+      if (!owner) throw new Error(`the host has no user ${serviceUserName("notes")}`);
+      const dir = join(db.engine.dataDir, "data", "notes");
+      let record = await db.api.get("notes");
+      expect(processUids(record.pid as number)).toEqual([owner.uid, owner.uid, owner.uid, owner.uid]);
+      expect(record.user).toBe(serviceUserName("notes"));
+      expect((await db.api.diagnose("notes")).user).toBe(serviceUserName("notes"));
+      expect(statSync(dir).mode & 0o777).toBe(0o700);
+      // A WAL database: whoever opens it (the readiness check, as root) makes its -wal and -shm, which must be the user's.
+      const wal = join(scratch, "wal.sqlite3");
+      copyFileSync(dumps.file as string, wal);
+      run(["sqlite3", wal, "PRAGMA journal_mode=WAL;"]);
+      expect((await restore(db.engine, "notes", wal)).status).toBe(200);
+      expect((await db.api.control("notes", "restart")).status).toBe(200);
+      record = await db.api.waitFor("notes", "running", (r) => r.pid !== null && r.pid !== record.pid, 30_000);
+      expect(existsSync(`${file}-shm`)).toBe(true);
+      expect(notOwnedBy(dir, owner)).toEqual([]);
+
+      // An older engine's service: the dir 0750 and the file root's. Its next start gives them to the user.
+      await db.api.control("notes", "stop");
+      run(["chown", "-R", "-P", "0:0", dir]);
+      chmodSync(dir, 0o750);
+      expect((await db.api.control("notes", "start")).status).toBe(200);
+      await db.api.waitFor("notes", "running", (r) => r.pid !== null, 30_000);
+      expect(statSync(dir).mode & 0o777).toBe(0o700);
+      expect(notOwnedBy(dir, owner)).toEqual([]);
+      expect(checksumsOf(file)).toEqual(reference);
+    },
+    60_000,
+  );
 });

@@ -1,9 +1,19 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, chownSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { RedisEngine } from "../../../src/engine/databases";
 import { serviceUserName, WORKLOAD_ID_RANGE } from "../../../src/engine/users";
 import { buildBinaries } from "../../e2e/binaries";
-import { createToken, eventually, spawnEngine, startTestEngine, type TestEngine, tempDir, workloadPath } from "../../helpers";
+import {
+  createToken,
+  eventually,
+  reapWorkloads,
+  spawnEngine,
+  startTestEngine,
+  type TestEngine,
+  tempDir,
+  workloadPath,
+} from "../../helpers";
 import { ServiceClient } from "./harness";
 
 // Workload isolation (issue 13, item 1): a root engine runs each service as a system user of
@@ -229,8 +239,34 @@ describe("an unprivileged engine", () => {
         expect(record.user).toBeNull();
         const refused = await call("POST", "/api/services", { name: "escalate", command: "exec sleep 300", user: "root" });
         expect(refused.status).toBe(422);
+
+        // Managed databases too: a SQLite file and a Redis server are the engine's user's, as before.
+        const databases: [string, Record<string, unknown>][] = [["laptop-notes", { engine: "sqlite" }]];
+        if (new RedisEngine().detectTools({ PATH: process.env.PATH ?? "" }).missing.length === 0) {
+          databases.push(["laptop-cache", { template_id: "redis" }]);
+        }
+        for (const [name, body] of databases) {
+          expect((await call("POST", "/api/services", { name, ...body })).status).toBe(201);
+          const running = await eventually(
+            async () => {
+              const record = (await (await call("GET", `/api/services/${name}`)).json()) as {
+                status: string;
+                pid: number | null;
+                user: string | null;
+              };
+              return record.status === "running" && record.pid !== null ? record : null;
+            },
+            { timeoutMs: 30_000 },
+          );
+          expect(running.user).toBeNull();
+          expect(statusField(running.pid as number, "Uid").split(/\s+/)[0]).toBe("65534");
+          expect(statSync(join(dataDir, "state", "data", name)).uid).toBe(65534);
+          expect((await call("POST", `/api/services/${name}/stop`)).status).toBe(200);
+        }
+        expect(statSync(join(dataDir, "state", "data", "laptop-notes", "database.sqlite3")).uid).toBe(65534);
       } finally {
         await spawned.stop();
+        reapWorkloads(join(dataDir, "state"));
         rmSync(dataDir, { recursive: true, force: true });
       }
     },
