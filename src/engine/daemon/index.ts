@@ -65,8 +65,8 @@ export interface DaemonOptions {
   decorateServices?: (services: ServiceDirectory) => ServiceDirectory;
   /** proxyCommand starts a proxy process instead of the engine's own (tests). */
   proxyCommand?: string[];
-  /** tunnel replaces the link tunnel's timings (tests: short heartbeats and backoff). */
-  tunnel?: Pick<TunnelClientOptions, "heartbeatMs" | "deadAfterMs" | "backoff" | "stableMs" | "unlinkedPollMs">;
+  /** tunnel replaces the link tunnel's timings, and how it opens its socket (tests: short heartbeats, a tap on the frames). */
+  tunnel?: Pick<TunnelClientOptions, "heartbeatMs" | "deadAfterMs" | "backoff" | "stableMs" | "unlinkedPollMs" | "open">;
 }
 
 /** RunningDaemon is a started engine. stop() is safe to call more than once. */

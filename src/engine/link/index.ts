@@ -23,6 +23,7 @@ export {
   backoffDelay,
   checkAssertion,
   describeHandshakeFailure,
+  openTunnelSocket,
   TUNNEL_BACKOFF,
   TUNNEL_DEAD_AFTER_MS,
   TUNNEL_HEARTBEAT_MS,

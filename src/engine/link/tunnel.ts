@@ -138,8 +138,8 @@ function describeClose(code: number, reason: string): string {
   }
 }
 
-function bunWebSocket(url: string, headers: Record<string, string>): TunnelSocket {
-  // Bun's client takes headers as a second-argument option (not in the browser's API).
+/** openTunnelSocket opens the tunnel's WebSocket with Bun's client, which takes headers (the browser's API does not). */
+export function openTunnelSocket(url: string, headers: Record<string, string>): TunnelSocket {
   return new WebSocket(url, { headers } as unknown as string[]) as unknown as TunnelSocket;
 }
 
@@ -270,7 +270,7 @@ export class TunnelClient {
       };
       let socket: TunnelSocket | undefined;
       try {
-        socket = (this.#o.open ?? bunWebSocket)(url, {
+        socket = (this.#o.open ?? openTunnelSocket)(url, {
           authorization: `Bearer ${node.node_credential}`,
           "user-agent": `engine/${VERSION}`,
         });
