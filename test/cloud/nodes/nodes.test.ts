@@ -71,8 +71,12 @@ describeEachDialect("node enrollment", (dialect) => {
     const { accountId } = await cloud.signIn("reports@example.com");
     const other = await cloud.signIn("other-reports@example.com");
     const { nodes, db } = cloud.deps;
-    const enrolled = await db.transaction((tx) => nodes.enroll(tx, accountId, { hostname: "rig", os: "linux", version: "0.1.0" }, "device"));
-    const older = await db.transaction((tx) => nodes.enroll(tx, accountId, { hostname: "old-rig", os: "linux", version: "0.1.0" }, "device"));
+    const enrolled = await db.transaction((tx) =>
+      nodes.enroll(tx, accountId, { hostname: "rig", os: "linux", version: "0.1.0" }, "device"),
+    );
+    const older = await db.transaction((tx) =>
+      nodes.enroll(tx, accountId, { hostname: "old-rig", os: "linux", version: "0.1.0" }, "device"),
+    );
     const id = enrolled.node.id;
     expect(await nodes.toolsOf(accountId, [id, older.node.id])).toBeNull();
     const tools = [{ name: "list_services", inputSchema: { type: "object" } }];

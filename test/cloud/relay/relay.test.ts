@@ -159,6 +159,14 @@ describe("the tunnel", () => {
     ]);
   });
 
+  test("`engine link status` shows the tunnel as the running engine sees it", async () => {
+    const json = await runCli(["--data-dir", engine.dataDir, "link", "status", "--json"]);
+    expect(json.code).toBe(0);
+    expect(JSON.parse(json.stdout)).toMatchObject({ linked: true, node_id: nodeId, tunnel: { state: "connected", last_error: null } });
+    const human = await runCli(["--data-dir", engine.dataDir, "link", "status"]);
+    expect(human.stdout).toMatch(/tunnel\s+connected since \d{4}-/);
+  });
+
   test("the console refuses a tunnel without a valid node credential before upgrading, and a request that is not an upgrade", async () => {
     const bare = await fetch(`${cloud.url}/link/tunnel`);
     expect(bare.status).toBe(426);
