@@ -21,12 +21,8 @@ export const TUNNEL_CLOSE = {
   replaced: 4000,
   /** protocolError: a message did not match these schemas. */
   protocolError: 4002,
-  /** deadPeer: no frame arrived within the heartbeat deadline. */
-  deadPeer: 4003,
   /** unlinked: the engine's identity changed (unlinked or linked anew) while the tunnel was open. */
   unlinked: 4004,
-  /** nodeRemoved: the node was removed from its account on the console. */
-  nodeRemoved: 4005,
 } as const;
 
 const Id = t.String({ minLength: 1, maxLength: 64 });

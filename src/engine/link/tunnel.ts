@@ -125,8 +125,6 @@ function describeClose(code: number, reason: string): string {
   switch (code) {
     case TUNNEL_CLOSE.replaced:
       return "the console closed this tunnel: the same node opened another one (is this identity copied to another machine?)";
-    case TUNNEL_CLOSE.nodeRemoved:
-      return "the console closed this tunnel: the node was removed from its account";
     case TUNNEL_CLOSE.protocolError:
       return `the console closed this tunnel: protocol error${reason ? ` (${reason})` : ""}`;
     case 1001:
