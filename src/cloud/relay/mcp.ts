@@ -91,6 +91,23 @@ interface CallerGrant {
 }
 
 /**
+ * relayedSchema presents an engine tool's JSON Schema to the SDK without checking anything
+ * against it: the engine checks every call's arguments and its own answer with that same schema
+ * (decision 203), so the console lists the schema and leaves the checking to the engine, rather
+ * than compile it and run it a second time on every call (decision 246).
+ */
+function relayedSchema(schema: Record<string, unknown>): StandardSchemaWithJSON {
+  return {
+    "~standard": {
+      version: 1,
+      vendor: "engine-relay",
+      validate: (value: unknown) => ({ value }),
+      jsonSchema: { input: () => schema, output: () => schema },
+    },
+  } as StandardSchemaWithJSON;
+}
+
+/**
  * withNodeArgument adds the `node` argument to an engine tool's input schema: which machine the
  * call runs on (its slug or id), optional when the consent reaches exactly one.
  */
@@ -279,7 +296,7 @@ export class ConsoleMcpEndpoint {
     return tools ? this.#compile(tools) : [];
   }
 
-  /** #compile converts a tool list's schemas once per distinct list (the same engine version lists the same tools). */
+  /** #compile prepares a tool list once per distinct list (the same engine version lists the same tools). */
   #compile(tools: RelayTool[]): CompiledTool[] {
     const key = String(Bun.hash(JSON.stringify(tools)));
     const cached = this.#compiled.get(key);
@@ -290,19 +307,12 @@ export class ConsoleMcpEndpoint {
         this.#o.log.warn({ tool: tool.name }, "console MCP: an engine tool clashes with the console's own names; not offered");
         continue;
       }
-      try {
-        compiled.push({
-          tool,
-          input: fromJsonSchema(withNodeArgument(tool.inputSchema) as never),
-          output: tool.outputSchema ? fromJsonSchema(tool.outputSchema as never) : undefined,
-          readOnly: (tool.annotations as { readOnlyHint?: boolean } | undefined)?.readOnlyHint === true,
-        });
-      } catch (error) {
-        this.#o.log.warn(
-          { tool: tool.name, err: (error as Error).message },
-          "console MCP: an engine tool's schema does not compile; not offered",
-        );
-      }
+      compiled.push({
+        tool,
+        input: relayedSchema(withNodeArgument(tool.inputSchema)),
+        output: tool.outputSchema ? relayedSchema(tool.outputSchema) : undefined,
+        readOnly: (tool.annotations as { readOnlyHint?: boolean } | undefined)?.readOnlyHint === true,
+      });
     }
     if (this.#compiled.size >= 8) this.#compiled.delete(this.#compiled.keys().next().value as string);
     this.#compiled.set(key, compiled);
@@ -336,6 +346,9 @@ export class ConsoleMcpEndpoint {
    */
   async #forward(grant: AssistantGrant, tool: string, args: Record<string, unknown>): Promise<CallToolResult> {
     const { [NODE_ARGUMENT]: named, ...rest } = args;
+    if (named !== undefined && (typeof named !== "string" || named.trim() === "" || named.length > 128)) {
+      return toolError("invalid_argument", "node must be a machine's name or id, as list_machines shows them");
+    }
     const { all, granted } = await this.#grantedNodes(grant);
     let target: Node | undefined;
     if (typeof named === "string") {

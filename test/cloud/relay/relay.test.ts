@@ -379,6 +379,8 @@ describe("several machines, grants that reach some, and a machine that drops its
       expect(refused.error).toMatchObject({ code: "machine_not_granted" });
       const unknown = toolError(await assistant.client.callTool({ name: "list_services", arguments: { node: "no-such-box" } }));
       expect(unknown.error).toMatchObject({ code: "machine_not_found" });
+      const odd = toolError(await assistant.client.callTool({ name: "list_services", arguments: { node: 42 } }));
+      expect(odd.error).toMatchObject({ code: "invalid_argument" });
       // The grant's only machine needs no name.
       const only = structured<{ services: ServiceRecord[] }>(await assistant.client.callTool({ name: "list_services", arguments: {} }));
       expect(only.services.map((service) => service.name)).toEqual(["sleeper"]);
