@@ -72,7 +72,7 @@ export interface ConsoleMcpOptions {
   now?: () => number;
 }
 
-interface CompiledTool {
+interface RelayedTool {
   tool: RelayTool;
   input: StandardSchemaWithJSON;
   output: StandardSchemaWithJSON | undefined;
@@ -148,7 +148,7 @@ export class ConsoleMcpEndpoint {
   readonly #o: ConsoleMcpOptions;
   readonly #now: () => number;
   readonly #sessions = new Map<string, LegacySession>();
-  readonly #compiled = new Map<string, CompiledTool[]>();
+  readonly #prepared = new Map<string, RelayedTool[]>();
   readonly #listMachinesOutput = fromJsonSchema(JSON.parse(JSON.stringify(ListMachinesOutput)));
   readonly #noInput = fromJsonSchema({ type: "object", properties: {}, additionalProperties: false });
   #modern: McpHttpHandler | undefined;
@@ -245,17 +245,17 @@ export class ConsoleMcpEndpoint {
       },
     );
     if (!grant) return server;
-    for (const compiled of await this.#catalog(grant)) {
-      const { tool } = compiled;
+    for (const relayed of await this.#catalog(grant)) {
+      const { tool } = relayed;
       server.registerTool(
         tool.name,
         {
           title: tool.title,
           description: tool.description,
-          inputSchema: compiled.input,
-          outputSchema: compiled.output,
+          inputSchema: relayed.input,
+          outputSchema: relayed.output,
           annotations: tool.annotations as never,
-          scopeChallenge: compiled.readOnly ? undefined : operateChallenge(tool.name),
+          scopeChallenge: relayed.readOnly ? undefined : operateChallenge(tool.name),
         },
         async (args: unknown, ctx: ServerContext): Promise<CallToolResult> =>
           this.#forward(this.#grantOf(ctx), tool.name, (args ?? {}) as Record<string, unknown>),
@@ -282,7 +282,7 @@ export class ConsoleMcpEndpoint {
    * else those the most recently seen granted node listed last (stored on its row), else none
    * (only list_machines) until one of them connects.
    */
-  async #catalog(grant: AssistantGrant): Promise<CompiledTool[]> {
+  async #catalog(grant: AssistantGrant): Promise<RelayedTool[]> {
     const { granted } = await this.#grantedNodes(grant);
     let tools: RelayTool[] | null | undefined;
     for (const node of granted) {
@@ -293,30 +293,30 @@ export class ConsoleMcpEndpoint {
       grant.accountId,
       granted.map((node) => node.id),
     );
-    return tools ? this.#compile(tools) : [];
+    return tools ? this.#prepare(tools) : [];
   }
 
-  /** #compile prepares a tool list once per distinct list (the same engine version lists the same tools). */
-  #compile(tools: RelayTool[]): CompiledTool[] {
+  /** #prepare prepares a tool list once per distinct list (the same engine version lists the same tools). */
+  #prepare(tools: RelayTool[]): RelayedTool[] {
     const key = String(Bun.hash(JSON.stringify(tools)));
-    const cached = this.#compiled.get(key);
+    const cached = this.#prepared.get(key);
     if (cached) return cached;
-    const compiled: CompiledTool[] = [];
+    const prepared: RelayedTool[] = [];
     for (const tool of tools) {
       if (tool.name === "list_machines" || (tool.inputSchema.properties as Record<string, unknown> | undefined)?.[NODE_ARGUMENT]) {
         this.#o.log.warn({ tool: tool.name }, "console MCP: an engine tool clashes with the console's own names; not offered");
         continue;
       }
-      compiled.push({
+      prepared.push({
         tool,
         input: relayedSchema(withNodeArgument(tool.inputSchema)),
         output: tool.outputSchema ? relayedSchema(tool.outputSchema) : undefined,
         readOnly: (tool.annotations as { readOnlyHint?: boolean } | undefined)?.readOnlyHint === true,
       });
     }
-    if (this.#compiled.size >= 8) this.#compiled.delete(this.#compiled.keys().next().value as string);
-    this.#compiled.set(key, compiled);
-    return compiled;
+    if (this.#prepared.size >= 8) this.#prepared.delete(this.#prepared.keys().next().value as string);
+    this.#prepared.set(key, prepared);
+    return prepared;
   }
 
   async #machines(grant: AssistantGrant): Promise<ListMachinesOutput> {
