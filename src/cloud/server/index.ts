@@ -1,10 +1,11 @@
 import { hkdfSync } from "node:crypto";
 import { accessSync, constants, mkdirSync } from "node:fs";
+import { TUNNEL_PATH } from "../../contract/relay";
 import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { loadSecretKey } from "../../lib/files";
 import { clientAddress } from "../../lib/forwarded";
-import { lastResortResponse } from "../../lib/http";
+import { lastResortResponse, pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { AccountStore } from "../accounts";
@@ -13,8 +14,11 @@ import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import { Database } from "../db";
 import { NodeStore } from "../nodes";
-import { sweepAssistantRows } from "../oauth";
+import { createAccessTokenVerifier, sweepAssistantRows } from "../oauth";
+
+import type { AccessTokenVerifier } from "../oauth/grant";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
+import { ConsoleMcpEndpoint, RelayHub, type RelayHubOptions, type TunnelSocketData } from "../relay";
 import { buildCloudApp, type CloudRoutes } from "./app";
 import type { CloudDeps } from "./deps";
 import { API_MODULES } from "./modules";
@@ -32,6 +36,13 @@ export interface CloudOptions {
   log?: Logger;
   /** modules replaces the API role's route plugins (tests mount one module alone). */
   modules?: CloudRoutes[];
+  /**
+   * verifyAccessToken checks assistants' tokens on `/mcp`. Unset: the tokens the console's own
+   * authorization server issued (src/cloud/oauth); tests may pass another.
+   */
+  verifyAccessToken?: AccessTokenVerifier;
+  /** relay replaces the relay's timings (tests: a short dead-tunnel deadline and call timeout). */
+  relay?: Pick<RelayHubOptions, "callTimeoutMs" | "deadAfterMs">;
 }
 
 /** RunningCloud is a started console: where it listens, its modules, and how to stop it. */
@@ -47,7 +58,7 @@ export interface RunningCloud {
  * sourceResolver answers each request's client address: the socket's peer, or, when the peer
  * is a configured proxy, the address X-Forwarded-For names (src/lib/forwarded).
  */
-function sourceResolver(config: CloudConfig, server: () => Bun.Server<undefined> | null) {
+function sourceResolver(config: CloudConfig, server: () => Bun.Server<TunnelSocketData> | null) {
   return (request: Request): string => {
     const peer = server()?.requestIP(request)?.address ?? "unknown";
     return clientAddress(peer, request.headers.get("x-forwarded-for"), config.trustedProxies);
@@ -86,8 +97,10 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const secretKey = config.secretKey ? Buffer.from(config.secretKey, "base64") : loadSecretKey(config.dataDir);
     const secrets = new SecretBox(secretKey);
     const accounts = new AccountStore(db);
-    let server: Bun.Server<undefined> | null = null;
+    let server: Bun.Server<TunnelSocketData> | null = null;
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
+    const nodes = new NodeStore(db);
+    const relay = new RelayHub({ nodes, log, ...options.relay });
     const deps: CloudDeps = {
       config,
       log,
@@ -96,13 +109,17 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       db,
       accounts,
       sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
-      nodes: new NodeStore(db),
+      nodes,
       audit: new AuditLog(db),
       limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
       secrets,
       deriveKey: (purpose) => Buffer.from(hkdfSync("sha256", secretKey, Buffer.alloc(0), `engine-cloud:${purpose}`, 32)),
       readyChecks: {},
       site,
+      relay,
+      // The authorization server's own verifier (src/cloud/oauth): the tokens it issued, read
+      // with their grant and account at every call, so a revocation ends them at once.
+      verifyAccessToken: options.verifyAccessToken ?? createAccessTokenVerifier({ db }),
       sourceOf: sourceResolver(config, () => server),
     };
 
@@ -130,12 +147,31 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     deps.readyChecks.database = () => db.ping();
     const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
     const app = buildCloudApp(deps, modules);
+    // The relay (the engines' tunnels) and the assistants' /mcp are served by the API role,
+    // beside the app and outside /api (decision 240).
+    const serveRelay = config.role !== "worker";
+    const mcp = new ConsoleMcpEndpoint({
+      verifier: () => deps.verifyAccessToken,
+      hub: relay,
+      nodes,
+      publicUrl: () => site.publicUrl,
+      log,
+      version: VERSION,
+    });
     try {
       const bound = log;
-      server = Bun.serve({
+      server = Bun.serve<TunnelSocketData>({
         hostname: config.host,
         port: config.port,
-        fetch: (request) => app.handle(request),
+        fetch: (request, listener) => {
+          if (serveRelay) {
+            const path = pathOf(request.url);
+            if (path === TUNNEL_PATH) return relay.upgrade(request, listener);
+            if (mcp.handles(path)) return mcp.fetch(request);
+          }
+          return app.handle(request);
+        },
+        websocket: relay.websocket,
         idleTimeout: 30,
         // Never Bun's development error page (cwd, stack, source lines); an error that escapes the
         // app answers the error envelope (decision 142).
@@ -147,6 +183,13 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     }
     const bound = server;
     cleanups.push(() => bound.stop(true));
+    if (serveRelay) {
+      relay.start();
+      mcp.start();
+      // Stopped before the listener: engines are told 1001 (going away) and reconnect with backoff.
+      cleanups.push(() => mcp.stop());
+      cleanups.push(() => relay.stop());
+    }
     const port = bound.port ?? config.port;
     if (config.port === 0 && site.publicUrl.endsWith(":0")) site.publicUrl = site.publicUrl.replace(/:0$/, `:${port}`);
     log.info(
