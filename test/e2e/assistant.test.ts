@@ -168,6 +168,8 @@ async function connected(assistant: Assistant, pinModern: boolean): Promise<Clie
 
 /** Consent is what the person sees and does at the consent page: who asks, the access chosen, the screenshot's name. */
 interface Consent {
+  /** signIn: whether the browser has no session yet, so the console asks the person to sign in first. */
+  signIn: boolean;
   client: string;
   access: "Read only" | "Operate";
   screenshot: string;
@@ -191,7 +193,8 @@ async function decideInBrowser(url: URL, expect_: Consent & { declaredName: stri
       // An error page of the authorization endpoint (an unknown client, an unreachable document) says why.
       throw new Error(`${error.message}\nat ${page.url()}: ${((await page.locator("body").textContent()) ?? "").slice(0, 500)}`);
     });
-  if (await signIn.isVisible()) {
+  expect(await signIn.isVisible()).toBe(expect_.signIn);
+  if (expect_.signIn) {
     expect(page.url()).toStartWith(`${cloudUrl}/signin?return_to=%2Foauth%2Fauthorize%3Frid%3D`);
     await page.getByRole("button", { name: "Sign in", exact: true }).click();
     await page.waitForURL((at) => at.href.startsWith(`${idp.issuer}/interaction/`));
@@ -212,6 +215,9 @@ async function decideInBrowser(url: URL, expect_: Consent & { declaredName: stri
   await shot(expect_.screenshot);
   await page.getByRole("button", { name: "Approve" }).click();
   await eventually(() => received.length > before, { timeoutMs: STEP_MS });
+  // The listener answers before the browser has committed the navigation: let it finish, or the next goto is interrupted.
+  const redirectUri = url.searchParams.get("redirect_uri") ?? "";
+  await page.waitForURL((at) => at.href.startsWith(redirectUri));
   return received[before] as URL;
 }
 
@@ -387,7 +393,7 @@ afterAll(async () => {
 
 describe("an assistant (the MCP SDK v2 client and its OAuth provider) reaches a linked engine through the console", () => {
   test("identified by its metadata document: discovery, sign-in and a read-only consent in the browser, then diagnose through the relay", async () => {
-    await authorize(cimd, true, { client: `127.0.0.1:${documents.port}`, access: "Read only", screenshot: "consent-cimd" });
+    await authorize(cimd, true, { signIn: true, client: `127.0.0.1:${documents.port}`, access: "Read only", screenshot: "consent-cimd" });
     // Discovery as the SDK does it: the resource's metadata (named by the 401's challenge), then the authorization server's.
     const paths = cimd.requests.map((line) => line.replace(cloudUrl, ""));
     const resourceMetadata = paths.indexOf("GET /.well-known/oauth-protected-resource/mcp");
@@ -466,7 +472,7 @@ describe("an assistant (the MCP SDK v2 client and its OAuth provider) reaches a 
   }, 60_000);
 
   test("registered dynamically, granted operate: it stops the service", async () => {
-    await authorize(dcr, false, { client: `127.0.0.1:${callbacks.port}`, access: "Operate", screenshot: "consent-dcr" });
+    await authorize(dcr, false, { signIn: false, client: `127.0.0.1:${callbacks.port}`, access: "Operate", screenshot: "consent-dcr" });
     expect(dcr.requests.some((line) => line === `POST ${cloudUrl}/oauth/register`)).toBe(true);
     expect(dcr.information?.client_id).toMatch(/^dcr_/);
     expect(dcr.saved?.scope).toBe("engine:read engine:operate");
