@@ -3,7 +3,6 @@
  * each linked engine keeps open (`hub`), and the console's `/mcp`, the resource server through
  * which assistants reach those engines (`mcp`).
  */
-import type { AccessTokenVerifier } from "../oauth/grant";
 
 export {
   type Presence,
