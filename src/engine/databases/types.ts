@@ -176,6 +176,12 @@ export interface DatabaseEngine {
    * and hands that user to the adapter as `instance.owner`.
    */
   readonly serverUser: string | null;
+  /**
+   * bindsThroughFiles is true where a bound service uses the database's files itself rather
+   * than a server (SQLite). A root engine then opens the data dir to the database service's
+   * group (2770, the files 0660) and gives each service bound to it that group at its launch.
+   */
+  readonly bindsThroughFiles: boolean;
 
   /**
    * detectTools looks for the server, client and restore programs on the host (PATH, then
