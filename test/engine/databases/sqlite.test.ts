@@ -317,7 +317,7 @@ suite("SQLite database services", () => {
       expect(existsSync(`${file}-shm`)).toBe(true);
       expect(notOwnedBy(dir, owner)).toEqual([]);
 
-      // An older engine's service: the dir 0750 and the file root's. Its next start gives them to the user.
+      // An older engine's service: the dir 0750, the file 0640 and root's. Its next start gives them to the user, with the group's modes.
       await db.api.control("notes", "stop");
       run(["chown", "-R", "-P", "0:0", dir]);
       chmodSync(dir, 0o750);
