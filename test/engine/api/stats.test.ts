@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import type { ServiceStatsRecord } from "../../../src/contract/engine";
 import { createToken, eventually, startTestEngine, type TestEngine } from "../../helpers";
 import { ServiceClient } from "../services/harness";
@@ -9,7 +11,16 @@ beforeAll(async () => {
   engine = await startTestEngine();
   api = new ServiceClient(engine);
 });
-afterAll(() => engine.close());
+afterAll(async () => {
+  // The detached child left the workload's process group, so stopping the service does not
+  // end it: this test does.
+  try {
+    process.kill(Number(readFileSync(join(engine.dataDir, "data", "hog", "detached"), "utf8")), "SIGKILL");
+  } catch {
+    // never started, or gone
+  }
+  await engine.close();
+});
 
 const stats = async (token?: string) => {
   const answer = await engine.json<ServiceStatsRecord>("GET", "/api/stats", { token });
@@ -17,12 +28,13 @@ const stats = async (token?: string) => {
   return answer.body;
 };
 
-// Holds 64 MiB it has written (so it is resident), burns about half a second of CPU, then waits;
-// a child in a session of its own (setsid) is still the workload's and must be counted with it.
+// Holds 64 MiB it has written (so it is resident), burns half a second of CPU (its own time,
+// not the clock's: the machine may be busy), then waits; a child in a session of its own
+// (setsid) is still the workload's and must be counted with it.
 const HOG = [
-  "setsid sleep 600 &",
-  `exec python3 -c "import time; x = b'x' * (64 << 20); t = time.time()`,
-  "while time.time() - t < 0.5: pass",
+  `setsid sleep 600 & echo $! > "$SERVICE_DATA_DIR/detached"`,
+  `exec python3 -c "import time; x = b'x' * (64 << 20)`,
+  "while time.process_time() < 0.5: pass",
   `time.sleep(600)"`,
 ].join("\n");
 
@@ -33,14 +45,17 @@ describe("GET /api/stats", () => {
     const running = await api.waitFor("hog", "running");
     await api.waitFor("idle", "running");
 
+    let last: ServiceStatsRecord | undefined;
     const sample = await eventually(
       async () => {
-        const body = await stats();
-        const hog = body.services.find((s) => s.name === "hog");
-        return hog && hog.cpu_seconds >= 0.3 && hog.rss_bytes >= 64 * 1024 * 1024 ? body : null;
+        last = await stats();
+        const hog = last.services.find((s) => s.name === "hog");
+        return hog && hog.cpu_seconds >= 0.4 && hog.rss_bytes >= 64 * 1024 * 1024 ? last : null;
       },
       { timeoutMs: 20_000 },
-    );
+    ).catch((error: Error) => {
+      throw new Error(`${error.message}; the last sample: ${JSON.stringify(last)}`);
+    });
     expect(Date.parse(sample.sampled_at)).not.toBeNaN();
     const hog = sample.services.find((s) => s.name === "hog");
     expect(hog?.pid).toBe(running.pid as number);
