@@ -13,6 +13,7 @@ import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
 import { registerTls } from "./commands/tls";
 import { registerTokens } from "./commands/tokens";
+import { registerTop } from "./commands/top";
 import { registerUi } from "./commands/ui";
 import { emit, hintHelpAfterError, type Output } from "./output";
 
@@ -41,6 +42,7 @@ export function buildProgram(): Command {
   registerLink(program, output);
   registerUi(program, client, output);
   registerMcp(program, client);
+  registerTop(program, client, output);
 
   program
     .command("version")
