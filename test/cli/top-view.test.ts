@@ -140,7 +140,7 @@ describe("engine top's frame", () => {
     { width: 20, services: ["NAME", "STATUS"] },
   ])("at $width columns the services show $services, and no line is wider", ({ width, services }) => {
     const lines = renderTop(snapshot(), { ...plain, width });
-    expect(headersOf(lines, "NAME")).toEqual(services);
+    expect(headersOf(lines, "NAME")).toEqual([...services]);
     for (const line of lines) expect(line.length).toBeLessThanOrEqual(width);
     // A shown status is never cut; a cell that does not fit loses its whole column instead.
     expect(lines.find((line) => line.startsWith("train "))).toContain("running");
@@ -153,7 +153,7 @@ describe("engine top's frame", () => {
     { width: 20, gpus: ["GPU", "UTIL", "MEMORY"], bars: false },
   ])("at $width columns the GPUs show $gpus", ({ width, gpus, bars }) => {
     const lines = renderTop(snapshot(), { ...plain, width });
-    expect(headersOf(lines, "GPU")).toEqual(gpus);
+    expect(headersOf(lines, "GPU")).toEqual([...gpus]);
     const gpu0 = lines.find((line) => line.startsWith("0 ")) ?? "";
     expect(gpu0).toContain("87%");
     expect(gpu0).toContain("60G/80G");
