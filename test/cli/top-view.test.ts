@@ -254,7 +254,7 @@ describe("cpuShares", () => {
     },
     { name: "no earlier sample", previous: null, current: at("2026-05-01T12:00:02Z", [row("a", 1, 1)]), expected: {} },
   ])("$name", ({ previous, current, expected }) => {
-    expect(Object.fromEntries(cpuShares(previous, current))).toEqual(expected);
+    expect(Object.fromEntries(cpuShares(previous, current))).toEqual(expected as Record<string, number>);
   });
 });
 
