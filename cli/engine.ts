@@ -5,6 +5,7 @@ import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
 import { registerDaemon } from "./commands/daemon";
+import { registerInstall } from "./commands/install";
 import { registerLink } from "./commands/link";
 import { registerMcp } from "./commands/mcp";
 import { registerRestore } from "./commands/restore";
@@ -43,6 +44,7 @@ export function buildProgram(): Command {
   registerUi(program, client, output);
   registerMcp(program, client);
   registerTop(program, client, output);
+  registerInstall(program, output);
 
   program
     .command("version")
