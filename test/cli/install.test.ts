@@ -86,7 +86,7 @@ describe("the unit", () => {
         "the unit keeps the engine's data under /var/lib (StateDirectory=); --data-dir /var/lib is not under it: give a --data-dir under /var/lib, or none for /var/lib/engine [data_dir_outside_state]",
     },
   ])("refuses $args with one line", async ({ args, message }) => {
-    const refused = await runCli(args);
+    const refused = await runCli([...args]);
     expect(refused).toEqual({ code: 1, stdout: "", stderr: `engine: ${message}\n` });
   });
 
