@@ -4,6 +4,7 @@ import { runProxyProcess } from "../src/engine/proxy/main";
 import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
+import { registerCompletion } from "./commands/completion";
 import { registerDaemon } from "./commands/daemon";
 import { registerInstall } from "./commands/install";
 import { registerLink } from "./commands/link";
@@ -45,6 +46,7 @@ export function buildProgram(): Command {
   registerMcp(program, client);
   registerTop(program, client, output);
   registerInstall(program, output);
+  registerCompletion(program, client);
 
   program
     .command("version")
