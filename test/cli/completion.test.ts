@@ -63,9 +63,9 @@ async function bashComplete(words: string[]): Promise<string[]> {
   const script = [
     `source ${scripts.bash}`,
     `COMP_WORDS=(${words.map((word) => `'${word}'`).join(" ")})`,
-    "COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))",
+    `COMP_CWORD=$(( \${#COMP_WORDS[@]} - 1 ))`,
     `COMP_LINE="\${COMP_WORDS[*]}"`,
-    "COMP_POINT=${#COMP_LINE}",
+    `COMP_POINT=\${#COMP_LINE}`,
     "_engine",
     `printf '%s\\n' "\${COMPREPLY[@]}"`,
   ].join("\n");
@@ -122,7 +122,7 @@ describe("bash", () => {
     // One positional argument taken: logs wants no second service.
     { words: ["engine", "logs", "web", ""], expected: [] },
   ])("$words completes to $expected", async ({ words, expected }) => {
-    expect(await bashComplete(words)).toEqual(expected);
+    expect(await bashComplete([...words])).toEqual([...expected]);
   });
 
   test("service names follow a typed --data-dir, and an engine that is not there completes none, quietly", async () => {
@@ -198,6 +198,6 @@ describe("fish", () => {
     { line: "engine services delete wo", expected: ["worker"] },
     { line: "engine restore db du", expected: ["dump.sql"] },
   ])("$line completes to $expected", async ({ line, expected }) => {
-    expect(await fishComplete(line)).toEqual(expected);
+    expect(await fishComplete(line)).toEqual([...expected]);
   });
 });
