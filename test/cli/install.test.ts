@@ -2,7 +2,8 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { existsSync, lstatSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { systemdUnit, systemdWord } from "../../cli/systemd";
-import { ENGINE_ENTRY, runCli, tempDir } from "../helpers";
+import { VERSION } from "../../src/lib/version";
+import { ENGINE_ENTRY, REPO_ROOT, runCli, tempDir } from "../helpers";
 
 /**
  * `engine install --systemd` and `engine uninstall`, run as a user runs them. They never touch
@@ -88,6 +89,14 @@ describe("the unit", () => {
   ])("refuses $args with one line", async ({ args, message }) => {
     const refused = await runCli([...args]);
     expect(refused).toEqual({ code: 1, stdout: "", stderr: `engine: ${message}\n` });
+  });
+
+  test("docs/operations.md shows the unit the command writes for /usr/local/bin/engine", () => {
+    const doc = readFileSync(join(REPO_ROOT, "docs", "operations.md"), "utf8");
+    const shown = /```ini\n(# engine\.service, written by[\s\S]*?)```/.exec(doc)?.[1] ?? "";
+    const generated = systemdUnit({ command: ["/usr/local/bin/engine"], stateDirectory: "engine", version: VERSION });
+    // The version in the first line moves with each release; the rest must not drift.
+    expect(shown.replace(/\(engine [^)]+\)/, "(engine X)")).toBe(generated.replace(/\(engine [^)]+\)/, "(engine X)"));
   });
 
   test.each([
