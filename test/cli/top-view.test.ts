@@ -1,7 +1,9 @@
-import { describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
 import { useColor } from "../../cli/commands/top";
 import { bytes, cpuShares, cut, duration, renderTop, type TopSnapshot } from "../../cli/top-view";
 import type { GpuInventoryRecord, ServiceRecord, ServiceStatsRecord } from "../../src/contract/engine";
+import { runCli, tempDir } from "../helpers";
 
 const AT = new Date("2026-05-01T12:00:00Z");
 const GIB = 1024 * 1024 * 1024;
@@ -284,5 +286,18 @@ describe("formats", () => {
     { env: {}, tty: false, color: false },
   ])("colour with $env on a terminal: $tty → $color", ({ env, tty, color }) => {
     expect(useColor(env, tty)).toBe(color);
+  });
+});
+
+describe("engine top's options", () => {
+  const nowhere = tempDir();
+  afterAll(() => rmSync(nowhere, { recursive: true, force: true }));
+  test.each(["0.1", "abc", "4000", "-1"])("--interval %p is refused before the engine is asked", async (interval) => {
+    const refused = await runCli(["--data-dir", nowhere, "top", "--interval", interval]);
+    expect(refused).toEqual({
+      code: 1,
+      stdout: "",
+      stderr: `engine: --interval takes seconds from 0.5 to 3600 (got ${JSON.stringify(interval)})\n`,
+    });
   });
 });
