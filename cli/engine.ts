@@ -4,7 +4,9 @@ import { runProxyProcess } from "../src/engine/proxy/main";
 import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
+import { registerCompletion } from "./commands/completion";
 import { registerDaemon } from "./commands/daemon";
+import { registerInstall } from "./commands/install";
 import { registerLink } from "./commands/link";
 import { registerMcp } from "./commands/mcp";
 import { registerRestore } from "./commands/restore";
@@ -13,6 +15,7 @@ import { registerServices } from "./commands/services";
 import { registerTemplates } from "./commands/templates";
 import { registerTls } from "./commands/tls";
 import { registerTokens } from "./commands/tokens";
+import { registerTop } from "./commands/top";
 import { registerUi } from "./commands/ui";
 import { emit, hintHelpAfterError, type Output } from "./output";
 
@@ -41,6 +44,9 @@ export function buildProgram(): Command {
   registerLink(program, output, { client });
   registerUi(program, client, output);
   registerMcp(program, client);
+  registerTop(program, client, output);
+  registerInstall(program, output);
+  registerCompletion(program, client);
 
   program
     .command("version")

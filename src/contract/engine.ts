@@ -585,6 +585,27 @@ export const GpuInventoryRecord = t.Object(
 );
 export type GpuInventoryRecord = Static<typeof GpuInventoryRecord>;
 
+/**
+ * ServiceStatsRecord is what the live workloads use now, read from /proc: `engine top` turns
+ * two samples' cpu_seconds into a CPU share. Only services with a live process are listed.
+ */
+export const ServiceStatsRecord = t.Object(
+  {
+    sampled_at: DateTime,
+    services: t.Array(
+      t.Object({
+        name: t.String(),
+        pid: SafeInteger,
+        processes: t.Integer({ minimum: 0, description: "The workload's process group and its descendants" }),
+        cpu_seconds: t.Number({ minimum: 0, description: "User + system CPU time of those processes so far (a counter)" }),
+        rss_bytes: t.Integer({ minimum: 0, description: "Their resident memory, summed" }),
+      }),
+    ),
+  },
+  { $id: "ServiceStats" },
+);
+export type ServiceStatsRecord = Static<typeof ServiceStatsRecord>;
+
 export const ServiceIdentParams = t.Object({ ident: t.String({ minLength: 1, maxLength: 128 }) });
 export const DatabaseNameParams = t.Object({ name: ServiceName });
 export const DomainParams = t.Object({

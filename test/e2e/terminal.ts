@@ -93,6 +93,36 @@ export class Terminal {
     );
   }
 
+  /**
+   * visible is what the window shows now, without the scrollback: on the alternate screen
+   * (a full-screen program) that is the program's frame.
+   */
+  visible(window: string): string {
+    return this.#tmux(["capture-pane", "-p", "-t", `walk:${window}`]);
+  }
+
+  /**
+   * state answers what the terminal knows of itself: whether the alternate screen is on and
+   * the cursor shown (tmux's alternate_on and cursor_flag), and its size.
+   */
+  state(window: string): { alternateScreen: boolean; cursorVisible: boolean; width: number; height: number } {
+    const [alternate, cursor, width, height] = this.#tmux([
+      "display-message",
+      "-p",
+      "-t",
+      `walk:${window}`,
+      "#{alternate_on} #{cursor_flag} #{pane_width} #{pane_height}",
+    ])
+      .trim()
+      .split(" ");
+    return { alternateScreen: alternate === "1", cursorVisible: cursor === "1", width: Number(width), height: Number(height) };
+  }
+
+  /** resize makes a window the given size, as a user dragging the terminal's corner does (the program gets SIGWINCH). */
+  resize(window: string, width: number, height: number): void {
+    this.#tmux(["resize-window", "-t", `walk:${window}`, "-x", String(width), "-y", String(height)]);
+  }
+
   /** close ends the tmux server and every program still running in its windows. */
   close(): void {
     Bun.spawnSync(["tmux", "-L", this.#socket, "kill-server"], { stdout: "ignore", stderr: "ignore" });

@@ -9,6 +9,7 @@ import {
   ServiceIdentParams,
   ServicePatch,
   ServiceRecord,
+  ServiceStatsRecord,
 } from "../../contract/engine";
 import { assertServiceInScope } from "../auth";
 import type { ApiDeps, RequestContext } from "./deps";
@@ -154,6 +155,14 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
     .get("/api/gpus", () => deps.services.gpuInventory(), {
       response: { 200: GpuInventoryRecord, ...errorResponses(...AUTHED) },
       detail: { tags: ["gpus"], summary: "GPU inventory (detected by nvidia-smi, or declared) and which service holds what" },
+    })
+    .get("/api/stats", ({ request }) => deps.services.stats(ctx.principalOf(request)), {
+      response: { 200: ServiceStatsRecord, ...errorResponses(...AUTHED) },
+      detail: {
+        tags: ["services"],
+        summary:
+          "What each live workload uses now (its process group and descendants, from /proc): CPU seconds so far and resident memory; a scoped token sees its scope only",
+      },
     });
 }
 

@@ -42,6 +42,7 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "DELETE /api/services/:name": "write",
   "GET /api/services/:ident/logs": "read",
   "GET /api/gpus": "read",
+  "GET /api/stats": "read",
   "POST /api/services/:ident/domains": "write",
   "DELETE /api/services/:name/domains/:domain": "write",
   "POST /api/databases/:name/restore": "write",

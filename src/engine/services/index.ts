@@ -6,6 +6,7 @@ import type {
   ServiceDeploy,
   ServicePatch,
   ServiceRecord,
+  ServiceStatsRecord,
 } from "../../contract/engine";
 import type { Principal } from "../auth";
 
@@ -37,6 +38,8 @@ export interface ServiceDirectory {
   /** serviceName resolves a name or id to the service's name, for scope checks. */
   serviceName(ident: string): string;
   gpuInventory(): GpuInventoryRecord;
+  /** stats measures the live workloads the principal may see (CPU time, resident memory) from /proc. */
+  stats(principal?: Principal): ServiceStatsRecord;
   restoreDatabase(
     name: string,
     dump: string,

@@ -9,6 +9,7 @@ import type {
   ServiceDeploy,
   ServicePatch,
   ServiceRecord,
+  ServiceStatsRecord,
 } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { randomId, type SecretBox } from "../../lib/crypto";
@@ -42,7 +43,7 @@ import {
 } from "../gpu";
 import { HealthMonitor, type HealthState } from "../health";
 import type { VcsTokenStore } from "../link";
-import { type ExitRecord, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
+import { type ExitRecord, processTreeUsage, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
 import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
@@ -676,6 +677,20 @@ export class ServiceManager implements ServiceDirectory {
           reserved_mb: held.reduce((sum, holder) => sum + (holder.whole ? device.memory_total_mb : holder.memory_mb), 0),
           holders: held,
         };
+      }),
+    };
+  }
+
+  stats(principal?: Principal): ServiceStatsRecord {
+    const live = this.list(principal).filter((record): record is ServiceRecord & { pid: number } => record.pid !== null);
+    const usage = processTreeUsage(live.map((record) => record.pid));
+    return {
+      sampled_at: this.now().toISOString(),
+      services: live.flatMap((record) => {
+        const used = usage.get(record.pid);
+        return used
+          ? [{ name: record.name, pid: record.pid, processes: used.processes, cpu_seconds: used.cpuSeconds, rss_bytes: used.rssBytes }]
+          : [];
       }),
     };
   }

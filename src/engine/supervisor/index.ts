@@ -7,7 +7,7 @@ import { isSameProcess, readProcessStat } from "./procfs";
 import { ensureShim } from "./shim";
 
 export { type CgroupDriver, detectCgroupDriver } from "./cgroup";
-export { isSameProcess, readProcessStat, residentKb } from "./procfs";
+export { isSameProcess, processTreeUsage, readProcessStat, residentKb, type TreeUsage } from "./procfs";
 export { compileShim, ensureShim, shimSource } from "./shim";
 
 /** LaunchSpec is one run of one service, as the supervisor starts it. */

@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 
 /** ProcessStat is what /proc/<pid>/stat tells the supervisor about one process. */
 export interface ProcessStat {
@@ -38,11 +38,94 @@ export function isSameProcess(pid: number, startTime: number): boolean {
 }
 
 /** residentKb returns VmRSS of a process in KiB, or null when it is gone. */
-export function residentKb(pid: number): number | null {
+export function residentKb(pid: number, procDir = "/proc"): number | null {
   try {
-    const match = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+    const match = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`${procDir}/${pid}/status`, "utf8"));
     return match ? Number(match[1]) : 0;
   } catch {
     return null;
   }
+}
+
+/**
+ * USER_HZ is the unit of the CPU times in /proc/<pid>/stat. The kernel reports them in USER_HZ
+ * whatever its own tick rate, and USER_HZ is 100 on every architecture Linux runs Bun on
+ * (sysconf(_SC_CLK_TCK) answers the same constant).
+ */
+const USER_HZ = 100;
+
+/** TreeUsage is what the processes of one workload use together. */
+export interface TreeUsage {
+  /** processes counts the workload and the processes counted with it. */
+  processes: number;
+  /** cpuSeconds is user + system time, the time of children they waited for included: it only grows while the tree lives. */
+  cpuSeconds: number;
+  /** rssBytes is the sum of the processes' resident memory (shared pages are counted in each). */
+  rssBytes: number;
+}
+
+interface ProcEntry {
+  ppid: number;
+  pgid: number;
+  ticks: number;
+}
+
+/**
+ * processTreeUsage measures each workload named by its pid: the processes of its process
+ * group (the supervisor signals workloads by group) and every descendant of it, a child that
+ * made a session of its own included. One pass over /proc serves all of them. A root that is
+ * gone is left out of the answer.
+ */
+export function processTreeUsage(roots: readonly number[], procDir = "/proc"): Map<number, TreeUsage> {
+  const entries = new Map<number, ProcEntry>();
+  let names: string[];
+  try {
+    names = readdirSync(procDir);
+  } catch {
+    return new Map();
+  }
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue;
+    let text: string;
+    try {
+      text = readFileSync(`${procDir}/${name}/stat`, "utf8");
+    } catch {
+      continue; // it ended while we looked
+    }
+    const close = text.lastIndexOf(")");
+    if (close < 0) continue;
+    // fields[0] is field 3 (state); utime, stime, cutime, cstime are fields 14-17.
+    const fields = text.slice(close + 2).split(" ");
+    if (fields[0] === "Z" || fields[0] === "X") continue;
+    const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
+    entries.set(Number(name), { ppid: Number(fields[1]), pgid: Number(fields[2]), ticks: Number.isFinite(ticks) ? ticks : 0 });
+  }
+  const wanted = new Set(roots.filter((root) => entries.has(root)));
+  // owner finds the workload a process belongs to: its group's leader, or its nearest ancestor
+  // that is a workload; memoised, so the pass stays linear in the number of processes.
+  const owners = new Map<number, number | null>();
+  const owner = (pid: number, depth = 0): number | null => {
+    const known = owners.get(pid);
+    if (known !== undefined) return known;
+    const entry = entries.get(pid);
+    let found: number | null = null;
+    if (wanted.has(pid)) found = pid;
+    else if (entry && wanted.has(entry.pgid)) found = entry.pgid;
+    else if (entry && entry.ppid > 1 && depth < 256) found = owner(entry.ppid, depth + 1);
+    owners.set(pid, found);
+    return found;
+  };
+  const usage = new Map<number, TreeUsage>();
+  for (const root of wanted) usage.set(root, { processes: 0, cpuSeconds: 0, rssBytes: 0 });
+  for (const [pid, entry] of entries) {
+    const root = owner(pid);
+    if (root === null) continue;
+    const total = usage.get(root);
+    if (!total) continue;
+    total.processes += 1;
+    total.cpuSeconds += entry.ticks / USER_HZ;
+    total.rssBytes += (residentKb(pid, procDir) ?? 0) * 1024;
+  }
+  for (const total of usage.values()) total.cpuSeconds = Math.round(total.cpuSeconds * 100) / 100;
+  return usage;
 }
