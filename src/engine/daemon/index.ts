@@ -15,6 +15,7 @@ import { firstUnreachable, lookupUser } from "../databases";
 import { GpuInventory } from "../gpu";
 import { IdentityStore, loadSecretKey, MetadataRefresher, VcsTokenStore } from "../link";
 import { McpEndpoint } from "../mcp";
+import { EngineMetrics } from "../metrics";
 import { MdnsPublisher } from "../mdns";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
@@ -59,6 +60,8 @@ export interface RunningDaemon {
   log: Logger;
   /** proxy is the reverse proxy's controller (tests use it to run a renewal check at once). */
   proxy: ProxyController;
+  /** metrics samples GPUs and services (tests take a sample at once rather than wait 5 s). */
+  metrics: EngineMetrics;
   stop(): Promise<void>;
   /** keptRunning names, after stop(), the services left running for the next start to adopt. */
   readonly keptRunning: readonly string[];
@@ -394,6 +397,15 @@ async function startIn(
     const gpus = new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock });
     // https:// dumps may come from services the engine serves with its local CA (made below).
     let localCaPem: string | null = null;
+    const proxyHolder: { controller: ProxyController | null } = { controller: null };
+    const metrics = new EngineMetrics({
+      version: VERSION,
+      hostname: config.proxy.hostname,
+      log,
+      nvidiaSmiPath: config.nvidiaSmi,
+      gpusDeclared: Boolean(config.gpus?.trim()),
+      proxyCounts: () => proxyHolder.controller?.requestCounts() ?? [],
+    });
     const manager = new ServiceManager({
       store: new ServiceStore(db),
       supervisor,
@@ -407,6 +419,7 @@ async function startIn(
       logMaxFiles: config.serviceLogMaxFiles,
       env: config.workloadEnv,
       trustedCas: () => (localCaPem ? [localCaPem] : []),
+      onRestoreEnded: (service, dump) => metrics.restoreEnded(service, dump.engine, dump.result, dump.duration_s ?? 0),
     });
     // Workloads outlive the daemon: stopping it hands them over, it never kills them.
     cleanups.push(() => {
@@ -424,6 +437,9 @@ async function startIn(
     isolateWorkloads(config.dataDir, log, modesBefore);
     await manager.start();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
+    // Sampling starts once the services are adopted, and stops before they are handed over.
+    metrics.start(manager);
+    cleanups.push(() => metrics.stop());
 
     // The local CA exists from the first start, so `engine ca` and the status always have a root.
     const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
@@ -455,7 +471,6 @@ async function startIn(
       };
     };
     let handingOver = false;
-    const proxyHolder: { controller: ProxyController | null } = { controller: null };
 
     let restarting: Promise<void> | undefined;
     const daemon: DaemonControl = {
@@ -501,6 +516,7 @@ async function startIn(
       },
       services,
       daemon,
+      metrics,
       ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
@@ -606,6 +622,7 @@ async function startIn(
       socketPath: config.socketPath,
       log,
       proxy,
+      metrics,
       get restarting() {
         return restarting;
       },
