@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, writeFileSync } from "node:fs";
+import { chmodSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { MetricsHistory, ServiceRecord } from "../../../src/contract/engine";
 import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir, workloadBun } from "../../helpers";
@@ -17,9 +17,11 @@ const GPU0 = "GPU-3f9e1b62-c07a-4d58-e913-6a2b8c4d0f17";
 
 let engine: TestEngine;
 let appsFile = "";
+const dirs: string[] = [];
 
 beforeAll(async () => {
   const dir = tempDir("engine-metrics-");
+  dirs.push(dir);
   appsFile = join(dir, "apps.csv");
   writeFileSync(appsFile, "");
   // The engine runs nvidia-smi as a user would point it at one (ENGINE_NVIDIA_SMI): a wrapper
@@ -32,7 +34,10 @@ beforeAll(async () => {
   chmodSync(wrapper, 0o755);
   engine = await startTestEngine({ nvidiaSmi: wrapper });
 });
-afterAll(() => engine?.close());
+afterAll(async () => {
+  await engine?.close();
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+});
 
 async function scrape(token?: string | null): Promise<{ status: number; text: string; type: string | null }> {
   const response = await engine.call("GET", "/metrics", token === undefined ? {} : { token });
@@ -154,6 +159,29 @@ describe("GET /metrics", () => {
     expect(seriesValue(series, "engine_gpu_memory_unattributed_bytes", { gpu: "0" })).toBe(512 * 1024 * 1024);
     expect(seriesValue(series, "engine_service_gpu_memory_bytes", { service: "job" })).toBe(0);
   });
+});
+
+describe("restore durations", () => {
+  test("each finished restore is observed in the histogram, by result", async () => {
+    await deploy({ name: "notes", engine: "sqlite" });
+    await eventually(async () => (await service("notes")).status === "running", { timeoutMs: 30_000 });
+    const dir = tempDir("engine-metrics-dump-");
+    dirs.push(dir);
+    const dump = join(dir, "notes.sql");
+    writeFileSync(dump, "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE t (x INTEGER);\nINSERT INTO t VALUES(1);\nCOMMIT;\n");
+    const restored = await engine.json("POST", "/api/databases/notes/restore", { body: { dump, timeout_s: 60 } });
+    expect(restored.status).toBe(200);
+    const broken = join(dir, "broken.sql");
+    writeFileSync(broken, "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE t (x INTEGER);\nTHIS IS NOT SQL;\nCOMMIT;\n");
+    const failed = await engine.json("POST", "/api/databases/notes/restore", { body: { dump: broken, timeout_s: 60 } });
+    expect(failed.status).not.toBe(200);
+    const series = parseExposition((await scrape()).text);
+    const ok = { service: "notes", engine: "sqlite", result: "ok" };
+    expect(seriesValue(series, "engine_database_restore_duration_seconds_count", ok)).toBe(1);
+    expect(seriesValue(series, "engine_database_restore_duration_seconds_bucket", { ...ok, le: "+Inf" })).toBe(1);
+    expect(seriesValue(series, "engine_database_restore_duration_seconds_count", { ...ok, result: "failed" })).toBe(1);
+    await engine.json("DELETE", "/api/services/notes");
+  }, 60_000);
 });
 
 describe("GET /api/metrics/history", () => {
