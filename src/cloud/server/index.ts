@@ -4,7 +4,7 @@ import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { loadSecretKey } from "../../lib/files";
 import { clientAddress } from "../../lib/forwarded";
-import { lastResortResponse } from "../../lib/http";
+import { lastResortResponse, pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { AccountStore } from "../accounts";
@@ -12,6 +12,7 @@ import { AuditLog } from "../audit";
 import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import { Database } from "../db";
+import { ConsoleMetrics } from "../metrics";
 import { NodeStore } from "../nodes";
 import { sweepAssistantRows } from "../oauth";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
@@ -87,6 +88,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const secrets = new SecretBox(secretKey);
     const accounts = new AccountStore(db);
     let server: Bun.Server<undefined> | null = null;
+    const metrics = new ConsoleMetrics({ db, token: config.metricsToken });
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
     const deps: CloudDeps = {
       config,
@@ -98,7 +100,9 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
       nodes: new NodeStore(db),
       audit: new AuditLog(db),
-      limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
+      limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets(), Date.now, (limit) =>
+        metrics.rateLimited(limit),
+      ),
       secrets,
       deriveKey: (purpose) => Buffer.from(hkdfSync("sha256", secretKey, Buffer.alloc(0), `engine-cloud:${purpose}`, 32)),
       readyChecks: {},
@@ -130,12 +134,21 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     deps.readyChecks.database = () => db.ping();
     const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
     const app = buildCloudApp(deps, modules);
+    metrics.learn(app.routes);
     try {
       const bound = log;
       server = Bun.serve({
         hostname: config.host,
         port: config.port,
-        fetch: (request) => app.handle(request),
+        // GET /metrics is outside the app and its contract (decision 330); every other answer is counted.
+        fetch: async (request) => {
+          if (request.method === "GET" && pathOf(request.url) === "/metrics") {
+            return metrics.handle(request, server?.requestIP(request)?.address);
+          }
+          const response = await app.handle(request);
+          await metrics.observe(request, response);
+          return response;
+        },
         idleTimeout: 30,
         // Never Bun's development error page (cwd, stack, source lines); an error that escapes the
         // app answers the error envelope (decision 142).

@@ -1,8 +1,8 @@
 import type { Ready } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
-import type { EngineMetrics } from "../metrics";
 import type { NodeIdentity, VcsTokenStore } from "../link";
+import type { EngineMetrics } from "../metrics";
 import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
 import type { TemplateCatalog } from "../templates";

@@ -7,8 +7,8 @@ import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from ".
 import { daemonRoutes } from "./daemon";
 import type { ApiDeps, RequestContext } from "./deps";
 import { docsPage } from "./docs-page";
-import { metricsRoutes } from "./metrics";
 import { STATUS_BY_CODE } from "./errors";
+import { metricsRoutes } from "./metrics";
 import { serviceRoutes } from "./services";
 import { templateRoutes } from "./templates";
 import { tokenRoutes } from "./tokens";
@@ -43,7 +43,10 @@ const ENGINE_TAGS = [
   { name: "services", description: "Services: deploy, control, logs, diagnosis and domains" },
   { name: "databases", description: "Database services" },
   { name: "gpus", description: "The GPU inventory" },
-  { name: "metrics", description: "The last hour of GPU and service usage, in memory (GET /metrics, outside this contract, has the Prometheus form)" },
+  {
+    name: "metrics",
+    description: "The last hour of GPU and service usage, in memory (GET /metrics, outside this contract, has the Prometheus form)",
+  },
   { name: "daemon", description: "The daemon itself: health, restart and this document" },
   { name: "link", description: "The link to a cloud console" },
   { name: "ui", description: "The web UI's sessions" },

@@ -175,10 +175,12 @@ function writeServices(text: MetricsText, input: ExpositionInput): void {
   text.gauge(
     "engine_service_start_time_seconds",
     "When the service's current run started (Unix seconds); absent without a process.",
-    services.filter((service) => service.started_at).map((service) => ({
-      labels: { service: service.name },
-      value: Date.parse(service.started_at as string) / 1000,
-    })),
+    services
+      .filter((service) => service.started_at)
+      .map((service) => ({
+        labels: { service: service.name },
+        value: Date.parse(service.started_at as string) / 1000,
+      })),
   );
   const live = services.flatMap((service) => {
     const measured = sampled(service);
@@ -225,7 +227,11 @@ function writeProxy(text: MetricsText, counts: readonly RouteCounts[]): void {
     "Bytes of answers (head and body) the proxy wrote to clients.",
     counts.map((item) => ({ labels: labels(item), value: item.response_bytes })),
   );
-  const histograms: HistogramData[] = counts.map((item) => ({ labels: labels(item), counts: item.latency, sum: round(item.latency_sum_s, 6) }));
+  const histograms: HistogramData[] = counts.map((item) => ({
+    labels: labels(item),
+    counts: item.latency,
+    sum: round(item.latency_sum_s, 6),
+  }));
   text.histogram(
     "engine_proxy_request_duration_seconds",
     "Time from a request's head to the last byte of its answer (a websocket: to the 101).",

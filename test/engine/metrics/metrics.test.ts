@@ -65,6 +65,7 @@ describe("GET /metrics", () => {
     const { status, text, type } = await scrape();
     expect(status).toBe(200);
     expect(type).toBe("text/plain; version=0.0.4; charset=utf-8");
+    expect(text).toContain('engine_build_info{version="');
     const text2 = await fresh();
     expect(await promtoolCheck(text2)).toEqual({ code: 0, output: "" });
     const series = parseExposition(text2);
@@ -106,7 +107,8 @@ describe("GET /metrics", () => {
 
   test("values change when a service starts, is killed and restarts, and dies for good", async () => {
     // A workload that holds some memory and spends some CPU, so both show.
-    const busy = "const keep = Buffer.alloc(32 * 1024 * 1024, 1); setInterval(() => { let x = 0; for (let i = 0; i < 2e6; i++) x += i; keep[0] = x & 1; }, 50);";
+    const busy =
+      "const keep = Buffer.alloc(32 * 1024 * 1024, 1); setInterval(() => { let x = 0; for (let i = 0; i < 2e6; i++) x += i; keep[0] = x & 1; }, 50);";
     await deploy({ name: "web", command: [workloadBun(), "-e", busy], restart: { policy: "always", backoff_s: 0 } });
     const running = await eventually(async () => {
       const series = parseExposition(await fresh());
@@ -119,7 +121,9 @@ describe("GET /metrics", () => {
     expect(seriesValue(running, "engine_service_restarts_total", { service: "web" })).toBe(0);
     expect(seriesValue(running, "engine_service_processes", { service: "web" })).toBeGreaterThanOrEqual(2);
     const cpuBefore = seriesValue(running, "engine_service_cpu_seconds_total", { service: "web" }) as number;
-    await eventually(async () => (seriesValue(parseExposition(await fresh()), "engine_service_cpu_seconds_total", { service: "web" }) ?? 0) > cpuBefore);
+    await eventually(
+      async () => (seriesValue(parseExposition(await fresh()), "engine_service_cpu_seconds_total", { service: "web" }) ?? 0) > cpuBefore,
+    );
     const startedBefore = seriesValue(running, "engine_service_start_time_seconds", { service: "web" });
 
     // Killed: the restart policy starts it again, and the counter says so.
