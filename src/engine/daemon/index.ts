@@ -404,6 +404,7 @@ async function startIn(
       log,
       nvidiaSmiPath: config.nvidiaSmi,
       gpusDeclared: Boolean(config.gpus?.trim()),
+      intervalMs: config.metricsIntervalS * 1000,
       proxyCounts: () => proxyHolder.controller?.requestCounts() ?? [],
     });
     const manager = new ServiceManager({

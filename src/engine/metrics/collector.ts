@@ -68,13 +68,14 @@ export class MetricsCollector {
   stopped = false;
 
   constructor(private readonly o: CollectorOptions) {
-    const intervalS = (o.intervalMs ?? HISTORY_INTERVAL_S * 1000) / 1000;
+    const intervalS = (o.intervalMs || HISTORY_INTERVAL_S * 1000) / 1000;
     this.history = new History(Math.max(1, Math.round(HISTORY_WINDOW_S / intervalS)));
     this.units = systemUnits();
   }
 
-  /** start takes a first sample at once (without waiting for it) and then one every interval. */
+  /** start takes a first sample at once (without waiting for it) and then one every interval; an interval of 0 samples nothing. */
   start(): void {
+    if (this.o.intervalMs === 0) return;
     void this.sample();
     this.timer = setInterval(() => void this.sample(), this.o.intervalMs ?? HISTORY_INTERVAL_S * 1000);
     this.timer.unref?.();
@@ -191,7 +192,7 @@ export class MetricsCollector {
         memory_used_mb: this.history.valuesAt(`gpu\n${uuid}\nmem`, slots, Math.round),
       }));
     return {
-      interval_s: Math.round((this.o.intervalMs ?? HISTORY_INTERVAL_S * 1000) / 1000),
+      interval_s: Math.max(1, Math.round((this.o.intervalMs || HISTORY_INTERVAL_S * 1000) / 1000)),
       window_s: HISTORY_WINDOW_S,
       now: Date.now() / 1000,
       times: this.history.timesAt(slots),
