@@ -79,7 +79,7 @@ export function parseTelemetryCsv(text: string): { readings: GpuReading[]; warni
     readings.push({
       index,
       uuid,
-      name: fields.slice(2, fields.length - READING_TAIL_FIELDS).join(","),
+      name: fields.slice(2, fields.length - READING_TAIL_FIELDS).join(", "),
       pci_bus_id: /^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$/i.test(bus) ? bus : null,
       utilization_pct: numberOf(utilization),
       memory_used_mb: numberOf(used),
