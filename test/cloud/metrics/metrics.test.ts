@@ -28,7 +28,9 @@ describeEachDialect("console metrics", (dialect) => {
     const polls = [];
     for (let i = 0; i < 3; i++)
       polls.push((await cloud.api("POST", "/api/link/device/poll", { body: { device_code: started.body.device_code } })).status);
-    expect((await cloud.api("POST", "/api/link/device/poll", { body: { device_code: "dev_0000000000000000.x" } })).status).toBeGreaterThanOrEqual(400);
+    expect(
+      (await cloud.api("POST", "/api/link/device/poll", { body: { device_code: "dev_0000000000000000.x" } })).status,
+    ).toBeGreaterThanOrEqual(400);
     expect((await cloud.api("GET", "/api/no/such/route")).status).toBe(404);
     await cloud.signIn("metrics@example.com");
     const { token } = await cloud.signIn("metrics@example.com");
