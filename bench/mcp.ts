@@ -1,9 +1,11 @@
 /**
  * bench/mcp.ts: one assistant's tool calls (`list_services`, `diagnose`) against the compiled
- * binary, over /mcp in both protocol revisions and over stdio (`engine mcp`, through the unix
- * socket), each next to the same operation over the plain HTTP API in the same run
- * (GET /api/services, GET /api/services/:name/diagnose). Calls are sequential, as one
- * assistant makes them; the p50 ratio MCP/HTTP is the figure.
+ * binary, over /mcp in both protocol revisions, over stdio (`engine mcp`, through the unix
+ * socket), and relayed through a console (the console's /mcp, then the engine's tunnel; the
+ * console runs from source in its own process, bench/relay-console.ts), each next to the same
+ * operation over the plain HTTP API in the same run (GET /api/services,
+ * GET /api/services/:name/diagnose). Calls are sequential, as one assistant makes them; the p50
+ * ratio MCP/HTTP is the figure.
  *
  * Usage: bun bench/mcp.ts [--duration-ms 3000] [--services 10] [--rebuild]
  */
@@ -53,6 +55,27 @@ async function measure(once: () => Promise<boolean>): Promise<Timing> {
 }
 
 const dataDir = mkdtempSync(join(tmpdir(), "engine-bench-mcp-"));
+const consoleDir = mkdtempSync(join(tmpdir(), "engine-bench-relay-console-"));
+// The console first: the engine links to it before it starts, so its tunnel opens at start.
+const consoleProcess = Bun.spawn([process.execPath, join(root, "bench", "relay-console.ts"), consoleDir], {
+  stdout: "pipe",
+  stderr: "inherit",
+});
+// However the run ends, the console process goes with it.
+process.on("exit", () => consoleProcess.kill("SIGTERM"));
+const relay = await (async () => {
+  const reader = consoleProcess.stdout.getReader();
+  let text = "";
+  while (!text.includes("\n")) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error("bench/relay-console.ts ended before it printed its address");
+    text += new TextDecoder().decode(value);
+  }
+  reader.releaseLock();
+  return JSON.parse(text.slice(0, text.indexOf("\n"))) as { url: string; key: string; token: string };
+})();
+const linked = Bun.spawnSync([binary, "link", "--data-dir", dataDir, "--cloud", relay.url, "--key", relay.key], { stderr: "inherit" });
+if (linked.exitCode !== 0) throw new Error("engine link failed");
 const port = await freePort();
 const engine = Bun.spawn([binary, "serve", "--data-dir", dataDir, "--port", String(port), "--log-level", "warn"], {
   env: { ...process.env, ENGINE_PROXY: "off" },
@@ -85,13 +108,31 @@ try {
     clients.push(client);
     return client;
   };
+  // The relayed rows need the tunnel up.
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const status = (await (await fetch(`${base}/api/link/status`, { headers })).json()) as { tunnel: { state: string } };
+    if (status.tunnel.state === "connected") break;
+    if (Date.now() > deadline) throw new Error(`the engine's tunnel did not connect: ${JSON.stringify(status.tunnel)}`);
+    await Bun.sleep(50);
+  }
   const url = new URL(`${base}/mcp`);
+  const relayed = new URL(`${relay.url}/mcp`);
+  const relayHeaders = { authorization: `Bearer ${relay.token}` };
   const targets: [string, Client][] = [
     ["/mcp 2026-07-28", await connect(new StreamableHTTPClientTransport(url, { requestInit: { headers } }), true)],
     ["/mcp 2025-11-25", await connect(new StreamableHTTPClientTransport(url, { requestInit: { headers } }), false)],
     [
       "stdio (engine mcp)",
       await connect(new StdioClientTransport({ command: binary, args: ["mcp", "--data-dir", dataDir], stderr: "inherit" }), false),
+    ],
+    [
+      "relayed: console /mcp 2026-07-28",
+      await connect(new StreamableHTTPClientTransport(relayed, { requestInit: { headers: relayHeaders } }), true),
+    ],
+    [
+      "relayed: console /mcp 2025-11-25",
+      await connect(new StreamableHTTPClientTransport(relayed, { requestInit: { headers: relayHeaders } }), false),
     ],
   ];
   const tool = (client: Client, name: string, args: Record<string, unknown>) => async () => {
@@ -120,7 +161,7 @@ try {
     }
   }
   printRows(
-    `MCP tool calls (compiled binary, ${serviceCount} services, one client, sequential calls, ${durationMs} ms each; client in this process)`,
+    `MCP tool calls (compiled binary, ${serviceCount} services, one client, sequential calls, ${durationMs} ms each; client in this process, console in its own)`,
     ["target", "calls/s", "p50 ms", "p99 ms", "p50 ratio", "errors"],
     rows,
   );
@@ -128,6 +169,9 @@ try {
   for (const client of clients) await client.close().catch(() => undefined);
   engine.kill("SIGTERM");
   await engine.exited;
+  consoleProcess.kill("SIGTERM");
+  await consoleProcess.exited;
+  rmSync(consoleDir, { recursive: true, force: true });
   // The services were handed over, not stopped: end them and their shims by their recorded pids.
   reapWorkloads(dataDir);
   rmSync(dataDir, { recursive: true, force: true });

@@ -38,7 +38,7 @@ export function buildProgram(): Command {
   registerRestore(program, client, output);
   registerDaemon(program, client, output);
   registerTls(program, output);
-  registerLink(program, output);
+  registerLink(program, output, { client });
   registerUi(program, client, output);
   registerMcp(program, client);
 

@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import type { LinkStatus, LinkTunnel } from "../../src/contract/engine";
 import {
   CloudLinkClient,
   DEFAULT_CLOUD_URL,
@@ -13,12 +14,52 @@ import {
   reportedMachine,
 } from "../../src/engine/link";
 import { resolveConfig } from "../../src/lib/config";
-import { CliError } from "../client";
+import { CliError, type EngineClient } from "../client";
 import { formatPairs, type Output, printJson, printPairs } from "../output";
 
 /** LinkCommandOptions lets tests replace the environment the cloud URL is read from. */
 export interface LinkCommandOptions {
   env?: Record<string, string | undefined>;
+  /** client reaches the running daemon, for the tunnel's state in `engine link status`. */
+  client?: () => EngineClient;
+}
+
+/** TUNNEL_READ_TIMEOUT_MS bounds how long `engine link status` waits for the daemon to tell its tunnel's state. */
+const TUNNEL_READ_TIMEOUT_MS = 3000;
+
+/** TunnelView is the tunnel as `engine link status` shows it: the daemon's state, or why it could not be read. */
+type TunnelView = LinkTunnel | { state: "unknown"; reason: string };
+
+/**
+ * readTunnel asks the running daemon for its tunnel's state: the identity is a file, but the
+ * tunnel lives in the daemon. A daemon that does not answer is `unknown`, with why.
+ */
+async function readTunnel(client: (() => EngineClient) | undefined): Promise<TunnelView> {
+  if (!client) return { state: "unknown", reason: "no engine to ask" };
+  try {
+    const status = await Promise.race([
+      client().request<LinkStatus>("GET", "/api/link/status"),
+      Bun.sleep(TUNNEL_READ_TIMEOUT_MS).then(() => {
+        throw new Error(`the engine did not answer within ${TUNNEL_READ_TIMEOUT_MS / 1000} s`);
+      }),
+    ]);
+    return status.tunnel ?? { state: "unknown", reason: "this engine predates the tunnel" };
+  } catch (error) {
+    const reason =
+      error instanceof CliError && error.code === "daemon_not_running" ? "the engine is not running" : (error as Error).message;
+    return { state: "unknown", reason };
+  }
+}
+
+/** describeTunnel is the tunnel's line in `engine link status`. */
+export function describeTunnel(tunnel: TunnelView): string {
+  if (tunnel.state === "unknown") return `unknown: ${tunnel.reason} (the tunnel is kept by \`engine serve\`)`;
+  if (tunnel.state === "connected") return `connected since ${tunnel.connected_at ?? tunnel.since}`;
+  if (tunnel.state === "connecting") return `connecting${tunnel.last_error ? ` (last error: ${tunnel.last_error})` : ""}`;
+  if (tunnel.state === "disconnected") {
+    return `disconnected since ${tunnel.since}${tunnel.last_error ? `: ${tunnel.last_error}` : ""}${tunnel.next_attempt_at ? `; next attempt at ${tunnel.next_attempt_at}` : ""}`;
+  }
+  return tunnel.state === "not_linked" ? "not open: the engine has not read the identity yet" : tunnel.state;
 }
 
 interface LinkFlags {
@@ -93,12 +134,13 @@ export function registerLink(program: Command, output: () => Output, options: Li
 
   link
     .command("status")
-    .description("show whether this machine is linked, and to which node, account and cloud (never the credential)")
-    .action(() => {
+    .description("show whether this machine is linked, to which node, account and cloud (never the credential), and its tunnel's state")
+    .action(async () => {
       const identities = store();
       const identity = identities.read();
+      const tunnel = identity ? await readTunnel(options.client) : null;
       const value = identity
-        ? { linked: true, ...identity, identity_path: identities.path }
+        ? { linked: true, ...identity, identity_path: identities.path, tunnel }
         : { linked: false, identity_path: identities.path };
       if (output().json) return printJson(value);
       if (!identity) {
@@ -114,6 +156,7 @@ export function registerLink(program: Command, output: () => Output, options: Li
         ["hosted base domain", identity.hosted_base_domain],
         ["linked at", identity.linked_at],
         ["metadata refreshed", identity.metadata_refreshed_at ?? "not yet"],
+        ["tunnel", describeTunnel(tunnel ?? { state: "unknown", reason: "not read" })],
         ["identity", identities.path],
       ]);
     });

@@ -206,7 +206,25 @@ export const NodeView = t.Object({
   version: t.String(),
   enrolled_via: t.String(),
   created_at: DateTime,
-  last_seen_at: t.Union([DateTime, t.Null()]),
+  last_seen_at: t.Union([DateTime, t.Null()], {
+    description: "When the console last heard from the machine over its tunnel; for an offline machine, since when",
+  }),
+  online: t.Boolean({ description: "Whether the machine's engine has its tunnel to the console open now" }),
+  online_since: t.Union([DateTime, t.Null()]),
+  gpus: t.Union(
+    [
+      t.Array(
+        t.Object({
+          index: SafeInteger,
+          name: t.String(),
+          memory_total_mb: SafeInteger,
+          mig_profile: t.Union([t.String(), t.Null()]),
+        }),
+      ),
+      t.Null(),
+    ],
+    { description: "The GPUs the engine last reported (unverified); null until it first connected" },
+  ),
 });
 export const NodesView = t.Object({ nodes: t.Array(NodeView) }, { $id: "NodesView" });
 

@@ -701,6 +701,31 @@ export const VcsTokenPush = t.Object({
 });
 export type VcsTokenPush = Static<typeof VcsTokenPush>;
 
+/**
+ * LinkTunnel is the state of the linked engine's tunnel to its console (the relay): one
+ * outbound WebSocket the console reaches the engine through (docs/state-machines.md).
+ */
+export const LinkTunnel = t.Object(
+  {
+    state: t.Union([
+      t.Literal("not_linked"),
+      t.Literal("connecting"),
+      t.Literal("connected"),
+      t.Literal("disconnected"),
+      t.Literal("stopped"),
+    ]),
+    since: DateTime,
+    url: t.Union([t.String(), t.Null()], { description: "The console's tunnel endpoint (ws:// or wss://)" }),
+    connected_at: NullableDateTime,
+    last_error: t.Union([t.String(), t.Null()], { description: "Why the last attempt failed or the last tunnel ended" }),
+    last_error_at: NullableDateTime,
+    next_attempt_at: t.Union([DateTime, t.Null()], { description: "When a disconnected tunnel tries again" }),
+    failures: t.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }),
+  },
+  { $id: "LinkTunnel" },
+);
+export type LinkTunnel = Static<typeof LinkTunnel>;
+
 /** LinkStatus says whether the engine is linked to a cloud console, and as which node; never the credential. */
 export const LinkStatus = t.Object(
   {
@@ -712,6 +737,7 @@ export const LinkStatus = t.Object(
     hosted_base_domain: t.Union([t.String(), t.Null()]),
     linked_at: t.Union([t.String(), t.Null()]),
     metadata_refreshed_at: t.Union([t.String(), t.Null()]),
+    tunnel: LinkTunnel,
   },
   { $id: "LinkStatus" },
 );

@@ -195,6 +195,8 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
       await consent.locator('input[name="node"]').first().check();
       await page.getByRole("button", { name: "Approve" }).click();
       await eventually(() => received.length > 0, { timeoutMs: STEP_MS });
+      // The listener answers before the browser has committed the navigation: let it finish, or the next goto is interrupted.
+      await page.waitForURL((url) => url.href.startsWith(redirectUri));
       const answer = received[0] as URL;
       expect(answer.searchParams.get("state")).toBe("e2e-state");
       expect(answer.searchParams.get("iss")).toBe(cloudUrl);

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { copyFileSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { DEFAULT_RESTORE_TIMEOUT_S } from "../../src/contract/defaults";
@@ -66,6 +66,10 @@ const shot = (name: string) => page.screenshot({ path: join(SCREENSHOTS, `engine
 beforeAll(async () => {
   mkdirSync(SCREENSHOTS, { recursive: true });
   workDir = tempDir("engine-e2e-ui-");
+  // The work dir stands in for /var/lib, where a root engine keeps its data by default: service
+  // users must search it to reach their data dirs (README, "Where data lives"; the engine warns
+  // at start when they cannot). mktemp's 0700 would leave the SQLite restore's user outside.
+  chmodSync(workDir, 0o755);
   const built = (await buildBinaries()).engine;
   binary = join(workDir, "bin", "engine");
   mkdirSync(join(workDir, "bin"), { recursive: true });

@@ -227,4 +227,11 @@ export const MIGRATIONS: Migration[] = [
       "CREATE INDEX oauth_tokens_expiry ON oauth_tokens (expires_at)",
     ],
   },
+  {
+    id: "2026-11-30-01-relay-nodes",
+    // What a linked engine reports over its tunnel (the relay): its GPUs, and its MCP tools as
+    // its own server lists them (JSON), so the console's /mcp can list them while it is offline.
+    // Null until the node first connects.
+    statements: () => ["ALTER TABLE nodes ADD COLUMN gpus TEXT", "ALTER TABLE nodes ADD COLUMN mcp_tools TEXT"],
+  },
 ];

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { LinkClaimResponse } from "../../contract/cloud";
+import type { RelayTool, ReportedGpu } from "../../contract/relay";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { type Database, num, type Sql } from "../db";
@@ -28,6 +29,8 @@ export interface Node {
   enrolledVia: EnrollmentRoute;
   createdAt: number;
   lastSeenAt: number | null;
+  /** gpus are the GPUs the engine last reported over its tunnel (unverified); null until it first connected. */
+  gpus: ReportedGpu[] | null;
 }
 
 /** Enrollment is a node and its freshly minted credential (the plaintext exists only in this answer). */
@@ -85,8 +88,19 @@ function rowToNode(row: Record<string, unknown>): Node {
     version: row.version as string,
     enrolledVia: row.enrolled_via as EnrollmentRoute,
     createdAt: num(row.created_at),
-    lastSeenAt: row.last_seen_at === null ? null : num(row.last_seen_at),
+    lastSeenAt: row.last_seen_at === null || row.last_seen_at === undefined ? null : num(row.last_seen_at),
+    gpus: typeof row.gpus === "string" ? (JSON.parse(row.gpus) as ReportedGpu[]) : null,
   };
+}
+
+/** cleanGpus bounds and strips what a machine reports about its GPUs, as cleanReported does its strings. */
+export function cleanGpus(gpus: readonly ReportedGpu[]): ReportedGpu[] {
+  return gpus.map((gpu) => ({
+    index: gpu.index,
+    name: cleanText(gpu.name, 128),
+    memory_total_mb: gpu.memory_total_mb,
+    mig_profile: gpu.mig_profile === null ? null : cleanText(gpu.mig_profile, 32),
+  }));
 }
 
 /** NodeStore enrolls and lists nodes. Every enrollment route ends in `enroll`. */
@@ -121,7 +135,7 @@ export class NodeStore {
     const id = randomId("node");
     await tx`INSERT INTO nodes (id, account_id, slug, hostname, os, version, credential_digest, enrolled_via, created_at, updated_at)
       VALUES (${id}, ${accountId}, ${slug}, ${clean.hostname}, ${clean.os}, ${clean.version}, ${digest}, ${via}, ${now}, ${now})`;
-    const node: Node = { id, accountId, slug, ...clean, enrolledVia: via, createdAt: now, lastSeenAt: null };
+    const node: Node = { id, accountId, slug, ...clean, enrolledVia: via, createdAt: now, lastSeenAt: null, gpus: null };
     return { node, credential, adopted: false };
   }
 
@@ -149,6 +163,43 @@ export class NodeStore {
     const [row] = await this.db.sql`SELECT * FROM nodes WHERE credential_digest = ${digestSecret(credential)}`;
     if (!row) throw new AppError("invalid_session", "the node credential is not valid");
     return rowToNode(row);
+  }
+
+  /** get returns one of the account's nodes, or undefined. */
+  async get(accountId: string, nodeId: string): Promise<Node | undefined> {
+    const [row] = await this.db.sql`SELECT * FROM nodes WHERE account_id = ${accountId} AND id = ${nodeId}`;
+    return row ? rowToNode(row) : undefined;
+  }
+
+  /**
+   * recordHello stores what an engine said when its tunnel opened: its version (replacing the
+   * one reported at enrollment), its GPUs and its MCP tools, and that it was seen now. All of it
+   * is reported, so cleaned and bounded like the enrollment strings.
+   */
+  async recordHello(nodeId: string, hello: { version: string; gpus: ReportedGpu[]; tools: RelayTool[] }, at: number): Promise<void> {
+    await this.db.sql`UPDATE nodes SET version = ${cleanText(hello.version, REPORTED_MAX.version)},
+      gpus = ${JSON.stringify(cleanGpus(hello.gpus))}, mcp_tools = ${JSON.stringify(hello.tools)}, last_seen_at = ${at}
+      WHERE id = ${nodeId}`;
+  }
+
+  /** recordGpus stores a new GPU report from a connected engine. */
+  async recordGpus(nodeId: string, gpus: ReportedGpu[], at: number): Promise<void> {
+    await this.db.sql`UPDATE nodes SET gpus = ${JSON.stringify(cleanGpus(gpus))}, last_seen_at = ${at} WHERE id = ${nodeId}`;
+  }
+
+  /** touch records that a node was seen at `at` (a heartbeat, or its tunnel closing). */
+  async touch(nodeId: string, at: number): Promise<void> {
+    await this.db.sql`UPDATE nodes SET last_seen_at = ${at} WHERE id = ${nodeId} AND (last_seen_at IS NULL OR last_seen_at < ${at})`;
+  }
+
+  /** toolsOf returns the MCP tools the most recently seen of `nodeIds` reported, or null when none ever connected. */
+  async toolsOf(accountId: string, nodeIds: readonly string[]): Promise<RelayTool[] | null> {
+    if (nodeIds.length === 0) return null;
+    const rows = await this.db.sql`SELECT id, mcp_tools, last_seen_at FROM nodes WHERE account_id = ${accountId} AND mcp_tools IS NOT NULL
+      ORDER BY last_seen_at DESC`;
+    const wanted = new Set(nodeIds);
+    const row = rows.find((candidate: Record<string, unknown>) => wanted.has(candidate.id as string));
+    return row ? (JSON.parse(row.mcp_tools as string) as RelayTool[]) : null;
   }
 
   /** remove deletes a node (its enrollment keys stay spent). */

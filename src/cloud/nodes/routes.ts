@@ -8,8 +8,9 @@ const iso = (ms: number) => new Date(ms).toISOString();
 
 /**
  * nodeRoutes serves `GET /api/nodes`: the signed-in account's linked machines, oldest first,
- * for the console's nodes page. It is not in the contract (recorded in docs/decisions.md);
- * it reads only the caller's own rows and never a credential.
+ * for the console's nodes page, each with whether its tunnel is open now (the relay), when it
+ * was last seen, and the version and GPUs it last reported. It is not in the contract
+ * (recorded in docs/decisions.md); it reads only the caller's own rows and never a credential.
  */
 export function nodeRoutes(deps: CloudDeps) {
   return new Elysia({ tags: ["nodes"] }).get(
@@ -18,16 +19,24 @@ export function nodeRoutes(deps: CloudDeps) {
       const { account } = await requireSession(deps, request);
       const nodes = await deps.nodes.list(account.id);
       return {
-        nodes: nodes.map((node) => ({
-          id: node.id,
-          slug: node.slug,
-          hostname: node.hostname,
-          os: node.os,
-          version: node.version,
-          enrolled_via: node.enrolledVia,
-          created_at: iso(node.createdAt),
-          last_seen_at: node.lastSeenAt === null ? null : iso(node.lastSeenAt),
-        })),
+        nodes: nodes.map((node) => {
+          // Online is the relay's registry (this process); the row keeps what was last reported.
+          const presence = deps.relay.presence(node.id);
+          const lastSeen = presence.lastSeen ?? node.lastSeenAt;
+          return {
+            id: node.id,
+            slug: node.slug,
+            hostname: node.hostname,
+            os: node.os,
+            version: presence.version ?? node.version,
+            enrolled_via: node.enrolledVia,
+            created_at: iso(node.createdAt),
+            last_seen_at: lastSeen === null ? null : iso(lastSeen),
+            online: presence.online,
+            online_since: presence.onlineSince === null ? null : iso(presence.onlineSince),
+            gpus: presence.gpus ?? node.gpus,
+          };
+        }),
       };
     },
     {

@@ -190,7 +190,9 @@ export class MetadataDocuments {
     } catch (error) {
       const timedOut = (error as Error)?.name === "TimeoutError";
       throw new ClientRefused(
-        timedOut ? "the client metadata document did not arrive in time" : "the client metadata document cannot be fetched",
+        timedOut
+          ? "the client metadata document did not arrive in time"
+          : `the client metadata document cannot be fetched: ${fetchFailure(error)}`,
       );
     }
     if (response.status !== 200) {
@@ -207,6 +209,26 @@ export class MetadataDocuments {
     }
     return { document, keepS: cacheSeconds(response.headers.get("cache-control")) };
   }
+}
+
+/**
+ * fetchFailure says in a few words why a fetch of a metadata document failed, from the
+ * runtime's error code: an untrusted TLS certificate (a private CA the console was not told
+ * about, or an egress proxy that intercepts TLS: `NODE_EXTRA_CA_CERTS` adds a CA), a refused
+ * or dropped connection, a failed TLS handshake. Only public addresses are fetched (loopback
+ * too with ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK), so the reason tells the person nothing about the
+ * console's own network that anyone could not learn by connecting themselves.
+ */
+export function fetchFailure(error: unknown): string {
+  const raw = (error as { code?: unknown } | null)?.code;
+  const code = typeof raw === "string" && /^[A-Za-z0-9_]{1,64}$/.test(raw) ? raw : "";
+  if (/CERT|SIGNATURE|ISSUER|SELF_SIGNED|ALTNAME|HOSTNAME_MISMATCH/.test(code)) {
+    return `its server's TLS certificate is not trusted by the console (${code})`;
+  }
+  if (code === "ECONNREFUSED" || code === "ConnectionRefused") return "its server refused the connection";
+  if (code === "EPROTO") return "the TLS handshake with its server failed (does it speak https on that port?)";
+  if (code === "ECONNRESET" || code === "ConnectionClosed") return "its server closed the connection";
+  return code ? `the connection failed (${code})` : "the connection failed";
 }
 
 /** readCapped reads a body as text, or null once it passes `maxBytes` (the rest is not read). */

@@ -6,7 +6,9 @@ import type { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import type { Database } from "../db";
 import type { NodeStore } from "../nodes";
+import type { AccessTokenVerifier } from "../oauth/grant";
 import type { RateLimiter } from "../ratelimit";
+import type { RelayHub } from "../relay";
 
 /**
  * CloudDeps are the modules the console's routes call, built once by the composition root.
@@ -38,6 +40,14 @@ export interface CloudDeps {
   readyChecks: Record<string, () => Promise<boolean>>;
   /** site is where the console is reached, fixed once the port is bound. */
   site: { publicUrl: string; hostedBaseDomain: string };
+  /** relay is the registry of linked engines' tunnels: who is online, and the way to reach them. */
+  relay: RelayHub;
+  /**
+   * verifyAccessToken checks an assistant's bearer token on `/mcp` (the authorization server's
+   * half of the grant seam, src/cloud/oauth/grant.ts). Until that server is wired it refuses
+   * every token ("assistant authorization is not configured").
+   */
+  verifyAccessToken: AccessTokenVerifier;
   /** sourceOf is the client's network address: the socket's peer, or X-Forwarded-For's rightmost untrusted hop when the peer is a trusted proxy. */
   sourceOf(request: Request): string;
 }

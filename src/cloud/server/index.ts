@@ -1,5 +1,6 @@
 import { hkdfSync } from "node:crypto";
 import { accessSync, constants, mkdirSync } from "node:fs";
+import { TUNNEL_PATH } from "../../contract/relay";
 import { SecretBox } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { loadSecretKey } from "../../lib/files";
@@ -14,8 +15,11 @@ import type { CloudConfig } from "../config";
 import { Database } from "../db";
 import { ConsoleMetrics } from "../metrics";
 import { NodeStore } from "../nodes";
-import { sweepAssistantRows } from "../oauth";
+import { createAccessTokenVerifier, sweepAssistantRows } from "../oauth";
+
+import type { AccessTokenVerifier } from "../oauth/grant";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
+import { ConsoleMcpEndpoint, RelayHub, type RelayHubOptions, type TunnelSocketData } from "../relay";
 import { buildCloudApp, type CloudRoutes } from "./app";
 import type { CloudDeps } from "./deps";
 import { API_MODULES } from "./modules";
@@ -33,6 +37,13 @@ export interface CloudOptions {
   log?: Logger;
   /** modules replaces the API role's route plugins (tests mount one module alone). */
   modules?: CloudRoutes[];
+  /**
+   * verifyAccessToken checks assistants' tokens on `/mcp`. Unset: the tokens the console's own
+   * authorization server issued (src/cloud/oauth); tests may pass another.
+   */
+  verifyAccessToken?: AccessTokenVerifier;
+  /** relay replaces the relay's timings (tests: a short dead-tunnel deadline and call timeout). */
+  relay?: Pick<RelayHubOptions, "callTimeoutMs" | "deadAfterMs">;
 }
 
 /** RunningCloud is a started console: where it listens, its modules, and how to stop it. */
@@ -48,7 +59,7 @@ export interface RunningCloud {
  * sourceResolver answers each request's client address: the socket's peer, or, when the peer
  * is a configured proxy, the address X-Forwarded-For names (src/lib/forwarded).
  */
-function sourceResolver(config: CloudConfig, server: () => Bun.Server<undefined> | null) {
+function sourceResolver(config: CloudConfig, server: () => Bun.Server<TunnelSocketData> | null) {
   return (request: Request): string => {
     const peer = server()?.requestIP(request)?.address ?? "unknown";
     return clientAddress(peer, request.headers.get("x-forwarded-for"), config.trustedProxies);
@@ -87,9 +98,11 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const secretKey = config.secretKey ? Buffer.from(config.secretKey, "base64") : loadSecretKey(config.dataDir);
     const secrets = new SecretBox(secretKey);
     const accounts = new AccountStore(db);
-    let server: Bun.Server<undefined> | null = null;
+    let server: Bun.Server<TunnelSocketData> | null = null;
     const metrics = new ConsoleMetrics({ db, token: config.metricsToken });
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
+    const nodes = new NodeStore(db);
+    const relay = new RelayHub({ nodes, log, ...options.relay });
     const deps: CloudDeps = {
       config,
       log,
@@ -98,7 +111,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       db,
       accounts,
       sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
-      nodes: new NodeStore(db),
+      nodes,
       audit: new AuditLog(db),
       limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets(), Date.now, (limit) =>
         metrics.rateLimited(limit),
@@ -107,6 +120,10 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       deriveKey: (purpose) => Buffer.from(hkdfSync("sha256", secretKey, Buffer.alloc(0), `engine-cloud:${purpose}`, 32)),
       readyChecks: {},
       site,
+      relay,
+      // The authorization server's own verifier (src/cloud/oauth): the tokens it issued, read
+      // with their grant and account at every call, so a revocation ends them at once.
+      verifyAccessToken: options.verifyAccessToken ?? createAccessTokenVerifier({ db }),
       sourceOf: sourceResolver(config, () => server),
     };
 
@@ -135,20 +152,38 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
     const app = buildCloudApp(deps, modules);
     metrics.learn(app.routes);
+    const answerCounted = async (request: Request): Promise<Response> => {
+      const response = await app.handle(request);
+      await metrics.observe(request, response);
+      return response;
+    };
+    // The relay (the engines' tunnels) and the assistants' /mcp are served by the API role,
+    // beside the app and outside /api (decision 240).
+    const serveRelay = config.role !== "worker";
+    const mcp = new ConsoleMcpEndpoint({
+      verifier: () => deps.verifyAccessToken,
+      hub: relay,
+      nodes,
+      publicUrl: () => site.publicUrl,
+      log,
+      version: VERSION,
+    });
     try {
       const bound = log;
-      server = Bun.serve({
+      server = Bun.serve<TunnelSocketData>({
         hostname: config.host,
         port: config.port,
-        // GET /metrics is outside the app and its contract (decision 330); every other answer is counted.
-        fetch: async (request) => {
-          if (request.method === "GET" && pathOf(request.url) === "/metrics") {
-            return metrics.handle(request, server?.requestIP(request)?.address);
+        // GET /metrics is outside the app and its contract (decision 330); every answer of the app is counted.
+        fetch: (request, listener) => {
+          const path = pathOf(request.url);
+          if (request.method === "GET" && path === "/metrics") return metrics.handle(request, listener.requestIP(request)?.address);
+          if (serveRelay) {
+            if (path === TUNNEL_PATH) return relay.upgrade(request, listener);
+            if (mcp.handles(path)) return mcp.fetch(request);
           }
-          const response = await app.handle(request);
-          await metrics.observe(request, response);
-          return response;
+          return answerCounted(request);
         },
+        websocket: relay.websocket,
         idleTimeout: 30,
         // Never Bun's development error page (cwd, stack, source lines); an error that escapes the
         // app answers the error envelope (decision 142).
@@ -160,6 +195,13 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     }
     const bound = server;
     cleanups.push(() => bound.stop(true));
+    if (serveRelay) {
+      relay.start();
+      mcp.start();
+      // Stopped before the listener: engines are told 1001 (going away) and reconnect with backoff.
+      cleanups.push(() => mcp.stop());
+      cleanups.push(() => relay.stop());
+    }
     const port = bound.port ?? config.port;
     if (config.port === 0 && site.publicUrl.endsWith(":0")) site.publicUrl = site.publicUrl.replace(/:0$/, `:${port}`);
     log.info(

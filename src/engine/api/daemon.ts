@@ -52,11 +52,24 @@ export function daemonRoutes(deps: ApiDeps) {
           hosted_base_domain: identity?.hosted_base_domain ?? null,
           linked_at: identity?.linked_at ?? null,
           metadata_refreshed_at: identity?.metadata_refreshed_at ?? null,
+          tunnel: deps.linkTunnel?.() ?? {
+            state: "not_linked",
+            since: new Date(deps.startedAt).toISOString(),
+            url: null,
+            connected_at: null,
+            last_error: null,
+            last_error_at: null,
+            next_attempt_at: null,
+            failures: 0,
+          },
         };
       },
       {
         response: { 200: LinkStatus, ...errorResponses(...AUTHED) },
-        detail: { tags: ["link"], summary: "Whether this engine is linked to a cloud console, and as which node (never the credential)" },
+        detail: {
+          tags: ["link"],
+          summary: "Whether this engine is linked to a cloud console, as which node (never the credential), and its tunnel's state",
+        },
       },
     )
     .put(

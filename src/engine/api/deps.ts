@@ -1,7 +1,7 @@
 import type { Ready } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
-import type { NodeIdentity, VcsTokenStore } from "../link";
+import type { NodeIdentity, TunnelStatus, VcsTokenStore } from "../link";
 import type { EngineMetrics } from "../metrics";
 import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
@@ -26,6 +26,8 @@ export interface ApiDeps {
   daemon: DaemonControl;
   /** linkIdentity reads the cloud link's identity (null when unlinked); unset: always unlinked. */
   linkIdentity?: () => NodeIdentity | null;
+  /** linkTunnel reads the state of the tunnel to the console; unset: reported as not linked. */
+  linkTunnel?: () => TunnelStatus;
   /** baseUrl is where browsers reach this engine (the web UI's login links); unset before it listens. */
   baseUrl?: () => string | undefined;
   /** metrics answers GET /metrics and the history; unset: both answer empty. */

@@ -56,6 +56,12 @@ export interface Api {
   app: ReturnType<typeof buildApp>;
   /** markLocal flags a request as arriving over the unix socket, which counts as admin. */
   markLocal(request: Request): void;
+  /**
+   * actAs makes an in-process request run as `principal` (a relayed assistant, the link): it
+   * meets the same role check, scope and caps as a bearer token with those rights. Only code in
+   * the daemon calls it; no listener does, so no client can choose its principal.
+   */
+  actAs(request: Request, principal: Principal): void;
 }
 
 function buildApp(
@@ -127,6 +133,7 @@ function buildApp(
 export function createApi(deps: ApiDeps): Api {
   const routes = compileRouteAccess();
   const local = new WeakSet<Request>();
+  const actingAs = new WeakMap<Request, Principal>();
   const principals = new WeakMap<Request, Principal>();
   const sessions = new UiSessions(deps.tokens);
   const requestIds = new RequestIds();
@@ -155,14 +162,19 @@ export function createApi(deps: ApiDeps): Api {
     const route = routes.find((r) => r.method === method && r.pattern.test(path));
     if (!route || route.access === "public") return;
     const authorization = request.headers.get("authorization");
-    const cookie = authorization === null && !local.has(request) ? cookieValue(request.headers.get("cookie"), SESSION_COOKIE) : null;
+    const injected = actingAs.get(request);
+    const cookie =
+      authorization === null && !local.has(request) && !injected ? cookieValue(request.headers.get("cookie"), SESSION_COOKIE) : null;
     const principal = local.has(request)
       ? LOCAL_PRINCIPAL
-      : cookie !== null
-        ? authenticateCookie(request, method, cookie)
-        : deps.tokens.authenticate(authorization);
+      : injected
+        ? injected
+        : cookie !== null
+          ? authenticateCookie(request, method, cookie)
+          : deps.tokens.authenticate(authorization);
     if (!roleMay(principal.role, route.access)) {
-      throw new AppError("forbidden", `a ${principal.role} token may not call ${route.key}`);
+      const who = principal.kind === "assistant" ? `an assistant with ${principal.role} rights (its grant)` : `a ${principal.role} token`;
+      throw new AppError("forbidden", `${who} may not call ${route.key}`);
     }
     principals.set(request, principal);
   };
@@ -183,5 +195,9 @@ export function createApi(deps: ApiDeps): Api {
   if (missing.length > 0 || stale.length > 0) {
     throw new Error(`route access matrix is out of date: missing ${missing.join(", ") || "none"}; stale ${stale.join(", ") || "none"}`);
   }
-  return { app, markLocal: (request) => local.add(request) };
+  return {
+    app,
+    markLocal: (request) => local.add(request),
+    actAs: (request, principal) => actingAs.set(request, principal),
+  };
 }

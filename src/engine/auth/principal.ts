@@ -3,10 +3,13 @@ import { AppError } from "../../lib/errors";
 
 /**
  * Principal is who is calling: a bearer token, or the local unix socket, whose file mode
- * (0600) is the trust boundary and which therefore counts as admin (as in Headscale).
+ * (0600) is the trust boundary and which therefore counts as admin (as in Headscale). Two more
+ * arrive over the cloud link's tunnel, never over a listener: an `assistant` (a relayed MCP
+ * call, its rights from the user's consent: readonly or submitter, never admin) and the
+ * `link` itself (the console pushing a code-host token).
  */
 export interface Principal {
-  kind: "token" | "local";
+  kind: "token" | "local" | "assistant" | "link";
   tokenId: string | null;
   name: string;
   role: Role;
@@ -20,6 +23,21 @@ export const LOCAL_PRINCIPAL: Principal = Object.freeze({
   kind: "local",
   tokenId: null,
   name: "local socket",
+  role: "admin",
+  maxGpus: null,
+  maxConcurrentJobs: null,
+  scopeServices: [],
+}) as Principal;
+
+/**
+ * LINK_PRINCIPAL is the console speaking over the tunnel this engine opened with its node
+ * credential. The daemon hands it only `PUT /api/link/vcs-token` (the push the HTTP route takes
+ * from an admin token), so it reaches nothing else.
+ */
+export const LINK_PRINCIPAL: Principal = Object.freeze({
+  kind: "link",
+  tokenId: null,
+  name: "cloud link",
   role: "admin",
   maxGpus: null,
   maxConcurrentJobs: null,

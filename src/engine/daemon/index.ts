@@ -10,10 +10,19 @@ import { lastResortResponse, pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl } from "../api";
-import { bootstrapAdminToken, TokenStore } from "../auth";
+import { bootstrapAdminToken, LINK_PRINCIPAL, TokenStore } from "../auth";
 import { firstUnreachable, lookupUser } from "../databases";
 import { GpuInventory } from "../gpu";
-import { IdentityStore, loadSecretKey, MetadataRefresher, VcsTokenStore } from "../link";
+import {
+  assistantPrincipal,
+  checkAssertion,
+  IdentityStore,
+  loadSecretKey,
+  MetadataRefresher,
+  TunnelClient,
+  type TunnelClientOptions,
+  VcsTokenStore,
+} from "../link";
 import { McpEndpoint } from "../mcp";
 import { MdnsPublisher } from "../mdns";
 import { EngineMetrics } from "../metrics";
@@ -36,6 +45,16 @@ import {
 import { checkReady } from "./ready";
 import { reexecSelf } from "./reexec";
 
+/** LISTING is the assertion the tunnel lists the MCP tools under: read-only, and it calls no route. */
+const LISTING = {
+  account_id: "-",
+  node_id: "-",
+  client_id: "engine-cloud relay",
+  grant_id: "tools",
+  scopes: ["engine:read"],
+  expires_at: "9999-12-31T00:00:00.000Z",
+};
+
 export interface DaemonOptions {
   clock?: Clock;
   /**
@@ -47,6 +66,8 @@ export interface DaemonOptions {
   decorateServices?: (services: ServiceDirectory) => ServiceDirectory;
   /** proxyCommand starts a proxy process instead of the engine's own (tests). */
   proxyCommand?: string[];
+  /** tunnel replaces the link tunnel's timings, and how it opens its socket (tests: short heartbeats, a tap on the frames). */
+  tunnel?: Pick<TunnelClientOptions, "heartbeatMs" | "deadAfterMs" | "backoff" | "stableMs" | "unlinkedPollMs" | "open">;
 }
 
 /** RunningDaemon is a started engine. stop() is safe to call more than once. */
@@ -501,9 +522,64 @@ async function startIn(
     // Where browsers reach the engine, known once the listener is up (port 0 in tests).
     let browserUrl: string | undefined;
     const linkIdentity = new IdentityStore(config.dataDir, clock);
+    // The tunnel to the console (the relay) answers with the MCP endpoint and the API, both
+    // made below; it starts once they are up.
+    const relayed: { mcp?: McpEndpoint; api?: ReturnType<typeof createApi> } = {};
+    const tunnel = new TunnelClient({
+      identity: linkIdentity,
+      log,
+      clock,
+      ...options.tunnel,
+      handlers: {
+        async tools() {
+          const answer = await relayed.mcp!.relay("tools/list", {}, { principal: assistantPrincipal(LISTING), owner: "relay" });
+          if ("error" in answer) throw new Error(answer.error.message);
+          return answer.result.tools as never;
+        },
+        gpus: () =>
+          gpus
+            .snapshot()
+            .devices.slice(0, 64)
+            .map((device) => ({
+              index: device.index,
+              name: device.name.slice(0, 128),
+              memory_total_mb: device.memory_total_mb,
+              mig_profile: device.mig_profile,
+            })),
+        async call(node, message) {
+          const refusal = checkAssertion(message.assertion, node, clock.now());
+          if (refusal) return { error: refusal };
+          const answer = await relayed.mcp!.relay(
+            "tools/call",
+            { name: message.tool, arguments: message.arguments },
+            { principal: assistantPrincipal(message.assertion), owner: `grant:${message.assertion.grant_id}` },
+          );
+          return answer;
+        },
+        async vcsToken(message) {
+          // The same route, validation and log line as the HTTP push, as the link itself.
+          const request = new Request("http://localhost/api/link/vcs-token", {
+            method: "PUT",
+            headers: { "content-type": "application/json", accept: "application/json" },
+            body: JSON.stringify(message.push ?? null),
+          });
+          relayed.api!.actAs(request, LINK_PRINCIPAL);
+          const response = await relayed.api!.app.handle(request);
+          const text = await response.text();
+          let body: unknown = null;
+          try {
+            body = text ? JSON.parse(text) : null;
+          } catch {
+            body = { error: { code: "internal", message: `the engine answered ${response.status} with a body that is not JSON` } };
+          }
+          return { status: response.status, body };
+        },
+      },
+    });
     const api = createApi({
       baseUrl: () => browserUrl,
       linkIdentity: () => linkIdentity.read(),
+      linkTunnel: () => tunnel.status(),
       log,
       version: VERSION,
       startedAt,
@@ -525,7 +601,10 @@ async function startIn(
     // (decision 200): its tool calls go into the API app in-process, as the caller.
     const mcp = new McpEndpoint({
       tokens,
-      dispatch: (request) => api.app.handle(request),
+      dispatch: (request, principal) => {
+        if (principal) api.actAs(request, principal);
+        return api.app.handle(request);
+      },
       log,
       clock,
       version: VERSION,
@@ -535,6 +614,8 @@ async function startIn(
     });
     mcp.start();
     cleanups.push(() => mcp.stop());
+    relayed.mcp = mcp;
+    relayed.api = api;
     const tcp = listen(config, log, (request) =>
       mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request)),
     );
@@ -568,6 +649,9 @@ async function startIn(
     const linkMetadata = new MetadataRefresher({ identity: new IdentityStore(config.dataDir, clock), log });
     linkMetadata.start();
     cleanups.push(() => linkMetadata.stop());
+    // Linked or not: an unlinked engine's tunnel waits for an identity (`engine link` while it runs).
+    tunnel.start();
+    cleanups.push(() => tunnel.stop());
 
     const port = tcp.port ?? config.port;
     const acmeConfig = config.proxy.acme;

@@ -160,6 +160,7 @@ export class MariaDbEngine implements DatabaseEngine {
   readonly label = "MariaDB";
   readonly hasServer = true;
   readonly serverUser = "mysql";
+  readonly bindsThroughFiles = false;
 
   detectTools(env: Record<string, string>): ToolReport {
     const path = [env.PATH ?? "/usr/local/bin:/usr/bin:/bin", ...SBIN_DIRS].join(":");

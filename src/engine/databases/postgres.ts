@@ -103,6 +103,7 @@ export class PostgresEngine implements DatabaseEngine {
   readonly label = "PostgreSQL";
   readonly hasServer = true;
   readonly serverUser = "postgres";
+  readonly bindsThroughFiles = false;
 
   detectTools(env: Record<string, string>): ToolReport {
     return findTools([...SERVER_TOOLS, ...CLIENT_TOOLS], env, pgBinDirs(env));

@@ -154,6 +154,7 @@ export class RedisEngine implements DatabaseEngine {
   readonly hasServer = true;
   /** serverUser is null: a root engine runs this engine's process as the service's own user (instance.owner). */
   readonly serverUser = null;
+  readonly bindsThroughFiles = false;
 
   detectTools(env: Record<string, string>): ToolReport {
     return findTools(TOOLS, env);

@@ -4,7 +4,18 @@ import { join } from "node:path";
 import { randomId } from "../../lib/crypto";
 import { feedFile } from "./feed";
 import { sniffFormat } from "./formats";
-import { assertTools, asUser, FileProgress, findTools, lastLines, openOwned, type RunAs, runTool, type ToolSpec } from "./tools";
+import {
+  assertTools,
+  asUser,
+  FileProgress,
+  findTools,
+  lastLines,
+  openOwned,
+  type RunAs,
+  runTool,
+  setFileMode,
+  type ToolSpec,
+} from "./tools";
 import type {
   ConnectionDetails,
   DatabaseEngine,
@@ -25,6 +36,18 @@ const TOOLS: ToolSpec[] = [
 
 /** DATABASE_FILE is the database's file name inside the service's data dir. */
 export const SQLITE_DATABASE_FILE = "database.sqlite3";
+/** COMPANION_SUFFIXES name the files SQLite keeps beside a database: its WAL, the WAL's index, its rollback journal. */
+const COMPANION_SUFFIXES = ["-wal", "-shm", "-journal"];
+/**
+ * SHARED_FILE_MODE is the mode of the database and its companions under a root engine: its
+ * user's and its group's, which the services bound to it get at launch (decision 290). SQLite
+ * gives the companions it creates the database file's mode itself, whatever the umask.
+ */
+const SHARED_FILE_MODE = 0o660;
+/** PRIVATE_FILE_MODE is the file's mode where the engine runs everything as itself (nothing to share). */
+const PRIVATE_FILE_MODE = 0o640;
+/** STAGING_MODE keeps a restore's unfinished file from the bound services until it replaces the database. */
+const STAGING_MODE = 0o600;
 const COPY_CHUNK = 1024 * 1024;
 const PROGRESS_INTERVAL_MS = 250;
 
@@ -44,6 +67,11 @@ export function sqliteFile(instance: DatabaseInstance): string {
  * is: the engine creates it and a restore's new file for that user, and the SQL restore's
  * sqlite3 runs as that user. (SQLite itself, run as root, gives the `-wal`, `-shm` and journal
  * files it makes the database file's owner, so the readiness check may open it as root.)
+ * Services bound to it open the file themselves, as users of their own: the data dir is its
+ * group's (2770, set by the manager) and the file and its companions 0660, so the database
+ * service's group, which the manager gives each bound service at launch, reads and writes
+ * them (decision 290). Root opens nothing there through a link: bound services may rename
+ * and replace what is in the dir.
  */
 export class SqliteEngine implements DatabaseEngine {
   readonly name = "sqlite" as const;
@@ -51,6 +79,7 @@ export class SqliteEngine implements DatabaseEngine {
   readonly hasServer = false;
   /** serverUser is null: a root engine runs this engine's process as the service's own user (instance.owner). */
   readonly serverUser = null;
+  readonly bindsThroughFiles = true;
 
   detectTools(env: Record<string, string>): ToolReport {
     return findTools(TOOLS, env);
@@ -75,10 +104,15 @@ export class SqliteEngine implements DatabaseEngine {
   async initialize(instance: DatabaseInstance, context: ToolContext): Promise<void> {
     assertTools(this.label, this.detectTools(instance.env));
     const file = sqliteFile(instance);
-    if (existsSync(file)) return;
-    // An empty file is an empty database: SQLite writes its header at the first write.
-    closeSync(openOwned(file, instance.owner, 0o640, true));
-    context.log(`created an empty SQLite database, ${file}`);
+    const shared = Boolean(instance.owner);
+    if (!existsSync(file)) {
+      // An empty file is an empty database: SQLite writes its header at the first write.
+      closeSync(openOwned(file, instance.owner, shared ? SHARED_FILE_MODE : PRIVATE_FILE_MODE, true));
+      context.log(`created an empty SQLite database, ${file}`);
+    }
+    // Set at every start (the mode at creation passed through the umask), so an older engine's
+    // 0640 file and companions, or a file an admin copied in, open to the bound services too.
+    if (shared) for (const suffix of ["", ...COMPANION_SUFFIXES]) setFileMode(`${file}${suffix}`, SHARED_FILE_MODE);
   }
 
   location(instance: DatabaseInstance): string {
@@ -91,6 +125,9 @@ export class SqliteEngine implements DatabaseEngine {
   }
 
   async ready(instance: DatabaseInstance): Promise<ReadyResult> {
+    // SQLite follows a link at the database's name (not at its companions'): bound services
+    // may put one there, and root opens only the database's own file.
+    if (!isRegularFile(sqliteFile(instance))) return { ready: false, detail: "the database file is missing or not a regular file" };
     try {
       const db = new Database(sqliteFile(instance), { readonly: true });
       try {
@@ -118,11 +155,14 @@ export class SqliteEngine implements DatabaseEngine {
     const target = sqliteFile(instance);
     const staging = join(instance.dataDir, `.restore-${randomId("r").slice(2)}.sqlite3`);
     const owner = instance.owner ?? null;
+    // Under a root engine the new file is the owner's alone until it is complete and checked,
+    // then the group's too, as the database it replaces is (decision 290).
+    const createMode = owner ? STAGING_MODE : PRIVATE_FILE_MODE;
     try {
       if (format.format === "sqlite-db" && !sample.gzip) {
-        await copyWithProgress(sample.path, staging, owner, job);
+        await copyWithProgress(sample.path, staging, owner, createMode, job);
       } else if (format.format === "sqlite-db") {
-        const out = openOwned(staging, owner, 0o640, true);
+        const out = openOwned(staging, owner, createMode, true);
         try {
           await feedFile(sample.path, fdSink(out), {
             gzip: true,
@@ -133,12 +173,15 @@ export class SqliteEngine implements DatabaseEngine {
           closeSync(out);
         }
       } else {
+        // sqlite3 would create the file with its umask's mode: it gets one made already, empty.
+        if (owner) closeSync(openOwned(staging, owner, createMode, true));
         await loadSql(tools.sqlite3 as string, staging, owner, job);
       }
       if (job.signal.aborted) throw job.signal.reason;
       const problem = integrityProblem(staging);
       if (problem) throw new Error(`the restored database fails its integrity check: ${problem}`);
       if (job.signal.aborted) throw job.signal.reason;
+      if (owner) setFileMode(staging, SHARED_FILE_MODE);
       swapFile(target, staging);
       job.log(`replaced ${target} with the restored database`);
       job.progress({ bytesRead: sample.totalBytes, totalBytes: sample.totalBytes });
@@ -158,9 +201,9 @@ function fdSink(fd: number) {
 }
 
 /** copyWithProgress copies a database file chunk by chunk into a new file of `owner`'s, so that a timeout stops it at once. */
-async function copyWithProgress(from: string, to: string, owner: RunAs | null, job: RestoreJob): Promise<void> {
+async function copyWithProgress(from: string, to: string, owner: RunAs | null, mode: number, job: RestoreJob): Promise<void> {
   const input = openSync(from, "r");
-  const output = openOwned(to, owner, 0o640, true);
+  const output = openOwned(to, owner, mode, true);
   const buffer = Buffer.alloc(COPY_CHUNK);
   let copied = 0;
   let lastReport = 0;
@@ -224,8 +267,14 @@ async function loadSql(sqlite3: string, staging: string, owner: RunAs | null, jo
   }
 }
 
+/** isRegularFile says whether `path` is a regular file itself, not a link to one. */
+function isRegularFile(path: string): boolean {
+  return lstatSync(path, { throwIfNoEntry: false })?.isFile() === true;
+}
+
 /** integrityProblem opens a database and runs PRAGMA integrity_check; null when it is sound. */
 function integrityProblem(path: string): string | null {
+  if (!isRegularFile(path)) return "the restored file is missing or not a regular file";
   try {
     const db = new Database(path, { readonly: true });
     try {
@@ -247,7 +296,7 @@ function integrityProblem(path: string): string | null {
  */
 function swapFile(target: string, staging: string): void {
   // Only the database's own file: a link there is not followed to another database.
-  if (existsSync(`${target}-wal`) && lstatSync(target, { throwIfNoEntry: false })?.isFile()) {
+  if (existsSync(`${target}-wal`) && isRegularFile(target)) {
     try {
       const db = new Database(target);
       db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
@@ -257,5 +306,5 @@ function swapFile(target: string, staging: string): void {
     }
   }
   renameSync(staging, target);
-  for (const suffix of ["-wal", "-shm", "-journal"]) rmSync(`${target}${suffix}`, { force: true });
+  for (const suffix of COMPANION_SUFFIXES) rmSync(`${target}${suffix}`, { force: true });
 }

@@ -2,6 +2,7 @@ import {
   closeSync,
   constants,
   existsSync,
+  fchmodSync,
   fchownSync,
   fstatSync,
   lchownSync,
@@ -127,6 +128,30 @@ export function writeOwned(path: string, content: string | Uint8Array, owner: Ru
 export function mkdirOwned(path: string, owner: RunAs | null | undefined, mode: number): void {
   mkdirSync(path, { mode });
   if (owner) lchownSync(path, owner.uid, owner.gid);
+}
+
+/**
+ * setFileMode gives a regular file in a service's data dir `mode`, without following a link at
+ * its name (a file other users may rename cannot lead root elsewhere). It answers false when
+ * nothing is there, and throws when the name is not a regular file.
+ */
+export function setFileMode(path: string, mode: number): boolean {
+  let fd: number;
+  try {
+    fd = openSync(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return false;
+    if ((error as NodeJS.ErrnoException).code === "ELOOP") throw new Error(`${path} is a symbolic link, not the database's file`);
+    throw error;
+  }
+  try {
+    const stat = fstatSync(fd);
+    if (!stat.isFile()) throw new Error(`${path} is not a regular file`);
+    if ((stat.mode & 0o7777) !== mode) fchmodSync(fd, mode);
+    return true;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /**

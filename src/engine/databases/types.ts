@@ -51,6 +51,8 @@ export interface DatabaseInstance {
    * it, as any workload (engines whose serverUser is null: Redis, SQLite). Every file the
    * adapter makes in the data dir is given to it, and the programs that read or write the
    * service's files for it (its stop command, checks of a dump placed there) run as it.
+   * For an adapter that binds through files (SQLite) its group is also that of the services
+   * bound to it: the files it makes must be the group's too (decision 290).
    * Null or absent: the engine does not switch users, or the adapter runs as its serverUser.
    */
   owner?: RunAs | null;
@@ -176,6 +178,12 @@ export interface DatabaseEngine {
    * and hands that user to the adapter as `instance.owner`.
    */
   readonly serverUser: string | null;
+  /**
+   * bindsThroughFiles is true where a bound service uses the database's files itself rather
+   * than a server (SQLite). A root engine then opens the data dir to the database service's
+   * group (2770, the files 0660) and gives each service bound to it that group at its launch.
+   */
+  readonly bindsThroughFiles: boolean;
 
   /**
    * detectTools looks for the server, client and restore programs on the host (PATH, then

@@ -1,9 +1,12 @@
 import { isIP } from "node:net";
 import {
   type AuthInfo,
+  CLIENT_CAPABILITIES_META_KEY,
+  CLIENT_INFO_META_KEY,
   createMcpHandler,
   isLegacyRequest,
   type McpHttpHandler,
+  PROTOCOL_VERSION_META_KEY,
   type ServerContext,
   validateHostHeader,
   validateOriginHeader,
@@ -32,8 +35,12 @@ const MAX_SESSIONS = 256;
 
 export interface McpEndpointOptions {
   tokens: Pick<TokenStore, "authenticate">;
-  /** dispatch hands a request to the engine's API app in-process (api.app.handle). */
-  dispatch: (request: Request) => Response | Promise<Response>;
+  /**
+   * dispatch hands a request to the engine's API app in-process (api.app.handle); with a
+   * principal (a relayed call) the request runs as that principal (api.actAs) instead of an
+   * Authorization header.
+   */
+  dispatch: (request: Request, principal?: Principal) => Response | Promise<Response>;
   log: Logger;
   clock: Clock;
   version: string;
@@ -51,11 +58,24 @@ interface LegacySession {
   lastSeen: number;
 }
 
-/** CallerInfo rides in AuthInfo.extra from the bearer check to the tool call. */
-interface CallerInfo {
-  authorization: string;
+/**
+ * CallerInfo rides in AuthInfo.extra from the bearer check to the tool call: the request's own
+ * Authorization header, or, for a call relayed from the console, the principal the engine made
+ * of the console's assertion (the assistant's token never reaches the engine).
+ */
+type CallerInfo = { authorization: string; owner: string } | { principal: Principal; owner: string };
+
+/** RelayedCaller is who a relayed call runs as: its principal, and the owner its operations are filed under. */
+export interface RelayedCaller {
+  principal: Principal;
   owner: string;
 }
+
+/** RelayAnswer is what a relayed request came to: the JSON-RPC result, or the JSON-RPC error. */
+export type RelayAnswer = { result: Record<string, unknown> } | { error: { code: string; message: string } };
+
+/** RELAY_PROTOCOL is the revision relayed requests are served in: stateless, one request each. */
+const RELAY_PROTOCOL = "2026-07-28";
 
 /**
  * McpEndpoint serves `/mcp` on the API's port, and the protected-resource metadata beside it.
@@ -166,20 +186,62 @@ export class McpEndpoint {
     });
   }
 
+  /**
+   * relay serves one MCP request that arrived over the cloud link's tunnel (`tools/list`, or a
+   * `tools/call` as `caller`). It is handed to the same 2026-07-28 handler as a request on `/mcp`
+   * (same tools, same input and output checks), with the relayed principal in place of a bearer
+   * token; the tools then call the API in-process as that principal. The Host, Origin and bearer
+   * checks of `/mcp` do not apply: the request never came from a listener.
+   */
+  async relay(method: "tools/list" | "tools/call", params: Record<string, unknown>, caller: RelayedCaller): Promise<RelayAnswer> {
+    if (!this.#modern) return { error: { code: "engine_stopping", message: "the engine's MCP server is not running" } };
+    const headers: Record<string, string> = {
+      "content-type": "application/json",
+      accept: "application/json, text/event-stream",
+      "mcp-protocol-version": RELAY_PROTOCOL,
+      "mcp-method": method,
+    };
+    if (method === "tools/call") headers["mcp-name"] = String(params.name);
+    const meta = {
+      [PROTOCOL_VERSION_META_KEY]: RELAY_PROTOCOL,
+      [CLIENT_INFO_META_KEY]: { name: "engine-cloud relay", version: this.#o.version },
+      [CLIENT_CAPABILITIES_META_KEY]: {},
+    };
+    let request: Request;
+    try {
+      request = new Request(`http://localhost${MCP_PATH}`, {
+        method: "POST",
+        headers,
+        body: JSON.stringify({ jsonrpc: "2.0", id: 1, method, params: { ...params, _meta: meta } }),
+      });
+    } catch (error) {
+      return { error: { code: "invalid_request", message: (error as Error).message } };
+    }
+    const info: CallerInfo = { principal: caller.principal, owner: caller.owner };
+    const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller: info } };
+    const response = await this.#modern.fetch(request, { authInfo });
+    return relayAnswerOf(response);
+  }
+
   /** #callerOf reads who calls from the request's auth info: the token of each request, not of the session's first. */
   #callerOf(ctx: ServerContext, era: string): Caller {
     const info = ctx.http?.authInfo?.extra?.caller as CallerInfo | undefined;
     if (!info) throw new Error(`an MCP ${era} call arrived without its caller`);
-    return { transport: this.#transportFor(info.authorization), owner: info.owner };
+    return { transport: this.#transportFor(info), owner: info.owner };
   }
 
-  /** #transportFor sends the tool's API calls into the API app with the caller's own Authorization header. */
-  #transportFor(authorization: string): ApiTransport {
+  /**
+   * #transportFor sends the tool's API calls into the API app as the caller: with its own
+   * Authorization header, or, relayed, as the principal made of the console's assertion.
+   */
+  #transportFor(info: CallerInfo): ApiTransport {
     return async (method, path, body) => {
-      const headers: Record<string, string> = { authorization, accept: "application/json" };
+      const headers: Record<string, string> = { accept: "application/json" };
+      if ("authorization" in info) headers.authorization = info.authorization;
       if (body !== undefined) headers["content-type"] = "application/json";
       const response = await this.#o.dispatch(
         new Request(`http://localhost${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) }),
+        "principal" in info ? info.principal : undefined,
       );
       const text = await response.text();
       let parsed: unknown;
@@ -321,6 +383,40 @@ export class McpEndpoint {
       { status: 401, headers: { "www-authenticate": `Bearer ${parameters.join(", ")}` } },
     );
   }
+}
+
+/**
+ * relayAnswerOf reads the handler's answer to a relayed request: one JSON body, or an SSE stream
+ * whose last `data:` line is the response (the handler streams only when a tool sends a message
+ * before its result).
+ */
+async function relayAnswerOf(response: Response): Promise<RelayAnswer> {
+  const text = await response.text();
+  let message: unknown;
+  try {
+    if ((response.headers.get("content-type") ?? "").includes("text/event-stream")) {
+      const data = text
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).trim());
+      message = JSON.parse(data.at(-1) ?? "null");
+    } else {
+      message = JSON.parse(text);
+    }
+  } catch {
+    return {
+      error: { code: "internal", message: `the engine's MCP handler answered ${response.status} with a body that is not JSON-RPC` },
+    };
+  }
+  const envelope = message as { result?: Record<string, unknown>; error?: { code?: number; message?: string } } | null;
+  if (envelope?.result && typeof envelope.result === "object") return { result: envelope.result };
+  const failure = envelope?.error;
+  return {
+    error: {
+      code: failure?.code !== undefined ? `jsonrpc_${failure.code}` : `http_${response.status}`,
+      message: failure?.message ?? `the engine's MCP handler answered ${response.status}`,
+    },
+  };
 }
 
 /** jsonRpcError is a transport-level refusal in the JSON-RPC shape MCP clients read. */

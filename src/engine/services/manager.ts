@@ -1018,7 +1018,7 @@ export class ServiceManager implements ServiceDirectory {
     this.changed(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
     rmSync(this.buildsDir(service.id), { recursive: true, force: true });
-    for (const dir of this.madeDirs) if (dir.startsWith(this.serviceDir(service.id))) this.madeDirs.delete(dir);
+    for (const dir of this.madeDirs.keys()) if (dir.startsWith(this.serviceDir(service.id))) this.madeDirs.delete(dir);
     this.o.log.info({ service: service.name, dependents }, "service deleted");
     this.schedule();
   }
@@ -1295,7 +1295,7 @@ export class ServiceManager implements ServiceDirectory {
       if (bound) Object.assign(bindingEnv, bindingVariables(this.boundService(bound)));
     }
     const dataDir = this.serviceDataDir(service.name);
-    this.ensureDir(dataDir);
+    this.ensureDir(dataDir, this.dataDirMode(spec));
     this.ensureServiceDir(serviceId);
     this.ensureDir(join(this.serviceDir(serviceId), "logs"));
     this.ensureDir(join(this.serviceDir(serviceId), "runs"));
@@ -1365,6 +1365,9 @@ export class ServiceManager implements ServiceDirectory {
     let user: WorkloadUser | null = null;
     try {
       user = await this.workloadUser(serviceId);
+      // The run (and its exec probes) may open the files of the SQLite databases it is bound to:
+      // their groups, from this version's bindings, so a binding removed takes them away.
+      if (user) user = { ...user, groups: [...new Set([...user.groups, ...this.fileBindingGroups(spec)])] };
       runtime.user = user;
       // The user's own HOME, USER and LOGNAME replace the daemon's; the deploy's env may still set them.
       for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in spec.env)) env[key] = value;
@@ -1797,7 +1800,41 @@ export class ServiceManager implements ServiceDirectory {
     const { spec } = this.currentSpec(service);
     const groups = spec.user ? (this.users.resolve(spec.user)?.groups ?? []) : this.users.gpuGroups();
     const home = spec.user ? (this.users.resolve(spec.user)?.home ?? "/") : this.serviceDataDir(service.name);
-    return { ...service.run_as, groups, home };
+    return { ...service.run_as, groups: [...new Set([...groups, ...this.fileBindingGroups(spec)])], home };
+  }
+
+  /**
+   * fileBindingGroups are the groups of the databases `spec` binds to that bound services use
+   * through their files (SQLite): each one's own group, which a root engine opens its data dir
+   * and files to (decision 290). Read at every launch from the version being launched: a
+   * binding removed by a patch or a redeploy takes the group away at the next launch. A
+   * database that has not run yet has no user, and so no group to give.
+   */
+  private fileBindingGroups(spec: ServiceSpec): number[] {
+    if (!this.switchUsers) return [];
+    const groups: number[] = [];
+    for (const name of spec.bindings) {
+      const bound = this.o.store.findService(name);
+      if (!bound?.run_as || !this.bindsThroughFiles(this.currentSpec(bound).spec)) continue;
+      groups.push(bound.run_as.gid);
+    }
+    return groups;
+  }
+
+  /** bindsThroughFiles says whether `spec` is a managed database its bound services use through its files (SQLite). */
+  private bindsThroughFiles(spec: ServiceSpec): boolean {
+    const engine = spec.database?.engine;
+    return Boolean(engine && this.databases.available(engine) && this.databases.get(engine).bindsThroughFiles);
+  }
+
+  /**
+   * dataDirMode is the mode of a service's data dir: its user's alone (0700), but under a root
+   * engine 2770 for a database its bound services use through its files (decision 290): the
+   * group may make the journals SQLite writes beside the database, and setgid keeps what
+   * either user makes there in the database's group.
+   */
+  private dataDirMode(spec: ServiceSpec): number {
+    return this.switchUsers && this.bindsThroughFiles(spec) ? 0o2770 : 0o700;
   }
 
   /**
@@ -1813,6 +1850,7 @@ export class ServiceManager implements ServiceDirectory {
     const { spec } = this.currentSpec(service);
     if (this.serverUserOf(spec)) return null;
     const dataDir = this.serviceDataDir(service.name);
+    const dataDirMode = this.dataDirMode(spec);
     let user: WorkloadUser;
     if (spec.user) {
       const chosen = this.users.resolve(spec.user);
@@ -1821,7 +1859,7 @@ export class ServiceManager implements ServiceDirectory {
     } else {
       user = await this.users.ensureServiceUser(service.name, dataDir, service.run_as);
     }
-    this.ensureDir(dataDir, 0o700);
+    this.ensureDir(dataDir, dataDirMode);
     const owner = statSync(dataDir);
     if (owner.uid !== user.uid || owner.gid !== user.gid) {
       // First run as this user (an upgraded engine's services ran as root, or an admin changed
@@ -1830,8 +1868,9 @@ export class ServiceManager implements ServiceDirectory {
       const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
       const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
       if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
-      // An older engine made a database's dir 0750: the user's own is 0700 (ensureDir sets it once per daemon).
-      chmodSync(dataDir, 0o700);
+      // An older engine made a database's dir 0750: the user's own is 0700, or a SQLite
+      // database's 2770 (ensureDir sets it once per daemon; chown cleared the setgid bit).
+      chmodSync(dataDir, dataDirMode);
       this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
     }
     const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };
@@ -1874,18 +1913,19 @@ export class ServiceManager implements ServiceDirectory {
     }
   }
 
-  private readonly madeDirs = new Set<string>();
+  private readonly madeDirs = new Map<string, number>();
 
   /**
-   * ensureDir makes a directory with its mode once per daemon: a recursive mkdir costs more
-   * than a launch's spawn. Its parents must exist already (the data dir's layout, secureDataDir).
+   * ensureDir makes a directory with its mode once per daemon (and again when the mode asked
+   * for changes: a name deployed again as another kind of service): a recursive mkdir costs
+   * more than a launch's spawn. Its parents must exist already (the data dir's layout, secureDataDir).
    */
   private ensureDir(dir: string, mode = 0o700): void {
-    if (this.madeDirs.has(dir)) return;
+    if (this.madeDirs.get(dir) === mode) return;
     mkdirSync(dir, { recursive: true, mode });
     // mkdir's mode passes through the umask, and an older engine may have made it with another.
     chmodSync(dir, mode);
-    this.madeDirs.add(dir);
+    this.madeDirs.set(dir, mode);
   }
 
   /** serviceDataDir is a service's own directory, `<data-dir>/data/<name>`, kept when the service is deleted. */

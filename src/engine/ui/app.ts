@@ -1297,6 +1297,29 @@ interface LinkStatus {
   hosted_base_domain: string | null;
   linked_at: string | null;
   metadata_refreshed_at: string | null;
+  tunnel: {
+    state: "not_linked" | "connecting" | "connected" | "disconnected" | "stopped";
+    since: string;
+    url: string | null;
+    connected_at: string | null;
+    last_error: string | null;
+    last_error_at: string | null;
+    next_attempt_at: string | null;
+  };
+}
+
+/**
+ * tunnelRows say how the relay's tunnel to the console stands: connected since when, or
+ * disconnected with the last error and the next attempt (a user reads why the console shows
+ * this machine offline).
+ */
+function tunnelRows(tunnel: LinkStatus["tunnel"]): [string, Child][] {
+  const state = tunnel.state === "connected" ? "connected" : tunnel.state === "connecting" ? "connecting" : "disconnected";
+  return [
+    ["Tunnel", h("span", {}, badge(state), ` since ${when(tunnel.since)}`)],
+    ["Last error", tunnel.last_error ? `${tunnel.last_error} (${when(tunnel.last_error_at)})` : ""],
+    ["Next attempt", tunnel.state === "disconnected" ? when(tunnel.next_attempt_at) : ""],
+  ];
 }
 
 async function renderLink(): Promise<void> {
@@ -1330,6 +1353,7 @@ async function renderLink(): Promise<void> {
             ["Hosted base domain", link.hosted_base_domain ?? "—"],
             ["Linked at", when(link.linked_at)],
             ["Metadata refreshed", when(link.metadata_refreshed_at)],
+            ...tunnelRows(link.tunnel),
           ]),
           h(
             "p",

@@ -39,7 +39,8 @@ export function describeModeChange(change: ModeChange): string {
  *
  *   <data-dir>            0711 root   traversable, not listable
  *   data/                 0711 root   workloads reach data/<name>
- *   data/<name>           0700 the service's user (set at launch)
+ *   data/<name>           0700 the service's user (set at launch); a SQLite database's 2770, its
+ *                         group given to the services bound to it (decision 290)
  *   data/.builds/         0711 root   build checkouts: a checkout is its run's cwd
  *   data/.builds/<id>     0700 the service's user (set at build)
  *   services/             0700 root   the shim's logs and exit records, build logs: the workload

@@ -66,4 +66,40 @@ describeEachDialect("node enrollment", (dialect) => {
     expect(outcomes.filter((o) => o === "node_limit_reached").length).toBe(9);
     expect((await nodes.list(accountId)).length).toBe(3);
   });
+
+  test("what an engine reports over its tunnel is stored cleaned: version, GPUs, tools; last seen only moves forward", async () => {
+    const { accountId } = await cloud.signIn("reports@example.com");
+    const other = await cloud.signIn("other-reports@example.com");
+    const { nodes, db } = cloud.deps;
+    const enrolled = await db.transaction((tx) =>
+      nodes.enroll(tx, accountId, { hostname: "rig", os: "linux", version: "0.1.0" }, "device"),
+    );
+    const older = await db.transaction((tx) =>
+      nodes.enroll(tx, accountId, { hostname: "old-rig", os: "linux", version: "0.1.0" }, "device"),
+    );
+    const id = enrolled.node.id;
+    expect(await nodes.toolsOf(accountId, [id, older.node.id])).toBeNull();
+    const tools = [{ name: "list_services", inputSchema: { type: "object" } }];
+    await nodes.recordHello(older.node.id, { version: "0.6.0", gpus: [], tools: [{ name: "old", inputSchema: {} }] }, 1_000);
+    await nodes.recordHello(
+      id,
+      { version: "0.7.0\u0007", gpus: [{ index: 0, name: "H100\u202e", memory_total_mb: 81_920, mig_profile: null }], tools },
+      2_000,
+    );
+    expect(await nodes.get(accountId, id)).toMatchObject({
+      version: "0.7.0",
+      lastSeenAt: 2_000,
+      gpus: [{ index: 0, name: "H100", memory_total_mb: 81_920, mig_profile: null }],
+    });
+    // The most recently seen node's tools are the ones listed; another account's rows are not read.
+    expect(await nodes.toolsOf(accountId, [id, older.node.id])).toEqual(tools);
+    expect(await nodes.toolsOf(accountId, [older.node.id])).toEqual([{ name: "old", inputSchema: {} }]);
+    expect(await nodes.toolsOf(other.accountId, [id])).toBeNull();
+    expect(await nodes.get(other.accountId, id)).toBeUndefined();
+    await nodes.touch(id, 1_500);
+    expect((await nodes.get(accountId, id))?.lastSeenAt).toBe(2_000);
+    await nodes.touch(id, 3_000);
+    await nodes.recordGpus(id, [], 3_500);
+    expect(await nodes.get(accountId, id)).toMatchObject({ lastSeenAt: 3_500, gpus: [] });
+  });
 });

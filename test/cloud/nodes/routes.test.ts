@@ -30,9 +30,19 @@ describeEachDialect("GET /api/nodes", (dialect) => {
     const listed = await cloud.api("GET", "/api/nodes", { token: ada.token });
     expect(listed.status).toBe(200);
     expect(listed.body.nodes.map((node: { slug: string }) => node.slug)).toEqual(["alpha", "beta"]);
-    expect(listed.body.nodes[0]).toMatchObject({ hostname: "alpha.lan", os: "linux", version: "0.1.0", enrolled_via: "link_code" });
+    // Never connected: offline, never seen, no GPUs reported (the relay fills these in; test/cloud/relay).
+    expect(listed.body.nodes[0]).toMatchObject({
+      hostname: "alpha.lan",
+      os: "linux",
+      version: "0.1.0",
+      enrolled_via: "link_code",
+      online: false,
+      online_since: null,
+      last_seen_at: null,
+      gpus: null,
+    });
     expect(Object.keys(listed.body.nodes[0]).sort()).toEqual(
-      ["created_at", "enrolled_via", "hostname", "id", "last_seen_at", "os", "slug", "version"].sort(),
+      ["created_at", "enrolled_via", "gpus", "hostname", "id", "last_seen_at", "online", "online_since", "os", "slug", "version"].sort(),
     );
     expect(JSON.stringify(listed.body)).not.toContain("enc_");
     expect((await cloud.api("GET", "/api/nodes", { token: grace.token })).body).toEqual({ nodes: [] });

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { num } from "../../../src/cloud/db";
+import { testCertificates } from "../../fixtures/cloud/idp";
 import { describeEachDialect } from "../helpers";
 import { type AssistantCloud, authorized, type DocumentServer, pkce, ridOf, startAssistantCloud, startDocumentServer } from "./helpers";
 
@@ -217,6 +218,31 @@ describeEachDialect("assistants: clients", (dialect) => {
     documents.serve("/docs/moved.json", "", { status: 302, headers: { location: documents.url("/docs/good.json") } });
     expectErrorPage(await request(moved, "https://doc-assistant.example/callback"), "HTTP 302");
     expectErrorPage(await request(documents.url("/docs/missing.json"), "https://doc-assistant.example/callback"), "HTTP 404");
+  });
+
+  test("a document the console cannot fetch: the error page says why (an untrusted certificate, a refused connection)", async () => {
+    const tls = testCertificates();
+    const untrusted = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      tls: { cert: tls.certPem, key: tls.keyPem },
+      fetch: () => Response.json({}),
+    });
+    const closed = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: () => new Response() });
+    const closedPort = closed.port;
+    closed.stop(true);
+    try {
+      expectErrorPage(
+        await request(`https://127.0.0.1:${untrusted.port}/client.json`, "https://doc-assistant.example/callback"),
+        "cannot be fetched: its server&#39;s TLS certificate is not trusted by the console (UNABLE_TO_VERIFY_LEAF_SIGNATURE)",
+      );
+      expectErrorPage(
+        await request(`http://127.0.0.1:${closedPort}/client.json`, "https://doc-assistant.example/callback"),
+        "cannot be fetched: its server refused the connection",
+      );
+    } finally {
+      untrusted.stop(true);
+    }
   });
 
   test("a redirect URI the document does not list: an error page", async () => {

@@ -1,12 +1,12 @@
 import { Database } from "bun:sqlite";
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { chmodSync, copyFileSync, existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, lstatSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ServiceRecord } from "../../../src/contract/engine";
 import { SqliteEngine, sqliteFile } from "../../../src/engine/databases";
 import { LocalCa, pkiDirectory } from "../../../src/engine/tls";
 import { serviceUserName } from "../../../src/engine/users";
-import { eventually } from "../../helpers";
+import { eventually, workloadPath } from "../../helpers";
 import {
   asRoot,
   type DatabaseTestEngine,
@@ -40,6 +40,48 @@ function checksumsOf(path: string): Record<string, unknown> {
   } finally {
     db.close();
   }
+}
+
+/**
+ * CLIENT_PY is what a service bound to a SQLite database does with it: opens the file whose
+ * path the binding gave it (SHARED_PATH; TARGET once unbound), counts the reference's notes if
+ * the database has them, writes a row through a rollback journal, switches to WAL and writes
+ * another, and reports the modes and groups of the -wal and -shm SQLite made. One line:
+ * `ok ...`, or `open <errno>` when it may not open the file.
+ */
+const CLIENT_PY = `
+import errno, os, sqlite3, sys
+via = "binding" if os.environ.get("SHARED_PATH") else "env"
+path = os.environ.get("SHARED_PATH") or os.environ["TARGET"]
+try:
+    os.close(os.open(path, os.O_RDWR))
+except OSError as e:
+    print(f"open {errno.errorcode.get(e.errno, e.errno)} via={via}", flush=True)
+    sys.exit(3)
+db = sqlite3.connect(path, timeout=10)
+tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+notes = db.execute("SELECT count(*) FROM notes").fetchone()[0] if "notes" in tables else 0
+db.execute("CREATE TABLE IF NOT EXISTS visits (id INTEGER PRIMARY KEY, how TEXT)")
+db.execute("INSERT INTO visits (how) VALUES ('rollback journal')")
+db.commit()
+mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+db.execute("INSERT INTO visits (how) VALUES ('wal')")
+db.commit()
+files = " ".join(f"{s}={oct(os.stat(path + s).st_mode & 0o7777)}:{os.stat(path + s).st_gid}" for s in ("-wal", "-shm"))
+visits = db.execute("SELECT count(*) FROM visits").fetchone()[0]
+db.close()
+print(f"ok via={via} journal={mode} notes={notes} visits={visits} {files}", flush=True)
+`;
+
+/** python3 is a system Python every service user may run (a pyenv shim under /root is not one); null when the host has none. */
+const python3 = Bun.which("python3", { PATH: "/usr/local/bin:/usr/bin:/bin" });
+
+/** groupsOf reads a process's supplementary groups from /proc/<pid>/status. */
+function groupsOf(pid: number): number[] {
+  const line = readFileSync(`/proc/${pid}/status`, "utf8")
+    .split("\n")
+    .find((l) => l.startsWith("Groups:"));
+  return (line ?? "").slice(7).trim().split(/\s+/).filter(Boolean).map(Number);
 }
 
 let db: DatabaseTestEngine;
@@ -84,7 +126,7 @@ suite("SQLite database services", () => {
   }, 60_000);
 
   afterAll(async () => {
-    await db?.close(["notes"]);
+    await db?.close(["notes", "shared"]);
   }, 30_000);
 
   test("a SQLite service is a file in its data dir, running once it opens, with bindings to its path", async () => {
@@ -262,7 +304,9 @@ suite("SQLite database services", () => {
       expect(processUids(record.pid as number)).toEqual([owner.uid, owner.uid, owner.uid, owner.uid]);
       expect(record.user).toBe(serviceUserName("notes"));
       expect((await db.api.diagnose("notes")).user).toBe(serviceUserName("notes"));
-      expect(statSync(dir).mode & 0o777).toBe(0o700);
+      // The database's group may enter (services bound to it get that group, decision 290); others may not.
+      expect(statSync(dir).mode & 0o7777).toBe(0o2770);
+      expect(statSync(file).mode & 0o7777).toBe(0o660);
       // A WAL database: whoever opens it (the readiness check, as root) makes its -wal and -shm, which must be the user's.
       const wal = join(scratch, "wal.sqlite3");
       copyFileSync(dumps.file as string, wal);
@@ -273,16 +317,111 @@ suite("SQLite database services", () => {
       expect(existsSync(`${file}-shm`)).toBe(true);
       expect(notOwnedBy(dir, owner)).toEqual([]);
 
-      // An older engine's service: the dir 0750 and the file root's. Its next start gives them to the user.
+      // An older engine's service: the dir 0750, the file 0640 and root's. Its next start gives them to the user, with the group's modes.
       await db.api.control("notes", "stop");
       run(["chown", "-R", "-P", "0:0", dir]);
       chmodSync(dir, 0o750);
+      for (const suffix of ["", "-shm"]) chmodSync(`${file}${suffix}`, 0o640);
       expect((await db.api.control("notes", "start")).status).toBe(200);
       await db.api.waitFor("notes", "running", (r) => r.pid !== null, 30_000);
-      expect(statSync(dir).mode & 0o777).toBe(0o700);
+      expect(statSync(dir).mode & 0o7777).toBe(0o2770);
+      for (const suffix of ["", "-shm"]) expect(statSync(`${file}${suffix}`).mode & 0o7777).toBe(0o660);
       expect(notOwnedBy(dir, owner)).toEqual([]);
       expect(checksumsOf(file)).toEqual(reference);
     },
     60_000,
+  );
+  (asRoot && python3 ? test : test.skip)(
+    "as root a service bound to it reads and writes the file, in WAL mode too; an unbound one gets EACCES; an unbinding takes it away",
+    async () => {
+      await db.api.deployed({ name: "shared", engine: "sqlite" });
+      await db.api.waitFor("shared", "running", () => true, 30_000);
+      const owner = serviceUid("shared");
+      if (!owner) throw new Error(`the host has no user ${serviceUserName("shared")}`);
+      const dir = join(db.engine.dataDir, "data", "shared");
+      const sharedFile = join(dir, "database.sqlite3");
+      writeFileSync(join(scratch, "client.py"), CLIENT_PY);
+      const script = workloadPath(join(scratch, "client.py"));
+      // Under a umask of 077: SQLite gives its -wal and -shm the database file's mode itself.
+      const command = `umask 077; ${python3} ${script}; exec sleep 300`;
+      const logLines = async (name: string, prefix: string) =>
+        (await db.engine.json<{ line: string }[]>("GET", `/api/services/${name}/logs?tail=200`)).body
+          .map((line) => line.line)
+          .filter((line) => line.startsWith(prefix));
+      /** nthLine waits for the nth line of `name`'s log that starts with `prefix`: one per run. */
+      const nthLine = (name: string, prefix: string, nth: number) =>
+        eventually(async () => (await logLines(name, prefix))[nth - 1], { timeoutMs: 30_000 });
+      const clientLine = (via: string, notes: number, visits: number) =>
+        `ok via=${via} journal=wal notes=${notes} visits=${visits} -wal=0o660:${owner.gid} -shm=0o660:${owner.gid}`;
+      /**
+       * expectGroupModes checks every entry of the database's dir (links not followed): the
+       * file and the -wal and -shm a reader as root may leave, 0660 and the database's group.
+       */
+      const expectGroupModes = () => {
+        const entries = readdirSync(dir).map((name) => {
+          const stat = lstatSync(join(dir, name));
+          return `${name} 0${(stat.mode & 0o7777).toString(8)} ${stat.gid === owner.gid ? "db-group" : stat.gid}`;
+        });
+        expect(entries).toContain("database.sqlite3 0660 db-group");
+        expect(entries.filter((entry) => !/^database\.sqlite3(-wal|-shm)? 0660 db-group$/.test(entry))).toEqual([]);
+      };
+
+      // Bound: the run has the database's group and uses the file through the path it was given.
+      await db.api.deployed({ name: "writer", command, bindings: ["shared"], env: { TARGET: sharedFile } });
+      let writer = await db.api.waitFor("writer", "running", (r) => r.pid !== null, 30_000);
+      expect(await nthLine("writer", "ok ", 1)).toBe(clientLine("binding", 0, 2));
+      expect(groupsOf(writer.pid as number)).toContain(owner.gid);
+      expect(groupsOf(writer.pid as number)).not.toContain(0);
+      const written = new Database(sharedFile, { readonly: true });
+      expect(written.query<{ how: string }, []>("SELECT how FROM visits ORDER BY id").all()).toEqual([
+        { how: "rollback journal" },
+        { how: "wal" },
+      ]);
+      written.close();
+      expect(statSync(dir).mode & 0o7777).toBe(0o2770);
+      expectGroupModes();
+
+      // Unbound: not the database's group, so not even into its dir.
+      await db.api.deployed({ name: "outsider", command, env: { TARGET: sharedFile } });
+      const outsider = await db.api.waitFor("outsider", "running", (r) => r.pid !== null, 30_000);
+      expect(await nthLine("outsider", "open ", 1)).toBe("open EACCES via=env");
+      expect(groupsOf(outsider.pid as number)).not.toContain(owner.gid);
+
+      // The database's own restores (a .dump through sqlite3 as its user, a file copied) still
+      // work over the WAL database the bound service left, and their file keeps the group's mode.
+      for (const dump of [dumps.sql, dumps.file] as string[]) {
+        const restored = await restore(db.engine, "shared", dump);
+        expect(restored.status).toBe(200);
+        expect(checksumsOf(sharedFile)).toEqual(reference);
+        expectGroupModes();
+        expect(notOwnedBy(join(dir, "database.sqlite3"), owner)).toEqual([]);
+      }
+      expect((await db.api.control("writer", "restart")).status).toBe(200);
+      writer = await db.api.waitFor("writer", "running", (r) => r.pid !== null && r.pid !== writer.pid, 30_000);
+      expect(await nthLine("writer", "ok ", 2)).toBe(clientLine("binding", 20000, 2));
+
+      // A patch that removes the binding: the next launch has neither the group nor the file.
+      const patched = await db.engine.json("PATCH", "/api/services/writer", { body: { bindings: [] } });
+      expect(patched.status).toBe(200);
+      writer = await db.api.waitFor("writer", "running", (r) => r.pid !== null && r.pid !== writer.pid, 30_000);
+      expect(await nthLine("writer", "open ", 1)).toBe("open EACCES via=env");
+      expect(groupsOf(writer.pid as number)).not.toContain(owner.gid);
+
+      // A redeploy gives the binding back, and another takes it away again.
+      for (const [bindings, prefix, expected] of [
+        // The rows of the writer's second run are still there: it adds two more.
+        [["shared"], "ok ", clientLine("binding", 20000, 4)],
+        [[], "open ", "open EACCES via=env"],
+      ] as const) {
+        const count = (await logLines("writer", prefix)).length;
+        expect((await db.api.deploy({ name: "writer", command, bindings, env: { TARGET: sharedFile } })).status).toBe(201);
+        await db.api.waitFor("writer", "running", (r) => r.pid !== null && r.pid !== writer.pid, 30_000);
+        writer = await db.api.get("writer");
+        expect(await nthLine("writer", prefix, count + 1)).toBe(expected);
+        expect(groupsOf(writer.pid as number).includes(owner.gid)).toBe(bindings.length > 0);
+      }
+      for (const name of ["writer", "outsider"]) expect((await db.engine.call("DELETE", `/api/services/${name}`)).status).toBe(200);
+    },
+    120_000,
   );
 });

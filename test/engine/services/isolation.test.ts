@@ -264,6 +264,11 @@ describe("an unprivileged engine", () => {
           expect((await call("POST", `/api/services/${name}/stop`)).status).toBe(200);
         }
         expect(statSync(join(dataDir, "state", "data", "laptop-notes", "database.sqlite3")).uid).toBe(65534);
+        // Nothing to share with bound services there (they run as the same user): the SQLite
+        // dir and file keep their private modes (decision 290 is a root engine's).
+        expect(statSync(join(dataDir, "state", "data", "laptop-notes")).mode & 0o7777).toBe(0o700);
+        // (0640 less the umask: never the group's to write, nor others'.)
+        expect(statSync(join(dataDir, "state", "data", "laptop-notes", "database.sqlite3")).mode & 0o7027).toBe(0);
       } finally {
         await spawned.stop();
         reapWorkloads(join(dataDir, "state"));

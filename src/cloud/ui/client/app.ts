@@ -228,20 +228,35 @@ function signInPage(): void {
   );
 }
 
+/** gpuSummary says what GPUs a node reported over its tunnel: "2 × NVIDIA H100 (80 GiB)", or a dash. */
+function gpuSummary(gpus: unknown): string {
+  if (!Array.isArray(gpus) || gpus.length === 0) return "—";
+  const counts = new Map<string, number>();
+  for (const gpu of gpus as { name?: unknown; memory_total_mb?: unknown }[]) {
+    const label = `${String(gpu.name ?? "GPU")} (${Math.round(Number(gpu.memory_total_mb ?? 0) / 1024)} GiB)`;
+    counts.set(label, (counts.get(label) ?? 0) + 1);
+  }
+  return [...counts].map(([label, count]) => (count > 1 ? `${count} × ${label}` : label)).join(", ");
+}
+
 async function nodesPage(account: Json): Promise<void> {
   const { nodes } = await api<{ nodes: Json[] }>("GET", "/api/nodes");
   const table = nodes.length
     ? h(
         "table",
         { "data-testid": "nodes" },
-        h("caption", {}, "Linked machines. Hostname, OS and version are what each machine reported; they are not verified."),
+        h(
+          "caption",
+          {},
+          "Linked machines. Online means the machine's engine has its tunnel to this console open. Hostname, OS, version and GPUs are what each machine reported; they are not verified.",
+        ),
         h(
           "thead",
           {},
           h(
             "tr",
             {},
-            ...["Name", "Hostname (unverified)", "OS", "Version", "Linked by", "Linked", "Last seen"].map((c) =>
+            ...["Name", "Status", "Hostname (unverified)", "OS", "Version", "GPUs", "Linked by", "Linked", "Last seen"].map((c) =>
               h("th", { scope: "col" }, c),
             ),
           ),
@@ -254,9 +269,21 @@ async function nodesPage(account: Json): Promise<void> {
               "tr",
               {},
               h("td", {}, String(node.slug)),
+              h(
+                "td",
+                { "data-testid": "node-status" },
+                node.online
+                  ? h("span", { class: "state state-online" }, "online")
+                  : h(
+                      "span",
+                      { class: "state state-offline" },
+                      node.last_seen_at ? `offline since ${when(node.last_seen_at)}` : "never connected",
+                    ),
+              ),
               h("td", {}, String(node.hostname)),
               h("td", {}, String(node.os || "—")),
               h("td", {}, String(node.version || "—")),
+              h("td", {}, gpuSummary(node.gpus)),
               h("td", {}, String(node.enrolled_via).replace("_", " ")),
               h("td", {}, when(node.created_at)),
               h("td", {}, node.last_seen_at ? when(node.last_seen_at) : "—"),
