@@ -70,6 +70,11 @@ export interface CloudConfig {
    * development only: a console on the internet must never fetch from its own machine.
    */
   cimdAllowLoopback: boolean;
+  /**
+   * metricsToken is the bearer token GET /metrics wants (ENGINE_CLOUD_METRICS_TOKEN, 16+
+   * characters); unset, /metrics answers only a direct loopback peer (docs/decisions.md 330).
+   */
+  metricsToken: string | undefined;
 }
 
 /** CloudConfigInput is what flags and the environment may set; every field is optional. */
@@ -102,6 +107,8 @@ export interface CloudConfigInput {
   oidcSocialProviders?: string | readonly string[];
   /** cimdAllowLoopback is ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK: `1`/`true` or `0`/`false` (tests and development only). */
   cimdAllowLoopback?: string | boolean;
+  /** metricsToken is ENGINE_CLOUD_METRICS_TOKEN, the bearer token of GET /metrics. */
+  metricsToken?: string;
 }
 
 export const DEFAULT_CLOUD_PORT = 8787;
@@ -132,6 +139,7 @@ export function cloudConfigFromEnv(env: Record<string, string | undefined> = pro
     oidcAuthMethod: env.ENGINE_CLOUD_OIDC_AUTH_METHOD || undefined,
     oidcSocialProviders: env.ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS || undefined,
     cimdAllowLoopback: env.ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK || undefined,
+    metricsToken: env.ENGINE_CLOUD_METRICS_TOKEN || undefined,
   };
 }
 
@@ -251,6 +259,10 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
   const rateLimits = merged.rateLimits ?? (databaseUrl.startsWith("postgres") ? "database" : "memory");
   if (rateLimits !== "memory" && rateLimits !== "database") throw invalid("rate_limits", "must be memory or database", rateLimits);
   const publicHost = host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host;
+  // The token is a secret: a bad one is named by its length, never its value.
+  if (merged.metricsToken !== undefined && (merged.metricsToken.length < 16 || /\s/.test(merged.metricsToken))) {
+    throw invalid("metrics_token", "must be at least 16 characters without spaces", `${merged.metricsToken.length} characters`);
+  }
   return {
     dataDir,
     host,
@@ -268,5 +280,6 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
     rateLimits,
     oidc: resolveOidc(merged),
     cimdAllowLoopback: resolveFlag("cimd_allow_loopback", merged.cimdAllowLoopback),
+    metricsToken: merged.metricsToken,
   };
 }

@@ -606,6 +606,64 @@ export const ServiceStatsRecord = t.Object(
 );
 export type ServiceStatsRecord = Static<typeof ServiceStatsRecord>;
 
+/** HISTORY_INTERVAL_S is the resolution of the in-process metrics history; HISTORY_WINDOW_S how far back it reaches. */
+export const HISTORY_INTERVAL_S = 5;
+export const HISTORY_WINDOW_S = 3600;
+
+/** NullableIntegerSeries is one value per sample of `times`, null where nothing was measured then. */
+const NullableIntegerSeries = t.Array(NullableInteger);
+
+export const MetricsHistoryQuery = t.Object({
+  since: t.Optional(
+    t.String({
+      pattern: "^[0-9]{1,12}(\\.[0-9]{1,3})?$",
+      description: "Only samples taken after this time (Unix seconds, exclusive): pass the last `times` value to get what is new",
+    }),
+  ),
+  service: t.Optional(t.String({ minLength: 1, maxLength: 128, description: "Only this service (name or id); GPUs are always given" })),
+});
+
+/**
+ * MetricsHistory is the engine's in-process history (decision 331): the last hour at 5-s
+ * resolution, kept in memory only. It is columnar, as charts draw it: `times` holds each
+ * sample's time and every series has one value per time, null where nothing was measured.
+ */
+export const MetricsHistory = t.Object(
+  {
+    interval_s: t.Integer({ minimum: 1, maximum: 3600, description: "Seconds between samples" }),
+    window_s: t.Integer({ minimum: 1, maximum: 86400, description: "How far back the history reaches" }),
+    now: t.Number({ minimum: 0, description: "The engine's clock when it answered (Unix seconds)" }),
+    times: t.Array(t.Number({ minimum: 0 }), { description: "Each sample's time (Unix seconds, with milliseconds), oldest first" }),
+    gpus: t.Array(
+      t.Object({
+        index: SafeInteger,
+        uuid: t.String(),
+        name: t.String(),
+        memory_total_mb: NullableInteger,
+        utilization_pct: NullableIntegerSeries,
+        memory_used_mb: NullableIntegerSeries,
+      }),
+    ),
+    services: t.Array(
+      t.Object({
+        id: t.String(),
+        name: t.String(),
+        cpu_pct: t.Array(t.Union([t.Number({ minimum: 0 }), t.Null()]), {
+          description: "CPU time over the interval before the sample, in percent of one core (200 = two cores busy)",
+        }),
+        rss_bytes: t.Array(t.Union([t.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }), t.Null()]), {
+          description: "Resident memory of all the service's processes",
+        }),
+        gpu_memory_mb: t.Array(t.Union([t.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }), t.Null()]), {
+          description: "GPU memory its processes hold (nvidia-smi --query-compute-apps); null without nvidia-smi",
+        }),
+      }),
+    ),
+  },
+  { $id: "MetricsHistory" },
+);
+export type MetricsHistory = Static<typeof MetricsHistory>;
+
 export const ServiceIdentParams = t.Object({ ident: t.String({ minLength: 1, maxLength: 128 }) });
 export const DatabaseNameParams = t.Object({ name: ServiceName });
 export const DomainParams = t.Object({

@@ -7,16 +7,17 @@ export interface BrowserAssets {
 
 /**
  * bundleBrowserAssets bundles a browser script with Bun.build (minified ESM) and reads its
- * stylesheet. build.ts calls it to embed the result in a binary; a server run from source
+ * stylesheets. build.ts calls it to embed the result in a binary; a server run from source
  * calls it once, at the first page request. `what` names the page set in the error.
  */
-export async function bundleBrowserAssets(entry: string, stylesheet: string, what: string): Promise<BrowserAssets> {
+export async function bundleBrowserAssets(entry: string, stylesheet: string | string[], what: string): Promise<BrowserAssets> {
   const result = await Bun.build({ entrypoints: [entry], target: "browser", minify: true, format: "esm" });
   if (!result.success || !result.outputs[0]) {
     throw new Error(`bundling ${what} failed: ${result.logs.map((log) => String(log)).join("; ")}`);
   }
   const js = await result.outputs[0].text();
-  const css = await Bun.file(stylesheet).text();
+  // Several stylesheets (a bundled library's, then the page's own) become one file, in order.
+  const css = (await Promise.all([stylesheet].flat().map((file) => Bun.file(file).text()))).join("\n");
   return { js, css, tag: Bun.hash(js + css).toString(36) };
 }
 

@@ -25,6 +25,11 @@ export interface EngineConfig {
   gpus: string | undefined;
   /** nvidiaSmi is the nvidia-smi executable; by default it is looked up on PATH. */
   nvidiaSmi: string | undefined;
+  /**
+   * metricsIntervalS is how often GPUs and services are sampled for the history and /metrics
+   * (ENGINE_METRICS_INTERVAL_S, default 5); 0 turns sampling off (docs/decisions.md 339).
+   */
+  metricsIntervalS: number;
   /** shimPath is a prebuilt process shim to use instead of the embedded or compiled one. */
   shimPath: string | undefined;
   /** serviceLogMaxBytes and serviceLogMaxFiles bound each service's log: the file rotates at the size, keeping that many files. */
@@ -82,6 +87,7 @@ export interface ConfigInput {
   lastUsedFlushMs?: number;
   gpus?: string;
   nvidiaSmi?: string;
+  metricsIntervalS?: string | number;
   shimPath?: string;
   serviceLogMaxBytes?: string | number;
   serviceLogMaxFiles?: string | number;
@@ -181,6 +187,7 @@ export function configFromEnv(env: Record<string, string | undefined> = process.
     templatesDir: env.ENGINE_TEMPLATES_DIR || undefined,
     gpus: env.ENGINE_GPUS || undefined,
     nvidiaSmi: env.ENGINE_NVIDIA_SMI || undefined,
+    metricsIntervalS: env.ENGINE_METRICS_INTERVAL_S || undefined,
     shimPath: env.ENGINE_SHIM || undefined,
     serviceLogMaxBytes: env.ENGINE_SERVICE_LOG_MAX_BYTES || undefined,
     serviceLogMaxFiles: env.ENGINE_SERVICE_LOG_MAX_FILES || undefined,
@@ -314,6 +321,7 @@ export function resolveConfig(flags: ConfigInput, env: ConfigInput = configFromE
     lastUsedFlushMs: merged.lastUsedFlushMs ?? 5000,
     gpus: merged.gpus,
     nvidiaSmi: merged.nvidiaSmi,
+    metricsIntervalS: positiveInteger("metrics_interval_s", merged.metricsIntervalS ?? 5, 0, 3600),
     shimPath: merged.shimPath ? resolve(merged.shimPath) : undefined,
     serviceLogMaxBytes: positiveInteger("service_log_max_bytes", merged.serviceLogMaxBytes ?? 10 * 1024 * 1024, 4096, 2 ** 40),
     serviceLogMaxFiles: positiveInteger("service_log_max_files", merged.serviceLogMaxFiles ?? 5, 1, 100),

@@ -288,6 +288,13 @@ describe("real answers validate against the documents", () => {
     await send({ method: "PATCH", path: "/api/services/{ident}", url: "/api/services/oa-batch", body: { priority: 5 }, status: 200 });
     await send({ method: "PATCH", path: "/api/services/{ident}", url: "/api/services/oa-batch", body: { priority: 5000 }, status: 422 });
     await send({ method: "GET", path: "/api/services/{ident}/connection", url: "/api/services/oa-batch/connection", status: 409 });
+    // The history holds samples with a service in it (nulls where it had no process).
+    await engine.daemon.metrics.sampleNow();
+    const history = await send({ method: "GET", path: "/api/metrics/history", status: 200 });
+    expect((history.times as number[]).length).toBeGreaterThan(0);
+    await send({ method: "GET", path: "/api/metrics/history", url: "/api/metrics/history?service=oa-batch&since=0", status: 200 });
+    await send({ method: "GET", path: "/api/metrics/history", url: "/api/metrics/history?since=soon", status: 422 });
+    await send({ method: "GET", path: "/api/metrics/history", url: "/api/metrics/history?service=nobody", status: 404 });
     await send({ method: "POST", path: "/api/services/{ident}/{action}", url: "/api/services/oa-batch/stop", status: 200 });
     await send({ method: "DELETE", path: "/api/services/{ident}", url: "/api/services/oa-batch", status: 200 });
     await send({ method: "GET", path: "/api/services/{ident}", url: "/api/services/oa-batch", status: 404 });

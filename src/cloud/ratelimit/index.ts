@@ -128,6 +128,8 @@ export class RateLimiter {
   constructor(
     private readonly store: BucketStore,
     private readonly clock: () => number = Date.now,
+    /** onRefused is told the name of each limit that refused a request (the console's /metrics). */
+    private readonly onRefused: (limit: string) => void = () => undefined,
   ) {}
 
   /** charge takes one token from each named bucket, in order, and refuses at the first empty one. */
@@ -135,6 +137,7 @@ export class RateLimiter {
     for (const [limit, key] of charges) {
       const decision = await this.store.take(`${limit.name}:${limit.byAddress ? clientNetwork(key) : key}`, limit, this.clock());
       if (!decision.allowed) {
+        this.onRefused(limit.name);
         throw new AppError("rate_limited", `too many requests (${limit.name}); retry in ${decision.retryAfterS} s`, {
           retry_after_s: decision.retryAfterS,
         });

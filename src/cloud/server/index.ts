@@ -13,6 +13,7 @@ import { AuditLog } from "../audit";
 import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import { Database } from "../db";
+import { ConsoleMetrics } from "../metrics";
 import { NodeStore } from "../nodes";
 import { createAccessTokenVerifier, sweepAssistantRows } from "../oauth";
 
@@ -98,6 +99,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const secrets = new SecretBox(secretKey);
     const accounts = new AccountStore(db);
     let server: Bun.Server<TunnelSocketData> | null = null;
+    const metrics = new ConsoleMetrics({ db, token: config.metricsToken });
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
     const nodes = new NodeStore(db);
     const relay = new RelayHub({ nodes, log, ...options.relay });
@@ -111,7 +113,9 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
       nodes,
       audit: new AuditLog(db),
-      limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
+      limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets(), Date.now, (limit) =>
+        metrics.rateLimited(limit),
+      ),
       secrets,
       deriveKey: (purpose) => Buffer.from(hkdfSync("sha256", secretKey, Buffer.alloc(0), `engine-cloud:${purpose}`, 32)),
       readyChecks: {},
@@ -147,6 +151,12 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     deps.readyChecks.database = () => db.ping();
     const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
     const app = buildCloudApp(deps, modules);
+    metrics.learn(app.routes);
+    const answerCounted = async (request: Request): Promise<Response> => {
+      const response = await app.handle(request);
+      await metrics.observe(request, response);
+      return response;
+    };
     // The relay (the engines' tunnels) and the assistants' /mcp are served by the API role,
     // beside the app and outside /api (decision 240).
     const serveRelay = config.role !== "worker";
@@ -163,13 +173,15 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       server = Bun.serve<TunnelSocketData>({
         hostname: config.host,
         port: config.port,
+        // GET /metrics is outside the app and its contract (decision 330); every answer of the app is counted.
         fetch: (request, listener) => {
+          const path = pathOf(request.url);
+          if (request.method === "GET" && path === "/metrics") return metrics.handle(request, listener.requestIP(request)?.address);
           if (serveRelay) {
-            const path = pathOf(request.url);
             if (path === TUNNEL_PATH) return relay.upgrade(request, listener);
             if (mcp.handles(path)) return mcp.fetch(request);
           }
-          return app.handle(request);
+          return answerCounted(request);
         },
         websocket: relay.websocket,
         idleTimeout: 30,

@@ -2,6 +2,7 @@ import type { Ready } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
 import type { NodeIdentity, TunnelStatus, VcsTokenStore } from "../link";
+import type { EngineMetrics } from "../metrics";
 import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
 import type { TemplateCatalog } from "../templates";
@@ -29,6 +30,8 @@ export interface ApiDeps {
   linkTunnel?: () => TunnelStatus;
   /** baseUrl is where browsers reach this engine (the web UI's login links); unset before it listens. */
   baseUrl?: () => string | undefined;
+  /** metrics answers GET /metrics and the history; unset: both answer empty. */
+  metrics?: Pick<EngineMetrics, "render" | "history">;
   /** ready checks the database and the data dir for GET /api/ready; unset: ready by definition. */
   ready?: () => Ready;
 }

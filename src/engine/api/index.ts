@@ -8,6 +8,7 @@ import { daemonRoutes } from "./daemon";
 import type { ApiDeps, RequestContext } from "./deps";
 import { docsPage } from "./docs-page";
 import { STATUS_BY_CODE } from "./errors";
+import { metricsRoutes } from "./metrics";
 import { serviceRoutes } from "./services";
 import { templateRoutes } from "./templates";
 import { tokenRoutes } from "./tokens";
@@ -42,6 +43,10 @@ const ENGINE_TAGS = [
   { name: "services", description: "Services: deploy, control, logs, diagnosis and domains" },
   { name: "databases", description: "Database services" },
   { name: "gpus", description: "The GPU inventory" },
+  {
+    name: "metrics",
+    description: "The last hour of GPU and service usage, in memory (GET /metrics, outside this contract, has the Prometheus form)",
+  },
   { name: "daemon", description: "The daemon itself: health, restart and this document" },
   { name: "link", description: "The link to a cloud console" },
   { name: "ui", description: "The web UI's sessions" },
@@ -116,6 +121,7 @@ function buildApp(
     .use(serviceRoutes(deps, ctx))
     .use(workloadRoutes(deps, ctx))
     .use(daemonRoutes(deps))
+    .use(metricsRoutes(deps, ctx))
     .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }));
 }
 

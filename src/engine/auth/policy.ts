@@ -43,6 +43,10 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "GET /api/services/:ident/logs": "read",
   "GET /api/gpus": "read",
   "GET /api/stats": "read",
+
+  // The Prometheus scrape (outside /api and its contract) and the UI's history: any role (decisions 330, 331).
+  "GET /metrics": "read",
+  "GET /api/metrics/history": "read",
   "POST /api/services/:ident/domains": "write",
   "DELETE /api/services/:name/domains/:domain": "write",
   "POST /api/databases/:name/restore": "write",

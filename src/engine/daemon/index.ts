@@ -25,6 +25,7 @@ import {
 } from "../link";
 import { McpEndpoint } from "../mcp";
 import { MdnsPublisher } from "../mdns";
+import { EngineMetrics } from "../metrics";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
 import { openStore } from "../store";
@@ -80,6 +81,8 @@ export interface RunningDaemon {
   log: Logger;
   /** proxy is the reverse proxy's controller (tests use it to run a renewal check at once). */
   proxy: ProxyController;
+  /** metrics samples GPUs and services (tests take a sample at once rather than wait 5 s). */
+  metrics: EngineMetrics;
   stop(): Promise<void>;
   /** keptRunning names, after stop(), the services left running for the next start to adopt. */
   readonly keptRunning: readonly string[];
@@ -415,6 +418,16 @@ async function startIn(
     const gpus = new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock });
     // https:// dumps may come from services the engine serves with its local CA (made below).
     let localCaPem: string | null = null;
+    const proxyHolder: { controller: ProxyController | null } = { controller: null };
+    const metrics = new EngineMetrics({
+      version: VERSION,
+      hostname: config.proxy.hostname,
+      log,
+      nvidiaSmiPath: config.nvidiaSmi,
+      gpusDeclared: Boolean(config.gpus?.trim()),
+      intervalMs: config.metricsIntervalS * 1000,
+      proxyCounts: () => proxyHolder.controller?.requestCounts() ?? [],
+    });
     const manager = new ServiceManager({
       store: new ServiceStore(db),
       supervisor,
@@ -428,6 +441,7 @@ async function startIn(
       logMaxFiles: config.serviceLogMaxFiles,
       env: config.workloadEnv,
       trustedCas: () => (localCaPem ? [localCaPem] : []),
+      onRestoreEnded: (service, dump) => metrics.restoreEnded(service, dump.engine, dump.result, dump.duration_s ?? 0),
     });
     // Workloads outlive the daemon: stopping it hands them over, it never kills them.
     cleanups.push(() => {
@@ -445,6 +459,9 @@ async function startIn(
     isolateWorkloads(config.dataDir, log, modesBefore);
     await manager.start();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
+    // Sampling starts once the services are adopted, and stops before they are handed over.
+    metrics.start(manager);
+    cleanups.push(() => metrics.stop());
 
     // The local CA exists from the first start, so `engine ca` and the status always have a root.
     const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
@@ -476,7 +493,6 @@ async function startIn(
       };
     };
     let handingOver = false;
-    const proxyHolder: { controller: ProxyController | null } = { controller: null };
 
     let restarting: Promise<void> | undefined;
     const daemon: DaemonControl = {
@@ -577,6 +593,7 @@ async function startIn(
       },
       services,
       daemon,
+      metrics,
       ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
@@ -690,6 +707,7 @@ async function startIn(
       socketPath: config.socketPath,
       log,
       proxy,
+      metrics,
       get restarting() {
         return restarting;
       },

@@ -43,3 +43,13 @@ export {
   type LogSignature,
   PERMISSION_SIGNATURES,
 } from "./signatures";
+export {
+  type ComputeApp,
+  type GpuReading,
+  type GpuTelemetry,
+  NVIDIA_SMI_COMPUTE_APPS,
+  NVIDIA_SMI_TELEMETRY,
+  parseComputeApps,
+  parseTelemetryCsv,
+  readGpuTelemetry,
+} from "./telemetry";

@@ -337,14 +337,15 @@ export interface GpuInventoryOptions {
   timeoutMs?: number;
 }
 
-interface CommandResult {
+export interface CommandResult {
   exitCode: number | null;
   stdout: string;
   stderr: string;
   timedOut: boolean;
 }
 
-async function runCommand(argv: string[], timeoutMs: number): Promise<CommandResult> {
+/** runCommand runs nvidia-smi (or another short command) with a deadline; the telemetry reader shares it. */
+export async function runCommand(argv: string[], timeoutMs: number): Promise<CommandResult> {
   const proc = Bun.spawn(argv, { stdin: "ignore", stdout: "pipe", stderr: "pipe" });
   const collected = Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   let timer: ReturnType<typeof setTimeout> | undefined;

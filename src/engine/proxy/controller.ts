@@ -9,6 +9,7 @@ import { writePrivateFile } from "../../lib/files";
 import type { Logger } from "../../lib/logger";
 import type { ServiceDirectory } from "../services";
 import { type DomainRow, DomainStore } from "./domains";
+import type { RouteCounts } from "./meter";
 import { apexName, type DomainKind, defaultNames, domainKind, validateDomain } from "./names";
 import { type ProcessesStatus, ProxyProcesses } from "./processes";
 import type { ProxySnapshot, RouteEntry, RouteState, SnapshotCertificate } from "./snapshot";
@@ -538,6 +539,11 @@ export class ProxyController {
   // ---------------------------------------------------------------- status
 
   /** status reports the proxy for GET /api/proxy/status; every value is read from the running parts. */
+  /** requestCounts are what the proxy processes answered, per route and status class, since the proxy started (/metrics). */
+  requestCounts(): RouteCounts[] {
+    return this.processes?.requestCounts() ?? [];
+  }
+
   status(): ProxyStatus {
     const processes: ProcessesStatus | null = this.processes?.status() ?? null;
     const routes = this.allRoutes();

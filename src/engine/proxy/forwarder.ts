@@ -15,6 +15,7 @@ import {
   serializeRequestHead,
   serializeResponseHead,
 } from "./http1";
+import { ProxyMeter } from "./meter";
 import { hostOf } from "./names";
 import { type Bytes, join, Outbox, wire } from "./outbox";
 import { errorPage } from "./pages";
@@ -55,8 +56,8 @@ export interface ForwarderOptions {
   headerTimeoutMs?: number;
 }
 
-/** Decision is what the proxy does with a request: answer it itself, or forward it on a route. */
-type Decision = { kind: "answer"; answer: LocalAnswer } | { kind: "forward"; route: RouteEntry };
+/** Decision is what the proxy does with a request: answer it itself (for a route, or none), or forward it on a route. */
+type Decision = { kind: "answer"; answer: LocalAnswer; route?: RouteEntry } | { kind: "forward"; route: RouteEntry };
 
 /**
  * Forwarder is the proxy's HTTP/1.1 engine over raw sockets: it reads requests from client
@@ -72,6 +73,8 @@ export class Forwarder {
   private readonly sweeper: ReturnType<typeof setInterval>;
   private drained: (() => void) | null = null;
   readonly pool = new UpstreamPool({ maxIdlePerUpstream: 256, idleTimeoutMs: 4000 });
+  /** meter counts every answered request for the daemon's /metrics (docs/decisions.md 335). */
+  readonly meter = new ProxyMeter();
   /** now is a clock that ticks with the sweeper: timeouts need seconds, not a syscall per event. */
   now = Date.now();
   stopping = false;
@@ -161,6 +164,7 @@ export class Forwarder {
     if (route.state === "starting") {
       return {
         kind: "answer",
+        route,
         answer: errorPage(acceptOf(head), 503, "Service starting", `${route.service} is ${route.status}; try again in a few seconds.`, {
           "retry-after": String(route.retryAfterS),
         }),
@@ -169,6 +173,7 @@ export class Forwarder {
     if (route.state === "down") {
       return {
         kind: "answer",
+        route,
         answer: errorPage(
           acceptOf(head),
           502,
@@ -281,7 +286,7 @@ export class ClientConnection {
         return;
       }
       this.consume(parsed.length);
-      this.begin(parsed.head);
+      this.begin(parsed.head, parsed.length);
     }
   }
 
@@ -292,18 +297,19 @@ export class ClientConnection {
     this.input = length >= input.length ? null : input.subarray(length);
   }
 
-  private begin(head: RequestHead): void {
+  private begin(head: RequestHead, headBytes: number): void {
+    const startedAt = performance.now();
     const decision = this.forwarder.decide(head, this.scheme);
     if (decision.kind === "answer") {
-      this.answer(head, decision.answer);
+      this.answer(head, decision.answer, false, decision.route ?? null, headBytes, startedAt);
       return;
     }
     const max = this.forwarder.options.maxBodyBytes;
     if (head.framing.kind === "length" && head.framing.length > max) {
-      this.answer(head, bodyTooLarge(head, max), true);
+      this.answer(head, bodyTooLarge(head, max), true, decision.route, headBytes, startedAt);
       return;
     }
-    const exchange = new Exchange(this, head, decision.route);
+    const exchange = new Exchange(this, head, decision.route, headBytes, startedAt);
     this.exchange = exchange;
     exchange.start();
   }
@@ -312,9 +318,18 @@ export class ClientConnection {
    * answer writes a response the proxy makes itself. A request with a body is answered and the
    * connection closed, rather than reading a body nobody wants.
    */
-  answer(head: RequestHead, answer: LocalAnswer, forceClose = false): void {
+  answer(
+    head: RequestHead,
+    answer: LocalAnswer,
+    forceClose: boolean,
+    route: RouteEntry | null,
+    headBytes: number,
+    startedAt: number,
+  ): void {
     const close = forceClose || !head.keepAlive || head.framing.kind !== "none" || this.forwarder.stopping;
-    this.write(serializeAnswer(answer, { head: head.method === "HEAD", close }));
+    const bytes = serializeAnswer(answer, { head: head.method === "HEAD", close });
+    this.write(bytes);
+    this.forwarder.meter.record(route, answer.status, headBytes, bytes.length, (performance.now() - startedAt) / 1000);
     if (close) this.closeAfterFlush();
   }
 
@@ -325,7 +340,9 @@ export class ClientConnection {
       headers: { "content-type": "text/plain; charset=utf-8", "cache-control": "no-store" },
       body: `${status} ${reason}\n`,
     };
-    this.write(serializeAnswer(answer, { head: false, close: true }));
+    const bytes = serializeAnswer(answer, { head: false, close: true });
+    this.write(bytes);
+    this.forwarder.meter.record(null, status, this.input?.length ?? 0, bytes.length, 0);
     this.closeAfterFlush();
   }
 
@@ -462,12 +479,18 @@ class Exchange implements UpstreamOwner {
   private deadlineWhat: "connect" | "header" = "connect";
   private deadlineMs = 0;
   private finished = false;
+  /** requestBytes and responseBytes are what this exchange took from and wrote to the client, for the meter. */
+  private requestBytes: number;
+  private responseBytes = 0;
 
   constructor(
     private readonly client: ClientConnection,
     private readonly head: RequestHead,
     private readonly route: RouteEntry,
+    headBytes: number,
+    private readonly startedAt: number,
   ) {
+    this.requestBytes = headBytes;
     this.requestHead = wire(serializeRequestHead(head, { clientAddress: client.address, scheme: client.scheme }));
     const framing = head.framing;
     this.requestDone = framing.kind === "none";
@@ -477,6 +500,23 @@ class Exchange implements UpstreamOwner {
 
   start(): void {
     this.connect(false);
+  }
+
+  /** toClient writes bytes of the answer to the client, counting them. */
+  private toClient(bytes: Bytes): boolean {
+    this.responseBytes += typeof bytes === "string" ? bytes.length : bytes.byteLength;
+    return this.client.write(bytes);
+  }
+
+  /** count records the finished exchange in the process's meter; `status` is what the client was answered. */
+  private count(status: number): void {
+    this.client.forwarder.meter.record(
+      this.route,
+      status,
+      this.requestBytes,
+      this.responseBytes,
+      (performance.now() - this.startedAt) / 1000,
+    );
   }
 
   private connect(fresh: boolean): void {
@@ -538,6 +578,7 @@ class Exchange implements UpstreamOwner {
     if (this.requestChunks === null) {
       const take = Math.min(this.requestRemaining, input.length);
       this.requestRemaining -= take;
+      this.requestBytes += take;
       this.client.consume(take);
       if (this.requestRemaining === 0) this.requestDone = true;
       return take === input.length ? input : input.subarray(0, take);
@@ -556,6 +597,7 @@ class Exchange implements UpstreamOwner {
       return undefined;
     }
     this.client.consume(used);
+    this.requestBytes += used;
     if (decoder.done) this.requestDone = true;
     return used === input.length ? input : input.subarray(0, used);
   }
@@ -576,7 +618,7 @@ class Exchange implements UpstreamOwner {
     if (this.response !== null) {
       const used = this.bodyBytes(data);
       if (used < 0) return;
-      if (used > 0 && !this.dechunk) this.client.write(used === data.length ? data : data.subarray(0, used));
+      if (used > 0 && !this.dechunk) this.toClient(used === data.length ? data : data.subarray(0, used));
       this.afterBody();
       return;
     }
@@ -608,7 +650,7 @@ class Exchange implements UpstreamOwner {
       // 1xx informational responses (103 Early Hints) go on to an HTTP/1.1 client; 100 does
       // not, because the proxy answered the client's Expect itself.
       if (head.status !== 100 && this.head.minor === 1) {
-        this.client.write(wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: null })));
+        this.toClient(wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: null })));
       }
       input = input.subarray(parsed.length);
       if (input.length === 0) {
@@ -635,13 +677,13 @@ class Exchange implements UpstreamOwner {
       !this.head.keepAlive || framing.kind === "close" || !this.requestDone || this.client.forwarder.stopping || this.dechunk;
     if (framing.kind === "length") this.responseRemaining = framing.length;
     else if (framing.kind === "chunked") {
-      this.responseChunks = new ChunkedDecoder(this.dechunk ? (data) => this.client.write(data) : undefined);
+      this.responseChunks = new ChunkedDecoder(this.dechunk ? (data) => this.toClient(data) : undefined);
     }
     if (head.plain && !this.closeClient) {
       const used = this.bodyBytes(input, headLength);
       if (used < 0) return;
       const end = headLength + used;
-      this.client.write(end === input.length ? input : input.subarray(0, end));
+      this.toClient(end === input.length ? input : input.subarray(0, end));
       this.afterBody();
       return;
     }
@@ -649,13 +691,13 @@ class Exchange implements UpstreamOwner {
     const text = wire(serializeResponseHead(head, { chunked, close: this.closeClient, upgrade: null }));
     if (this.dechunk) {
       // The decoder writes the data itself, after this head.
-      this.client.write(text);
+      this.toClient(text);
       if (this.bodyBytes(input, headLength) >= 0) this.afterBody();
       return;
     }
     const used = this.bodyBytes(input, headLength);
     if (used < 0) return;
-    this.client.write(used === 0 ? text : join(text, input.subarray(headLength, headLength + used)));
+    this.toClient(used === 0 ? text : join(text, input.subarray(headLength, headLength + used)));
     this.afterBody();
   }
 
@@ -704,7 +746,8 @@ class Exchange implements UpstreamOwner {
     this.deadline = 0;
     this.upstream = null;
     const text = wire(serializeResponseHead(head, { chunked: false, close: false, upgrade: this.head.upgrade }));
-    this.client.write(rest.length > 0 ? join(text, rest) : text);
+    this.toClient(rest.length > 0 ? join(text, rest) : text);
+    this.count(101);
     const tunnel = new Tunnel(this.client, connection);
     connection.owner = tunnel;
     this.client.becomeTunnel(tunnel);
@@ -714,6 +757,7 @@ class Exchange implements UpstreamOwner {
   private finish(): void {
     if (this.finished) return;
     this.finished = true;
+    this.count(this.response?.status ?? 502);
     const connection = this.upstream;
     this.upstream = null;
     if (connection !== null) {
@@ -761,13 +805,15 @@ class Exchange implements UpstreamOwner {
     this.upstream?.destroy();
     this.upstream = null;
     if (this.response !== null) {
+      this.count(this.response.status);
       this.client.exchangeDone(true);
       return;
     }
     // The request body may be half-read: the connection cannot go on to the next request then.
     const close = !this.requestDone || !this.head.keepAlive;
     const page = errorPage(acceptOf(this.head), status, title, detail);
-    this.client.write(serializeAnswer(page, { head: this.head.method === "HEAD", close }));
+    this.toClient(serializeAnswer(page, { head: this.head.method === "HEAD", close }));
+    this.count(status);
     this.client.exchangeDone(close);
   }
 
@@ -778,13 +824,15 @@ class Exchange implements UpstreamOwner {
     this.deadline = 0;
     this.upstream?.destroy();
     this.upstream = null;
-    if (this.response === null) this.client.write(serializeAnswer(page, { head: this.head.method === "HEAD", close: true }));
+    if (this.response === null) this.toClient(serializeAnswer(page, { head: this.head.method === "HEAD", close: true }));
+    this.count(this.response?.status ?? page.status);
     this.client.exchangeDone(true);
   }
 
   private abortResponse(): void {
     if (this.finished) return;
     this.finished = true;
+    if (this.response !== null) this.count(this.response.status);
     this.upstream?.destroy();
     this.upstream = null;
     this.client.exchangeDone(true);

@@ -8,5 +8,6 @@ export {
   type ProxyControllerOptions,
   type PublicIssuer,
 } from "./controller";
+export { PROXY_LATENCY_BOUNDS_S, type RouteCounts } from "./meter";
 export { apexName, defaultNames, domainKind, validateDomain } from "./names";
 export { proxyCommand } from "./processes";

@@ -1,6 +1,7 @@
 import { createSecureContext, type SecureContext } from "node:tls";
 import type { SocketHandler, TCPSocketListener, TCPSocketListenOptions } from "bun";
 import { type ClientConnection, Forwarder, type ForwarderOptions } from "./forwarder";
+import type { ProxyMeter } from "./meter";
 import { Router } from "./router";
 import type { ListenerConfig, ProxySnapshot, SnapshotCertificate } from "./snapshot";
 
@@ -48,6 +49,11 @@ export class ProxyListener {
     timeouts: Pick<ForwarderOptions, "connectTimeoutMs" | "headerTimeoutMs"> = {},
   ) {
     this.forwarder = new Forwarder({ ...timeouts, maxBodyBytes: config.maxBodyBytes, httpsPort: () => this.httpsPort });
+  }
+
+  /** meter holds the counts of what this process answered. */
+  get meter(): ProxyMeter {
+    return this.forwarder.meter;
   }
 
   /** start binds both ports with the first snapshot; a taken port throws EADDRINUSE. */

@@ -4,6 +4,9 @@ import { readProcessStat } from "../supervisor";
 import { ProxyListener } from "./listener";
 import type { FromProxy, ProxyPidRecord, ToProxy } from "./snapshot";
 
+/** COUNTS_REPORT_MS is how often a proxy process sends its request counts to the daemon. */
+export const COUNTS_REPORT_MS = 5000;
+
 /** ORPHAN_GRACE_MS is how long a proxy process keeps serving once its daemon is gone, waiting to be retired by the next one. */
 const ORPHAN_GRACE_MS = 60_000;
 
@@ -24,12 +27,20 @@ export function runProxyProcess(): void {
       // the daemon is gone; nothing to tell
     }
   };
+  const reportCounts = () => {
+    if (listener) send({ type: "counts", counts: listener.meter.report() });
+  };
+  const reporter = setInterval(reportCounts, COUNTS_REPORT_MS);
+  reporter.unref?.();
   const stop = async (graceful: boolean, code = 0) => {
     if (stopping) return;
     stopping = true;
+    clearInterval(reporter);
     const deadline = setTimeout(() => process.exit(code), graceful ? 30_000 : 1000);
     deadline.unref?.();
     await listener?.stop(graceful);
+    // What was answered while draining reaches the daemon before the process goes.
+    reportCounts();
     if (pidFile) rmSync(pidFile, { force: true });
     process.exit(code);
   };

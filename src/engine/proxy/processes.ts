@@ -4,6 +4,7 @@ import { join } from "node:path";
 import type { Subprocess } from "bun";
 import type { Logger } from "../../lib/logger";
 import { isSameProcess } from "../supervisor";
+import { ProxyTotals, type RouteCounts } from "./meter";
 import type { FromProxy, ListenerConfig, ProxyPidRecord, ProxySnapshot, ToProxy } from "./snapshot";
 
 // build.ts defines this in the compiled binary, where the proxy process is `engine __proxy`.
@@ -62,6 +63,7 @@ export class ProxyProcesses {
   httpsPort = 0;
   httpPort = 0;
   private appliedWaiters: { generation: number; resolve: () => void }[] = [];
+  private readonly counts = new ProxyTotals();
 
   constructor(private readonly options: { config: ListenerConfig; count: number; log: Logger; command?: string[] }) {}
 
@@ -157,6 +159,8 @@ export class ProxyProcesses {
           } else if (message.type === "applied") {
             member.applied = message.generation;
             this.notifyApplied();
+          } else if (message.type === "counts") {
+            this.counts.update(member.proc.pid, message.counts);
           } else if (message.type === "error") {
             this.options.log.error({ code: message.code, proxy_pid: member.proc.pid }, `proxy process: ${message.message}`);
             if (!settled) {
@@ -166,6 +170,7 @@ export class ProxyProcesses {
           }
         },
         onExit: (_proc, exitCode, signalCode) => {
+          this.counts.retire(member.proc.pid);
           const index = this.members.indexOf(member);
           if (index >= 0) this.members.splice(index, 1);
           const reason = signalCode ? `killed by ${signalCode}` : `exited with ${exitCode}`;
@@ -269,6 +274,11 @@ export class ProxyProcesses {
     this.stopped = true;
     for (const timer of this.respawnTimers) clearTimeout(timer);
     for (const member of this.members) member.stopping = true;
+  }
+
+  /** requestCounts are the proxy's request counts since this daemon started its processes (docs/decisions.md 335). */
+  requestCounts(): RouteCounts[] {
+    return this.counts.totals();
   }
 
   status(): ProcessesStatus {

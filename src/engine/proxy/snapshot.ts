@@ -1,3 +1,5 @@
+import type { RouteCounts } from "./meter";
+
 /**
  * The proxy processes hold no state of their own: the daemon sends each of them a
  * ProxySnapshot (routes, certificates, ACME challenges) whenever something changes, so a
@@ -55,7 +57,9 @@ export type ToProxy =
 export type FromProxy =
   | { type: "ready"; httpsPort: number; httpPort: number; generation: number }
   | { type: "applied"; generation: number; rebinds: number }
-  | { type: "error"; code: string; message: string };
+  | { type: "error"; code: string; message: string }
+  /** counts are the process's cumulative request counts, sent every few seconds (docs/decisions.md 335). */
+  | { type: "counts"; counts: RouteCounts[] };
 
 /** ProxyPidRecord is a proxy process's pid file: enough for the next daemon to find, check and retire it. */
 export interface ProxyPidRecord {

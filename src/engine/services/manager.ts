@@ -97,6 +97,8 @@ export interface ManagerOptions {
   users?: ServiceUsers;
   /** switchUsers runs each workload as a user of its own; it defaults to whether the engine is root (only root can). */
   switchUsers?: boolean;
+  /** onRestoreEnded is told of every restore that finished, for the metrics (docs/decisions.md 336). */
+  onRestoreEnded?: (service: string, dump: LastDump) => void;
 }
 
 /** READY_POLL_MS bounds how often a starting database is asked whether it accepts connections. */
@@ -614,7 +616,11 @@ export class ServiceManager implements ServiceDirectory {
         };
       },
       log: (serviceId, line) => this.appendLog(serviceId, line),
-      recordDump: (serviceId: string, dump: LastDump) => this.o.store.setLastDump(serviceId, dump, iso(this.now())),
+      recordDump: (serviceId: string, dump: LastDump) => {
+        this.o.store.setLastDump(serviceId, dump, iso(this.now()));
+        const name = dump.result === "running" ? undefined : this.o.store.getService(serviceId)?.name;
+        if (name) this.o.onRestoreEnded?.(name, dump);
+      },
       server: (serviceId: string): ServerControl => ({
         stop: async () => {
           await this.stopRun(serviceId, "restore");

@@ -4,6 +4,7 @@
  * the session cookie, and sends the session's CSRF token on every state change.
  */
 import { DEFAULT_RESTORE_TIMEOUT_S, MAX_RESTORE_TIMEOUT_S } from "../../contract/defaults";
+import { Chart, COLOURS, formatBytes, formatMib, formatPercent, type MetricsHistory, sparkline } from "./charts";
 import {
   describeHealthSpec,
   describeLastDump,
@@ -390,19 +391,35 @@ async function renderServices(): Promise<void> {
   );
   const refresh = async () => {
     try {
-      const [services, proxy] = await Promise.all([
+      const [services, proxy, history] = await Promise.all([
         api<ServiceRecord[]>("GET", "/api/services"),
         api<{ domains: ProxyDomain[] }>("GET", "/api/proxy/status").catch(() => ({ domains: [] as ProxyDomain[] })),
+        // The sparklines are a bonus: the list shows without them.
+        api<MetricsHistory>("GET", "/api/metrics/history").catch(() => null),
       ]);
       const domainsOf = (service: string) => proxy.domains.filter((d) => d.service === service);
       const key = JSON.stringify([
         services.map((x) => [x.name, x.status, x.status_message, x.gpus, x.gpu_devices, x.port, x.restarts, since(x.started_at)]),
         proxy.domains,
+        history?.times.at(-1) ?? null,
       ]);
+      const usageOf = (name: string) => {
+        const usage = history?.services.find((entry) => entry.name === name);
+        if (!usage) return "—";
+        return h(
+          "span",
+          { class: "sparks" },
+          sparkline("CPU", usage.cpu_pct, formatPercent, COLOURS.blue),
+          sparkline("Memory", usage.rss_bytes, formatBytes, COLOURS.orange),
+          usage.gpu_memory_mb.some((value) => value !== null)
+            ? sparkline("GPU memory", usage.gpu_memory_mb, formatMib, COLOURS.purple)
+            : null,
+        );
+      };
       update(list, key, () => [
         table(
           "Services",
-          ["Name", "Kind", "Status", "Message", "GPUs", "Port", "Domains", "Uptime", "Restarts"],
+          ["Name", "Kind", "Status", "Message", "GPUs", "Port", "Domains", "Uptime", "Restarts", "Usage (last hour)"],
           services.map((s) => [
             h("a", { href: `#/services/${encodeURIComponent(s.name)}` }, s.name),
             s.kind,
@@ -422,6 +439,7 @@ async function renderServices(): Promise<void> {
               : "—",
             s.status === "running" ? since(s.started_at) : "—",
             s.restarts,
+            usageOf(s.name),
           ]),
         ),
       ]);
@@ -616,6 +634,7 @@ async function renderService(name: string): Promise<void> {
   const report = h("div", {}, h("p", { class: "muted" }, "Diagnosing…"));
   const logs = h("pre", { class: "logs", role: "log", "aria-label": `Logs of ${name}`, tabindex: "0" });
   const logState = h("span", { class: "muted" }, "connecting…");
+  const usage = h("div", { class: "charts" }, h("p", { class: "muted" }, "Measuring…"));
   fill(
     main(),
     h("p", {}, h("a", { href: "#/" }, "← Services")),
@@ -623,9 +642,11 @@ async function renderService(name: string): Promise<void> {
     actions,
     notice,
     connection,
+    h("section", { class: "card", "aria-labelledby": "usage-title" }, h("h2", { id: "usage-title" }, "Usage, last hour"), usage),
     h("section", { class: "card", "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs ", logState), logs),
     report,
   );
+  cleanups.push(await serviceCharts(name, usage));
 
   const act = async (action: string) => {
     notice.replaceChildren();
@@ -1050,10 +1071,146 @@ interface GpuInventory {
   }[];
 }
 
+/**
+ * serviceCharts draws a service's CPU, memory and GPU memory over the last hour and keeps them
+ * current (every 5 s, asking only for the samples it lacks); it returns the cleanup.
+ */
+async function serviceCharts(name: string, container: HTMLElement): Promise<() => void> {
+  const cpu = new Chart();
+  const memory = new Chart();
+  const gpu = new Chart();
+  let history: MetricsHistory | null = null;
+  const draw = async () => {
+    try {
+      const since = history?.times.at(-1);
+      const path = `/api/metrics/history?service=${encodeURIComponent(name)}${since === undefined ? "" : `&since=${since}`}`;
+      history = mergeHistory(history, await api<MetricsHistory>("GET", path));
+      const usage = history.services[0];
+      if (!usage) return;
+      if (container.querySelector("figure") === null) {
+        fill(container, cpu.element, memory.element, usage.gpu_memory_mb.some((value) => value !== null) ? gpu.element : null);
+      }
+      cpu.show({
+        title: "CPU",
+        times: history.times,
+        series: [{ label: "CPU", values: usage.cpu_pct, scale: "pct", colour: COLOURS.blue, format: formatPercent }],
+      });
+      memory.show({
+        title: "Memory (resident)",
+        times: history.times,
+        series: [{ label: "Memory", values: usage.rss_bytes, scale: "bytes", colour: COLOURS.orange, format: formatBytes }],
+      });
+      if (gpu.element.isConnected) {
+        gpu.show({
+          title: "GPU memory",
+          times: history.times,
+          series: [{ label: "GPU memory", values: usage.gpu_memory_mb, scale: "mib", colour: COLOURS.purple, format: formatMib }],
+        });
+      }
+    } catch (error) {
+      if (!container.querySelector("figure")) fill(container, errorBox(messageOf(error)));
+    }
+  };
+  await draw();
+  const timer = setInterval(() => void draw(), 5000);
+  return () => {
+    clearInterval(timer);
+    for (const chart of [cpu, memory, gpu]) chart.destroy();
+  };
+}
+
+/**
+ * mergeHistory appends a `since` answer to what the page holds and drops what fell out of the
+ * window, so a page left open asks for a few samples at a time rather than the whole hour.
+ */
+function mergeHistory(held: MetricsHistory | null, fresh: MetricsHistory): MetricsHistory {
+  if (!held) return fresh;
+  const cutoff = fresh.now - fresh.window_s;
+  const keep = held.times.findIndex((time) => time > cutoff);
+  const from = keep < 0 ? held.times.length : keep;
+  const join = <T>(old: T[] | undefined, added: T[], length: number): T[] => [
+    ...(old ?? new Array(length).fill(null)).slice(from),
+    ...added,
+  ];
+  const n = held.times.length;
+  return {
+    ...fresh,
+    times: join(held.times, fresh.times, n),
+    gpus: fresh.gpus.map((gpu) => {
+      const old = held.gpus.find((entry) => entry.uuid === gpu.uuid);
+      return {
+        ...gpu,
+        utilization_pct: join(old?.utilization_pct, gpu.utilization_pct, n),
+        memory_used_mb: join(old?.memory_used_mb, gpu.memory_used_mb, n),
+      };
+    }),
+    services: fresh.services.map((service) => {
+      const old = held.services.find((entry) => entry.id === service.id);
+      return {
+        ...service,
+        cpu_pct: join(old?.cpu_pct, service.cpu_pct, n),
+        rss_bytes: join(old?.rss_bytes, service.rss_bytes, n),
+        gpu_memory_mb: join(old?.gpu_memory_mb, service.gpu_memory_mb, n),
+      };
+    }),
+  };
+}
+
+/** gpuCharts draws each GPU's utilization and memory over the last hour, kept current; it returns the cleanup. */
+async function gpuCharts(container: HTMLElement): Promise<() => void> {
+  const charts = new Map<string, Chart>();
+  let history: MetricsHistory | null = null;
+  const draw = async () => {
+    try {
+      const since = history?.times.at(-1);
+      history = mergeHistory(
+        history,
+        await api<MetricsHistory>("GET", `/api/metrics/history${since === undefined ? "" : `?since=${since}`}`),
+      );
+      if (history.gpus.length === 0) {
+        if (container.querySelector("figure") === null) {
+          fill(
+            container,
+            h("p", { class: "muted" }, "No GPU reports utilization or memory (no nvidia-smi, or GPUs declared with ENGINE_GPUS)."),
+          );
+        }
+        return;
+      }
+      for (const gpu of history.gpus) {
+        let chart = charts.get(gpu.uuid);
+        if (!chart) {
+          chart = new Chart();
+          charts.set(gpu.uuid, chart);
+          if (charts.size === 1) container.replaceChildren();
+          container.append(chart.element);
+        }
+        chart.show({
+          title: `GPU ${gpu.index} · ${gpu.name}`,
+          times: history.times,
+          series: [
+            { label: "Utilization", values: gpu.utilization_pct, scale: "pct", colour: COLOURS.blue, format: formatPercent },
+            { label: "Memory used", values: gpu.memory_used_mb, scale: "mib", colour: COLOURS.orange, format: formatMib },
+          ],
+          ranges: { pct: [0, 100], ...(gpu.memory_total_mb ? { mib: [0, gpu.memory_total_mb] as [number, number] } : {}) },
+        });
+      }
+    } catch (error) {
+      if (!container.querySelector("figure")) fill(container, errorBox(messageOf(error)));
+    }
+  };
+  await draw();
+  const timer = setInterval(() => void draw(), 5000);
+  return () => {
+    clearInterval(timer);
+    for (const chart of charts.values()) chart.destroy();
+  };
+}
+
 async function renderGpus(): Promise<void> {
   fill(main(), h("h1", {}, "GPUs"), h("p", { class: "muted" }, "Loading…"));
   try {
     const inventory = await api<GpuInventory>("GET", "/api/gpus");
+    const usage = h("div", { class: "charts" }, h("p", { class: "muted" }, "Measuring…"));
     fill(
       main(),
       h("h1", {}, "GPUs"),
@@ -1071,7 +1228,9 @@ async function renderGpus(): Promise<void> {
           d.holders.length === 0 ? "free" : d.holders.map((x) => `${x.service}${x.whole ? " (whole)" : ` (${x.memory_mb} MB)`}`).join(", "),
         ]),
       ),
+      h("section", { class: "card", "aria-labelledby": "gpu-usage-title" }, h("h2", { id: "gpu-usage-title" }, "Usage, last hour"), usage),
     );
+    cleanups.push(await gpuCharts(usage));
   } catch (error) {
     fill(main(), h("h1", {}, "GPUs"), errorBox(messageOf(error)));
   }

@@ -40,9 +40,14 @@ export function pageShell(): string {
 `;
 }
 
-/** bundleUiAssets bundles src/engine/ui/app.ts for the browser and reads app.css (build.ts, and the first request from source). */
+/**
+ * bundleUiAssets bundles src/engine/ui/app.ts for the browser (uPlot with it) and reads uPlot's
+ * stylesheet and app.css into one (build.ts, and the first request from source): nothing is
+ * loaded from elsewhere (docs/decisions.md 338).
+ */
 export function bundleUiAssets(): Promise<BrowserAssets> {
-  return bundleBrowserAssets(join(uiSourceDir, "app.ts"), join(uiSourceDir, "app.css"), "the web UI");
+  const uplotCss = Bun.resolveSync("uplot/dist/uPlot.min.css", uiSourceDir);
+  return bundleBrowserAssets(join(uiSourceDir, "app.ts"), [uplotCss, join(uiSourceDir, "app.css")], "the web UI");
 }
 
 const loadAssets = lazyBrowserAssets(typeof __ENGINE_UI__ === "string" ? __ENGINE_UI__ : undefined, bundleUiAssets);

@@ -34,7 +34,9 @@ async function send(key: string, token: string | null) {
   ).find((s) => s.key === key);
   if (!sample) throw new Error(`no sample for ${key}`);
   const response = await engine.call(sample.method, sample.path, { token, body: sample.body });
-  return { sample, status: response.status, body: (await response.json()) as { error?: { code: string } } };
+  // GET /metrics answers the Prometheus text format, every other route JSON.
+  const json = response.headers.get("content-type")?.includes("json");
+  return { sample, status: response.status, body: (json ? await response.json() : {}) as { error?: { code: string } } };
 }
 
 const protectedRoutes = Object.entries(ROUTE_ACCESS).filter(([, access]) => access !== "public");

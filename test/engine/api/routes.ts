@@ -45,6 +45,9 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
     { key: "GET /api/services/:ident/logs", method: "GET", path: "/api/services/web/logs?tail=10", adminStatus: 404 },
     { key: "GET /api/gpus", method: "GET", path: "/api/gpus", adminStatus: 200 },
     { key: "GET /api/stats", method: "GET", path: "/api/stats", adminStatus: 200 },
+
+    { key: "GET /metrics", method: "GET", path: "/metrics", adminStatus: 200 },
+    { key: "GET /api/metrics/history", method: "GET", path: "/api/metrics/history", adminStatus: 200 },
     {
       key: "POST /api/services/:ident/domains",
       method: "POST",

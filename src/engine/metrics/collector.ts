@@ -1,0 +1,240 @@
+import { HISTORY_INTERVAL_S, HISTORY_WINDOW_S, type MetricsHistory, type ServiceRecord } from "../../contract/engine";
+import type { Logger } from "../../lib/logger";
+import { type ComputeApp, type GpuReading, type GpuTelemetry, readGpuTelemetry } from "../gpu";
+import { History } from "./history";
+import { type ProcessTable, type SystemUnits, scanProcesses, systemUnits } from "./procfs";
+
+/** ServiceSample is one service's processes as one sample measured them. */
+export interface ServiceSample {
+  id: string;
+  name: string;
+  /** session is the shim's session id (the run's processes), null when the service had no process. */
+  session: number | null;
+  processes: number;
+  cpuSeconds: number;
+  /** cpuPct is CPU time over the interval before this sample, in percent of one core; null for a run's first sample. */
+  cpuPct: number | null;
+  rssBytes: number;
+  /** gpuMemoryMb is the GPU memory its processes hold; null when no GPU telemetry was read. */
+  gpuMemoryMb: number | null;
+}
+
+/** Sample is everything one collection measured. */
+export interface Sample {
+  atMs: number;
+  gpus: GpuReading[];
+  /** gpuSource says whether nvidia-smi answered: GPU and GPU memory series exist only then. */
+  gpuSource: boolean;
+  gpuWarnings: string[];
+  services: Map<string, ServiceSample>;
+  /** unattributedGpuMb is GPU memory held by processes of no service, per GPU uuid. */
+  unattributedGpuMb: Map<string, number>;
+  durationS: number;
+}
+
+/** CollectorOptions are what the collector reads. */
+export interface CollectorOptions {
+  /** services lists the services (their workload pids); the manager. */
+  services: { list(): ServiceRecord[] };
+  /** nvidiaSmiPath is the nvidia-smi to ask (config ENGINE_NVIDIA_SMI); undefined: look it up on PATH. */
+  nvidiaSmiPath?: string;
+  /** gpusDeclared is true when ENGINE_GPUS declares the GPUs: nvidia-smi is then never run. */
+  gpusDeclared: boolean;
+  log: Logger;
+  /** intervalMs is the sampling period; 5000 (HISTORY_INTERVAL_S) by default. */
+  intervalMs?: number;
+  /** procRoot is where /proc is (tests may point elsewhere). */
+  procRoot?: string;
+  /** readGpus replaces the nvidia-smi reader (bench). */
+  readGpus?: () => Promise<GpuTelemetry>;
+}
+
+/**
+ * MetricsCollector samples the host every 5 s (docs/decisions.md 331–334): the GPUs through
+ * nvidia-smi, each service's processes through one /proc scan, and the GPU memory each holds
+ * through `--query-compute-apps`. It keeps the newest sample for /metrics and pushes each one
+ * into the hour-long in-memory history the UI draws.
+ */
+export class MetricsCollector {
+  private readonly history: History;
+  private readonly units: SystemUnits;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private running: Promise<void> | null = null;
+  private latestSample: Sample | null = null;
+  /** previous holds each session's CPU ticks and time at the last sample, for the CPU rate. */
+  private previous = new Map<number, { ticks: number; atMs: number }>();
+  private readonly gpuMeta = new Map<string, { index: number; name: string; totalMb: number | null }>();
+  samples = 0;
+  stopped = false;
+
+  constructor(private readonly o: CollectorOptions) {
+    const intervalS = (o.intervalMs || HISTORY_INTERVAL_S * 1000) / 1000;
+    this.history = new History(Math.max(1, Math.round(HISTORY_WINDOW_S / intervalS)));
+    this.units = systemUnits();
+  }
+
+  /** start takes a first sample at once (without waiting for it) and then one every interval; an interval of 0 samples nothing. */
+  start(): void {
+    if (this.o.intervalMs === 0) return;
+    void this.sample();
+    this.timer = setInterval(() => void this.sample(), this.o.intervalMs ?? HISTORY_INTERVAL_S * 1000);
+    this.timer.unref?.();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  /** latest is the newest sample, null before the first has finished. */
+  latest(): Sample | null {
+    return this.latestSample;
+  }
+
+  /** sample measures once; a call while one is under way waits for that one instead (nvidia-smi may be slow). */
+  sample(): Promise<void> {
+    this.running ??= this.collect()
+      .catch((error) => this.o.log.warn({ err: error }, "metrics: a sample failed"))
+      .finally(() => {
+        this.running = null;
+      });
+    return this.running;
+  }
+
+  private async collect(): Promise<void> {
+    const started = performance.now();
+    const telemetry = this.o.gpusDeclared
+      ? { readings: [], apps: [], warnings: [] }
+      : await (this.o.readGpus?.() ?? readGpuTelemetry(this.o.nvidiaSmiPath));
+    if (this.stopped) return;
+    const atMs = Date.now();
+    const services = this.o.services.list();
+    const table = scanProcesses(undefined, this.o.procRoot);
+    const gpuSource = telemetry.readings.length > 0;
+    const sample: Sample = {
+      atMs,
+      gpus: telemetry.readings,
+      gpuSource,
+      gpuWarnings: telemetry.warnings,
+      services: new Map(),
+      unattributedGpuMb: new Map(),
+      durationS: 0,
+    };
+    const sessionOfService = new Map<number, string>();
+    const previous = new Map<number, { ticks: number; atMs: number }>();
+    for (const service of services) {
+      const session = service.pid === null ? undefined : table.sessionOf.get(service.pid);
+      const usage = session === undefined ? undefined : table.sessions.get(session);
+      if (session === undefined || !usage) {
+        sample.services.set(service.id, emptyService(service, gpuSource));
+        continue;
+      }
+      sessionOfService.set(session, service.id);
+      const before = this.previous.get(session);
+      previous.set(session, { ticks: usage.cpuTicks, atMs });
+      const elapsedS = before ? (atMs - before.atMs) / 1000 : 0;
+      const cpuPct =
+        before && elapsedS > 0 ? Math.max(0, ((usage.cpuTicks - before.ticks) / this.units.ticksPerSecond / elapsedS) * 100) : null;
+      sample.services.set(service.id, {
+        id: service.id,
+        name: service.name,
+        session,
+        processes: usage.processes,
+        cpuSeconds: usage.cpuTicks / this.units.ticksPerSecond,
+        cpuPct: cpuPct === null ? null : Math.round(cpuPct * 10) / 10,
+        rssBytes: usage.rssPages * this.units.pageBytes,
+        gpuMemoryMb: gpuSource ? 0 : null,
+      });
+    }
+    this.previous = previous;
+    attributeGpuMemory(telemetry.apps, table, sessionOfService, sample);
+    sample.durationS = (performance.now() - started) / 1000;
+    this.latestSample = sample;
+    this.samples += 1;
+    this.record(sample, services);
+  }
+
+  private record(sample: Sample, services: ServiceRecord[]): void {
+    const values = new Map<string, number>();
+    for (const reading of sample.gpus) {
+      this.gpuMeta.set(reading.uuid, { index: reading.index, name: reading.name, totalMb: reading.memory_total_mb });
+      if (reading.utilization_pct !== null) values.set(`gpu\n${reading.uuid}\nutil`, reading.utilization_pct);
+      if (reading.memory_used_mb !== null) values.set(`gpu\n${reading.uuid}\nmem`, reading.memory_used_mb);
+    }
+    for (const service of sample.services.values()) {
+      if (service.session === null) continue;
+      if (service.cpuPct !== null) values.set(`svc\n${service.id}\ncpu`, service.cpuPct);
+      values.set(`svc\n${service.id}\nrss`, service.rssBytes);
+      if (service.gpuMemoryMb !== null) values.set(`svc\n${service.id}\ngpu`, service.gpuMemoryMb);
+    }
+    this.history.push(sample.atMs / 1000, values);
+    // A deleted service's series go with it.
+    const ids = new Set(services.map((service) => service.id));
+    this.history.forget((key) => key.startsWith("svc\n") && !ids.has(key.split("\n")[1] as string));
+  }
+
+  /**
+   * historyOf answers GET /api/metrics/history: the samples after `sinceS`, for the GPUs seen in
+   * the window and the given services (the caller filters them: scope, `service`).
+   */
+  historyOf(sinceS: number | undefined, services: readonly ServiceRecord[]): MetricsHistory {
+    const slots = this.history.slots(sinceS);
+    const gpus = [...this.gpuMeta.entries()]
+      .filter(([uuid]) => this.history.has(`gpu\n${uuid}\nutil`) || this.history.has(`gpu\n${uuid}\nmem`))
+      .sort((a, b) => a[1].index - b[1].index)
+      .map(([uuid, meta]) => ({
+        index: meta.index,
+        uuid,
+        name: meta.name,
+        memory_total_mb: meta.totalMb === null ? null : Math.round(meta.totalMb),
+        utilization_pct: this.history.valuesAt(`gpu\n${uuid}\nutil`, slots, Math.round),
+        memory_used_mb: this.history.valuesAt(`gpu\n${uuid}\nmem`, slots, Math.round),
+      }));
+    return {
+      interval_s: Math.max(1, Math.round((this.o.intervalMs || HISTORY_INTERVAL_S * 1000) / 1000)),
+      window_s: HISTORY_WINDOW_S,
+      now: Date.now() / 1000,
+      times: this.history.timesAt(slots),
+      gpus,
+      services: [...services]
+        .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+        .map((service) => ({
+          id: service.id,
+          name: service.name,
+          cpu_pct: this.history.valuesAt(`svc\n${service.id}\ncpu`, slots),
+          rss_bytes: this.history.valuesAt(`svc\n${service.id}\nrss`, slots, Math.round),
+          gpu_memory_mb: this.history.valuesAt(`svc\n${service.id}\ngpu`, slots, Math.round),
+        })),
+    };
+  }
+}
+
+function emptyService(service: ServiceRecord, gpuSource: boolean): ServiceSample {
+  return {
+    id: service.id,
+    name: service.name,
+    session: null,
+    processes: 0,
+    cpuSeconds: 0,
+    cpuPct: null,
+    rssBytes: 0,
+    gpuMemoryMb: gpuSource ? 0 : null,
+  };
+}
+
+/**
+ * attributeGpuMemory adds each GPU process's memory to the service whose session it is in; a
+ * process of no service (another user's job, a pid from another pid namespace) counts as
+ * unattributed on its GPU.
+ */
+function attributeGpuMemory(apps: ComputeApp[], table: ProcessTable, sessionOfService: Map<number, string>, sample: Sample): void {
+  for (const app of apps) {
+    const memory = app.used_memory_mb ?? 0;
+    const session = table.sessionOf.get(app.pid);
+    const serviceId = session === undefined ? undefined : sessionOfService.get(session);
+    const service = serviceId === undefined ? undefined : sample.services.get(serviceId);
+    if (service) service.gpuMemoryMb = (service.gpuMemoryMb ?? 0) + memory;
+    else sample.unattributedGpuMb.set(app.gpu_uuid, (sample.unattributedGpuMb.get(app.gpu_uuid) ?? 0) + memory);
+  }
+}
