@@ -214,6 +214,10 @@ describe.each(ERAS)("over /mcp, protocol %s", (era) => {
   });
 
   test("a scoped submitter operates the service in its scope: pause, resume, restart, stop, start", async () => {
+    // Only a running process can be paused: the other era's run of this test may have left it starting.
+    await eventually(async () => (await engine.json<ServiceRecord>("GET", "/api/services/mine")).body.status === "running", {
+      timeoutMs: 15_000,
+    });
     const session = await connectHttp(engine.url, secrets.scoped, era);
     try {
       const call = async (name: string) =>
