@@ -153,8 +153,14 @@ export class NodeStore {
     return { node: rowToNode(row), credential, adopted: true };
   }
 
+  /**
+   * list returns the account's nodes. It names the columns a Node is made of: the relay reads it
+   * on every assistant call, and `SELECT *` would copy each row's stored tool list (tens of KB).
+   */
   async list(accountId: string): Promise<Node[]> {
-    return (await this.db.sql`SELECT * FROM nodes WHERE account_id = ${accountId} ORDER BY created_at`).map(rowToNode);
+    const rows = await this.db.sql`SELECT id, account_id, slug, hostname, os, version, enrolled_via, created_at, last_seen_at, gpus
+      FROM nodes WHERE account_id = ${accountId} ORDER BY created_at`;
+    return rows.map(rowToNode);
   }
 
   /** authenticate returns the node a credential belongs to, or throws `invalid_session`. */
