@@ -1,3 +1,4 @@
+import { Database as SqliteFile, type Statement } from "bun:sqlite";
 import { mkdirSync, statfsSync } from "node:fs";
 import { dirname } from "node:path";
 import { SQL } from "bun";
@@ -8,6 +9,12 @@ export type Dialect = "sqlite" | "postgres";
 
 /** Sql is Bun.SQL's tagged-template client, or one transaction's. */
 export type Sql = SQL;
+
+/** Param is a value bound to a prepared read's `$1`, `$2`, … */
+export type Param = string | number | null;
+
+/** PreparedRead runs one read statement, prepared once, with its parameters: the rows it answers. */
+export type PreparedRead = (...params: Param[]) => Promise<Record<string, unknown>[]>;
 
 /** DatabaseStats counts what the console asked of its database, so benches can prove a path made no reads. */
 export interface DatabaseStats {
@@ -32,16 +39,21 @@ export class Database {
   readonly #client: SQL;
   /** #directory holds the SQLite file (null on PostgreSQL and for :memory:): its free space is measured. */
   readonly #directory: string | null;
+  /** #filename is the SQLite file (null on PostgreSQL and for :memory:): prepared reads open it again. */
+  readonly #filename: string | null;
+  /** #reader is the SQLite file's read-only connection for prepared reads, opened at the first. */
+  #reader: SqliteFile | undefined;
   /** #diskFullAt is when a write last failed for lack of space, until a probe finds room again. */
   #diskFullAt: number | null = null;
 
   private constructor(
     readonly dialect: Dialect,
     client: SQL,
-    directory: string | null = null,
+    filename: string | null = null,
   ) {
     this.#client = client;
-    this.#directory = directory;
+    this.#filename = filename;
+    this.#directory = filename === null ? null : dirname(filename);
   }
 
   /** open connects to the URL; a SQLite file's directory is created. Nothing is migrated yet. */
@@ -50,7 +62,7 @@ export class Database {
       const filename = url.replace(/^(sqlite|file):(\/\/)?/, "");
       if (filename !== ":memory:") mkdirSync(dirname(filename), { recursive: true });
       const client = new SQL({ adapter: "sqlite", filename, create: true, readwrite: true });
-      const db = new Database("sqlite", client, filename === ":memory:" ? null : dirname(filename));
+      const db = new Database("sqlite", client, filename === ":memory:" ? null : filename);
       try {
         // WAL lets readers run beside the one writer; a busy writer waits instead of failing.
         await client.unsafe("PRAGMA journal_mode = WAL");
@@ -81,6 +93,40 @@ export class Database {
   get sql(): SQL {
     this.stats.statements += 1;
     return this.#client;
+  }
+
+  /**
+   * prepareRead prepares a read statement once, for a path that runs it on every request (an
+   * assistant's every call): `text` names its parameters `$1`, `$2`, … On SQLite it runs on a
+   * read-only connection of its own to the same file (WAL: it reads what was committed, as the
+   * main connection does) as a statement prepared at its first use and kept, since Bun.SQL
+   * prepares each tagged statement anew there. On PostgreSQL (and an in-memory SQLite) it is
+   * Bun.SQL's parameterized query, which PostgreSQL prepares once per connection. Writes stay on
+   * `sql` and `transaction`.
+   */
+  prepareRead(text: string): PreparedRead {
+    if (this.dialect === "sqlite" && this.#filename !== null) {
+      const sqliteText = text.replace(/\$(\d+)/g, "?$1");
+      let statement: Statement | undefined;
+      return async (...params) => {
+        this.stats.statements += 1;
+        statement ??= this.#readerConnection().query(sqliteText);
+        return statement.all(...params) as Record<string, unknown>[];
+      };
+    }
+    return async (...params) => {
+      this.stats.statements += 1;
+      return (await this.#client.unsafe(text, params)) as Record<string, unknown>[];
+    };
+  }
+
+  #readerConnection(): SqliteFile {
+    if (!this.#reader) {
+      const reader = new SqliteFile(this.#filename as string, { readonly: true });
+      reader.exec("PRAGMA busy_timeout = 5000");
+      this.#reader = reader;
+    }
+    return this.#reader;
   }
 
   /**
@@ -203,6 +249,8 @@ export class Database {
   }
 
   async close(): Promise<void> {
+    this.#reader?.close();
+    this.#reader = undefined;
     await this.#client.close();
   }
 }

@@ -3,7 +3,7 @@ import type { LinkClaimResponse } from "../../contract/cloud";
 import type { RelayTool, ReportedGpu } from "../../contract/relay";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
-import { type Database, num, type Sql } from "../db";
+import { type Database, num, type PreparedRead, type Sql } from "../db";
 
 /** NODE_CREDENTIAL_PREFIX marks a node's own credential for secret scanners and humans. */
 export const NODE_CREDENTIAL_PREFIX = "enc_";
@@ -105,6 +105,9 @@ export function cleanGpus(gpus: readonly ReportedGpu[]): ReportedGpu[] {
 
 /** NodeStore enrolls and lists nodes. Every enrollment route ends in `enroll`. */
 export class NodeStore {
+  /** #list is the account's node list, prepared at its first use (the relay reads it on every assistant call). */
+  #list: PreparedRead | undefined;
+
   constructor(private readonly db: Database) {}
 
   /**
@@ -153,8 +156,14 @@ export class NodeStore {
     return { node: rowToNode(row), credential, adopted: true };
   }
 
+  /**
+   * list returns the account's nodes. It names the columns a Node is made of: the relay reads it
+   * on every assistant call, and `SELECT *` would copy each row's stored tool list (tens of KB).
+   */
   async list(accountId: string): Promise<Node[]> {
-    return (await this.db.sql`SELECT * FROM nodes WHERE account_id = ${accountId} ORDER BY created_at`).map(rowToNode);
+    this.#list ??= this.db.prepareRead(`SELECT id, account_id, slug, hostname, os, version, enrolled_via, created_at, last_seen_at, gpus
+      FROM nodes WHERE account_id = $1 ORDER BY created_at`);
+    return (await this.#list(accountId)).map(rowToNode);
   }
 
   /** authenticate returns the node a credential belongs to, or throws `invalid_session`. */

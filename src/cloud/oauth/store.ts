@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { digestSecret, randomId } from "../../lib/crypto";
-import { type Database, num, optionalNum, type Sql } from "../db";
+import { type Database, num, optionalNum, type PreparedRead, type Sql } from "../db";
 import type { ClientKind } from "./clients";
 import { ASSISTANT_SCOPES, type AssistantScope } from "./grant";
 
@@ -179,6 +179,9 @@ export interface NewToken {
 
 /** AssistantStore reads and writes the authorization server's rows. */
 export class AssistantStore {
+  /** #accessGrant is the verifier's one read, prepared at its first use. */
+  #accessGrant: PreparedRead | undefined;
+
   constructor(private readonly db: Database) {}
 
   async createRequest(request: NewRequest): Promise<string> {
@@ -300,11 +303,13 @@ export class AssistantStore {
    * grant's account (entitlement and standing), by the token's digest.
    */
   async accessGrant(token: string): Promise<Record<string, unknown> | null> {
-    const [row] = await this.db.sql`SELECT oauth_tokens.kind, oauth_tokens.resource, oauth_tokens.scopes, oauth_tokens.expires_at,
+    this.#accessGrant ??=
+      this.db.prepareRead(`SELECT oauth_tokens.kind, oauth_tokens.resource, oauth_tokens.scopes, oauth_tokens.expires_at,
         oauth_tokens.revoked_at, oauth_tokens.client_id, oauth_tokens.grant_id, oauth_grants.account_id, oauth_grants.node_ids,
         oauth_grants.revoked_at AS grant_revoked_at, accounts.remote_link, accounts.standing
       FROM oauth_tokens JOIN oauth_grants ON oauth_grants.id = oauth_tokens.grant_id JOIN accounts ON accounts.id = oauth_grants.account_id
-      WHERE oauth_tokens.digest = ${digestSecret(token)}`;
+      WHERE oauth_tokens.digest = $1`);
+    const [row] = await this.#accessGrant(digestSecret(token));
     return row ?? null;
   }
 

@@ -3,9 +3,11 @@ import {
   type CallToolResult,
   createMcpHandler,
   fromJsonSchema,
+  isJsonContentType,
   isLegacyRequest,
   type McpHttpHandler,
   McpServer,
+  readRequestBody,
   type ScopeChallengeHandler,
   type ServerContext,
   type StandardSchemaWithJSON,
@@ -85,9 +87,20 @@ interface LegacySession {
   lastSeen: number;
 }
 
-/** CallerGrant rides in AuthInfo.extra from the bearer check to the tool call. */
+/** GrantedNodes are the account's nodes, and those of them a grant reaches. */
+interface GrantedNodes {
+  all: Node[];
+  granted: Node[];
+}
+
+/**
+ * CallerGrant rides in AuthInfo.extra from the bearer check to the tool call, one per HTTP
+ * request: the grant, and the request's one read of the account's nodes (made when the tool
+ * list or the call first needs it, so a request reads them once, and the next request afresh).
+ */
 interface CallerGrant {
   grant: AssistantGrant;
+  nodes?: Promise<GrantedNodes>;
 }
 
 /**
@@ -148,7 +161,10 @@ export class ConsoleMcpEndpoint {
   readonly #o: ConsoleMcpOptions;
   readonly #now: () => number;
   readonly #sessions = new Map<string, LegacySession>();
+  /** #prepared holds tool lists read from node rows, by a hash of their JSON (a console restart, an offline machine). */
   readonly #prepared = new Map<string, RelayedTool[]>();
+  /** #preparedLive holds the tool list each connected engine sent in its hello, by that list itself. */
+  readonly #preparedLive = new WeakMap<RelayTool[], RelayedTool[]>();
   readonly #listMachinesOutput = fromJsonSchema(JSON.parse(JSON.stringify(ListMachinesOutput)));
   readonly #noInput = fromJsonSchema({ type: "object", properties: {}, additionalProperties: false });
   #modern: McpHttpHandler | undefined;
@@ -218,13 +234,22 @@ export class ConsoleMcpEndpoint {
       resourceMetadataUrl: this.#metadataUrl(),
       extra: { caller: { grant } satisfies CallerGrant },
     };
-    if (await isLegacyRequest(request, undefined, { maxRequestBodySize: MAX_BODY_BYTES })) return this.#legacy(request, authInfo, grant);
-    return this.#modern.fetch(request, { authInfo });
+    const body = await readJsonBody(request);
+    // Answered as the SDK's handler answers them.
+    if (body.kind === "too_large")
+      return jsonRpcError(413, -32000, `Payload Too Large: Request body must not exceed ${MAX_BODY_BYTES} bytes`);
+    if (body.kind === "unreadable") return jsonRpcError(400, -32700, "Parse error: the request body could not be read");
+    const { parsedBody } = body;
+    const forwarded = body.kind === "unparsed" ? body.request : request;
+    if (await isLegacyRequest(forwarded, parsedBody, { maxRequestBodySize: MAX_BODY_BYTES })) {
+      return this.#legacy(forwarded, authInfo, grant, parsedBody);
+    }
+    return this.#modern.fetch(forwarded, { authInfo, ...(parsedBody === undefined ? {} : { parsedBody }) });
   }
 
   /** #server builds the server for one modern request or one legacy session: list_machines and the engine's tools. */
   async #server(authInfo: AuthInfo | undefined): Promise<McpServer> {
-    const grant = (authInfo?.extra?.caller as CallerGrant | undefined)?.grant;
+    const caller = authInfo?.extra?.caller as CallerGrant | undefined;
     const server = new McpServer(
       { name: "engine-cloud", title: "engine cloud console", version: this.#o.version },
       { instructions: INSTRUCTIONS },
@@ -240,12 +265,12 @@ export class ConsoleMcpEndpoint {
         annotations: { title: "List machines", readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
       },
       async (_args: unknown, ctx: ServerContext): Promise<CallToolResult> => {
-        const machines = await this.#machines(this.#grantOf(ctx));
+        const machines = await this.#machines(this.#callerOf(ctx));
         return { content: [{ type: "text", text: JSON.stringify(machines) }], structuredContent: machines };
       },
     );
-    if (!grant) return server;
-    for (const relayed of await this.#catalog(grant)) {
+    if (!caller) return server;
+    for (const relayed of await this.#catalog(caller)) {
       const { tool } = relayed;
       server.registerTool(
         tool.name,
@@ -258,23 +283,28 @@ export class ConsoleMcpEndpoint {
           scopeChallenge: relayed.readOnly ? undefined : operateChallenge(tool.name),
         },
         async (args: unknown, ctx: ServerContext): Promise<CallToolResult> =>
-          this.#forward(this.#grantOf(ctx), tool.name, (args ?? {}) as Record<string, unknown>),
+          this.#forward(this.#callerOf(ctx), tool.name, (args ?? {}) as Record<string, unknown>),
       );
     }
     return server;
   }
 
-  #grantOf(ctx: ServerContext): AssistantGrant {
+  #callerOf(ctx: ServerContext): CallerGrant {
     const caller = ctx.http?.authInfo?.extra?.caller as CallerGrant | undefined;
     if (!caller) throw new Error("an MCP call arrived without its grant");
-    return caller.grant;
+    return caller;
   }
 
-  /** #grantedNodes are the account's nodes the grant reaches (all of them when its nodeIds is null). */
-  async #grantedNodes(grant: AssistantGrant): Promise<{ all: Node[]; granted: Node[] }> {
-    const all = await this.#o.nodes.list(grant.accountId);
-    const allowed = grant.nodeIds === null ? null : new Set(grant.nodeIds);
-    return { all, granted: allowed === null ? all : all.filter((node) => allowed.has(node.id)) };
+  /**
+   * #grantedNodes are the account's nodes the grant reaches (all of them when its nodeIds is
+   * null), read once per request: the tool list and the call of one request share the read.
+   */
+  #grantedNodes(caller: CallerGrant): Promise<GrantedNodes> {
+    caller.nodes ??= this.#o.nodes.list(caller.grant.accountId).then((all) => {
+      const allowed = caller.grant.nodeIds === null ? null : new Set(caller.grant.nodeIds);
+      return { all, granted: allowed === null ? all : all.filter((node) => allowed.has(node.id)) };
+    });
+    return caller.nodes;
   }
 
   /**
@@ -282,25 +312,39 @@ export class ConsoleMcpEndpoint {
    * else those the most recently seen granted node listed last (stored on its row), else none
    * (only list_machines) until one of them connects.
    */
-  async #catalog(grant: AssistantGrant): Promise<RelayedTool[]> {
-    const { granted } = await this.#grantedNodes(grant);
-    let tools: RelayTool[] | null | undefined;
+  async #catalog(caller: CallerGrant): Promise<RelayedTool[]> {
+    const { granted } = await this.#grantedNodes(caller);
     for (const node of granted) {
-      tools = this.#o.hub.toolsOf(node.id);
-      if (tools) break;
+      const live = this.#o.hub.toolsOf(node.id);
+      if (!live) continue;
+      let prepared = this.#preparedLive.get(live);
+      if (!prepared) {
+        prepared = this.#prepare(live);
+        this.#preparedLive.set(live, prepared);
+      }
+      return prepared;
     }
-    tools ??= await this.#o.nodes.toolsOf(
-      grant.accountId,
+    const stored = await this.#o.nodes.toolsOf(
+      caller.grant.accountId,
       granted.map((node) => node.id),
     );
-    return tools ? this.#prepare(tools) : [];
+    if (!stored) return [];
+    // A list read from a row is a new array each time: it is known by its content.
+    const key = String(Bun.hash(JSON.stringify(stored)));
+    let prepared = this.#prepared.get(key);
+    if (!prepared) {
+      prepared = this.#prepare(stored);
+      if (this.#prepared.size >= 8) this.#prepared.delete(this.#prepared.keys().next().value as string);
+      this.#prepared.set(key, prepared);
+    }
+    return prepared;
   }
 
-  /** #prepare prepares a tool list once per distinct list (the same engine version lists the same tools). */
+  /**
+   * #prepare prepares a tool list for the SDK once (the same engine lists the same tools for
+   * as long as its tunnel is up; the same version lists the same tools after a restart).
+   */
   #prepare(tools: RelayTool[]): RelayedTool[] {
-    const key = String(Bun.hash(JSON.stringify(tools)));
-    const cached = this.#prepared.get(key);
-    if (cached) return cached;
     const prepared: RelayedTool[] = [];
     for (const tool of tools) {
       if (tool.name === "list_machines" || (tool.inputSchema.properties as Record<string, unknown> | undefined)?.[NODE_ARGUMENT]) {
@@ -314,13 +358,11 @@ export class ConsoleMcpEndpoint {
         readOnly: (tool.annotations as { readOnlyHint?: boolean } | undefined)?.readOnlyHint === true,
       });
     }
-    if (this.#prepared.size >= 8) this.#prepared.delete(this.#prepared.keys().next().value as string);
-    this.#prepared.set(key, prepared);
     return prepared;
   }
 
-  async #machines(grant: AssistantGrant): Promise<ListMachinesOutput> {
-    const { granted } = await this.#grantedNodes(grant);
+  async #machines(caller: CallerGrant): Promise<ListMachinesOutput> {
+    const { granted } = await this.#grantedNodes(caller);
     return {
       machines: granted.map((node) => {
         const presence = this.#o.hub.presence(node.id);
@@ -344,12 +386,13 @@ export class ConsoleMcpEndpoint {
    * grant's only node. A node outside the grant, an offline node, or an engine that did not run
    * the call is a tool error the assistant can read; the engine's own answer is returned as it is.
    */
-  async #forward(grant: AssistantGrant, tool: string, args: Record<string, unknown>): Promise<CallToolResult> {
+  async #forward(caller: CallerGrant, tool: string, args: Record<string, unknown>): Promise<CallToolResult> {
+    const { grant } = caller;
     const { [NODE_ARGUMENT]: named, ...rest } = args;
     if (named !== undefined && (typeof named !== "string" || named.trim() === "" || named.length > 128)) {
       return toolError("invalid_argument", "node must be a machine's name or id, as list_machines shows them");
     }
-    const { all, granted } = await this.#grantedNodes(grant);
+    const { all, granted } = await this.#grantedNodes(caller);
     let target: Node | undefined;
     if (typeof named === "string") {
       const wanted = named.trim().toLowerCase();
@@ -407,13 +450,14 @@ export class ConsoleMcpEndpoint {
    * naming it is told the session does not exist. Each request still carries its own token,
    * checked above, so a revoked grant stops at its next request.
    */
-  async #legacy(request: Request, authInfo: AuthInfo, grant: AssistantGrant): Promise<Response> {
+  async #legacy(request: Request, authInfo: AuthInfo, grant: AssistantGrant, parsedBody: unknown): Promise<Response> {
+    const options = { authInfo, ...(parsedBody === undefined ? {} : { parsedBody }) };
     const id = request.headers.get("mcp-session-id");
     if (id !== null) {
       const session = this.#sessions.get(id);
       if (!session || session.grantId !== grant.grantId) return jsonRpcError(404, -32001, "Session not found");
       session.lastSeen = this.#now();
-      return session.transport.handleRequest(request, { authInfo });
+      return session.transport.handleRequest(request, options);
     }
     const transport: WebStandardStreamableHTTPServerTransport = new WebStandardStreamableHTTPServerTransport({
       sessionIdGenerator: () => crypto.randomUUID(),
@@ -427,7 +471,7 @@ export class ConsoleMcpEndpoint {
       },
     });
     await (await this.#server(authInfo)).connect(transport);
-    const response = await transport.handleRequest(request, { authInfo });
+    const response = await transport.handleRequest(request, options);
     if (transport.sessionId === undefined) await transport.close().catch(() => undefined);
     return response;
   }
@@ -528,6 +572,45 @@ function offlineMessage(node: Node): string {
 /** toolError is a refusal the assistant reads: `{ error: { code, message } }`, as the engine's tools answer theirs. */
 function toolError(code: string, message: string): CallToolResult {
   return { isError: true, content: [{ type: "text", text: JSON.stringify({ error: { code, message } }) }] };
+}
+
+/**
+ * JsonBody is a request's body read once, for both the era check and the handler that serves it:
+ * parsed JSON, or, when the body is not JSON (the SDK answers that), a copy of the request
+ * carrying the text read.
+ */
+type JsonBody =
+  | { kind: "parsed"; parsedBody: unknown }
+  | { kind: "unparsed"; parsedBody: undefined; request: Request }
+  | { kind: "none"; parsedBody: undefined }
+  | { kind: "too_large" }
+  | { kind: "unreadable" };
+
+/**
+ * readJsonBody reads a JSON POST's body once (bounded as the SDK bounds it) so it is parsed once:
+ * the SDK's era check (`isLegacyRequest`) and its handlers each read and parse a body they are
+ * not given. A GET, a DELETE, or a POST the SDK refuses by its Content-Type (415) is left unread.
+ */
+async function readJsonBody(request: Request): Promise<JsonBody> {
+  if (request.method !== "POST" || !isJsonContentType(request.headers.get("content-type"))) return { kind: "none", parsedBody: undefined };
+  let text: string;
+  try {
+    const read = await readRequestBody(request, MAX_BODY_BYTES);
+    if (read.tooLarge) return { kind: "too_large" };
+    text = read.text;
+  } catch {
+    return { kind: "unreadable" };
+  }
+  try {
+    if (text !== "") return { kind: "parsed", parsedBody: JSON.parse(text) };
+  } catch {
+    // not JSON: the SDK answers it, from a copy of what was read
+  }
+  return {
+    kind: "unparsed",
+    parsedBody: undefined,
+    request: new Request(request.url, { method: request.method, headers: request.headers, body: text, signal: request.signal }),
+  };
 }
 
 /** jsonRpcError is a transport-level refusal in the JSON-RPC shape MCP clients read. */

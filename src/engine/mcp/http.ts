@@ -1,12 +1,9 @@
 import { isIP } from "node:net";
 import {
   type AuthInfo,
-  CLIENT_CAPABILITIES_META_KEY,
-  CLIENT_INFO_META_KEY,
   createMcpHandler,
   isLegacyRequest,
   type McpHttpHandler,
-  PROTOCOL_VERSION_META_KEY,
   type ServerContext,
   validateHostHeader,
   validateOriginHeader,
@@ -19,7 +16,10 @@ import type { Principal, TokenStore } from "../auth";
 import type { ApiTransport } from "./context";
 import { FilterError, filtersFromQuery, type McpFilters } from "./filters";
 import { OperationBook } from "./operations";
+import { type RelayAnswer, RelaySession } from "./relay";
 import { buildMcpServer, type Caller, compiledTools } from "./server";
+
+export type { RelayAnswer } from "./relay";
 
 /** MCP_PATH is where the engine serves MCP over Streamable HTTP. */
 export const MCP_PATH = "/mcp";
@@ -71,12 +71,6 @@ export interface RelayedCaller {
   owner: string;
 }
 
-/** RelayAnswer is what a relayed request came to: the JSON-RPC result, or the JSON-RPC error. */
-export type RelayAnswer = { result: Record<string, unknown> } | { error: { code: string; message: string } };
-
-/** RELAY_PROTOCOL is the revision relayed requests are served in: stateless, one request each. */
-const RELAY_PROTOCOL = "2026-07-28";
-
 /**
  * McpEndpoint serves `/mcp` on the API's port, and the protected-resource metadata beside it.
  *
@@ -96,6 +90,8 @@ export class McpEndpoint {
   readonly #sessions = new Map<string, LegacySession>();
   readonly #namedHosts: string[];
   #modern: McpHttpHandler | undefined;
+  /** #relaySession serves the calls relayed from the console, opened at the first one. */
+  #relaySession: RelaySession | undefined;
   #sweeper: ReturnType<typeof setInterval> | undefined;
 
   constructor(options: McpEndpointOptions) {
@@ -133,6 +129,8 @@ export class McpEndpoint {
     this.#sweeper = undefined;
     const sessions = [...this.#sessions.values()];
     this.#sessions.clear();
+    await this.#relaySession?.close();
+    this.#relaySession = undefined;
     await Promise.all(sessions.map((session) => session.transport.close().catch(() => undefined)));
     await this.#modern?.close().catch(() => undefined);
     this.#modern = undefined;
@@ -188,39 +186,18 @@ export class McpEndpoint {
 
   /**
    * relay serves one MCP request that arrived over the cloud link's tunnel (`tools/list`, or a
-   * `tools/call` as `caller`). It is handed to the same 2026-07-28 handler as a request on `/mcp`
-   * (same tools, same input and output checks), with the relayed principal in place of a bearer
-   * token; the tools then call the API in-process as that principal. The Host, Origin and bearer
-   * checks of `/mcp` do not apply: the request never came from a listener.
+   * `tools/call` as `caller`). It goes to one long-lived session of the engine's own MCP server
+   * (the same tools, input and output checks as a session on `/mcp`), in-process and unserialized,
+   * with the relayed principal in place of a bearer token; the tools then call the API in-process
+   * as that principal. The Host, Origin and bearer checks of `/mcp` do not apply: the request
+   * never came from a listener.
    */
   async relay(method: "tools/list" | "tools/call", params: Record<string, unknown>, caller: RelayedCaller): Promise<RelayAnswer> {
     if (!this.#modern) return { error: { code: "engine_stopping", message: "the engine's MCP server is not running" } };
-    const headers: Record<string, string> = {
-      "content-type": "application/json",
-      accept: "application/json, text/event-stream",
-      "mcp-protocol-version": RELAY_PROTOCOL,
-      "mcp-method": method,
-    };
-    if (method === "tools/call") headers["mcp-name"] = String(params.name);
-    const meta = {
-      [PROTOCOL_VERSION_META_KEY]: RELAY_PROTOCOL,
-      [CLIENT_INFO_META_KEY]: { name: "engine-cloud relay", version: this.#o.version },
-      [CLIENT_CAPABILITIES_META_KEY]: {},
-    };
-    let request: Request;
-    try {
-      request = new Request(`http://localhost${MCP_PATH}`, {
-        method: "POST",
-        headers,
-        body: JSON.stringify({ jsonrpc: "2.0", id: 1, method, params: { ...params, _meta: meta } }),
-      });
-    } catch (error) {
-      return { error: { code: "invalid_request", message: (error as Error).message } };
-    }
+    this.#relaySession ??= new RelaySession(this.#server(undefined, "legacy", filtersFromQuery(new URLSearchParams())), this.#o.version);
     const info: CallerInfo = { principal: caller.principal, owner: caller.owner };
     const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller: info } };
-    const response = await this.#modern.fetch(request, { authInfo });
-    return relayAnswerOf(response);
+    return this.#relaySession.request(method, params, authInfo);
   }
 
   /** #callerOf reads who calls from the request's auth info: the token of each request, not of the session's first. */
@@ -383,40 +360,6 @@ export class McpEndpoint {
       { status: 401, headers: { "www-authenticate": `Bearer ${parameters.join(", ")}` } },
     );
   }
-}
-
-/**
- * relayAnswerOf reads the handler's answer to a relayed request: one JSON body, or an SSE stream
- * whose last `data:` line is the response (the handler streams only when a tool sends a message
- * before its result).
- */
-async function relayAnswerOf(response: Response): Promise<RelayAnswer> {
-  const text = await response.text();
-  let message: unknown;
-  try {
-    if ((response.headers.get("content-type") ?? "").includes("text/event-stream")) {
-      const data = text
-        .split("\n")
-        .filter((line) => line.startsWith("data:"))
-        .map((line) => line.slice(5).trim());
-      message = JSON.parse(data.at(-1) ?? "null");
-    } else {
-      message = JSON.parse(text);
-    }
-  } catch {
-    return {
-      error: { code: "internal", message: `the engine's MCP handler answered ${response.status} with a body that is not JSON-RPC` },
-    };
-  }
-  const envelope = message as { result?: Record<string, unknown>; error?: { code?: number; message?: string } } | null;
-  if (envelope?.result && typeof envelope.result === "object") return { result: envelope.result };
-  const failure = envelope?.error;
-  return {
-    error: {
-      code: failure?.code !== undefined ? `jsonrpc_${failure.code}` : `http_${response.status}`,
-      message: failure?.message ?? `the engine's MCP handler answered ${response.status}`,
-    },
-  };
 }
 
 /** jsonRpcError is a transport-level refusal in the JSON-RPC shape MCP clients read. */

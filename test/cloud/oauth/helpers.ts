@@ -50,12 +50,10 @@ async function answerOf(response: Response): Promise<Answer> {
   return { status: response.status, location: response.headers.get("location"), text, headers: response.headers, json };
 }
 
-/** AssistantCloud is a console with the authorization server on a manual clock, and helpers to drive it as an assistant would. */
-export interface AssistantCloud {
+/** AssistantDriver drives a console's authorization server as an assistant would. */
+export interface AssistantDriver {
   cloud: TestCloud;
-  clock: ManualClock;
-  /** logDir holds the console's log file (written at debug level). */
-  logDir: string;
+  /** mcpUrl is the console's MCP URL: the resource its tokens are issued for. */
   mcpUrl: string;
   /** source returns a fresh client address, so tests do not share rate-limit buckets. */
   source(): string;
@@ -65,6 +63,13 @@ export interface AssistantCloud {
   form(path: string, fields: Record<string, string | string[]>, headers?: Record<string, string>): Promise<Answer>;
   /** registerClient registers a client dynamically and returns its id. */
   registerClient(body: Record<string, unknown>): Promise<Answer>;
+}
+
+/** AssistantCloud is a console with the authorization server on a manual clock, and helpers to drive it as an assistant would. */
+export interface AssistantCloud extends AssistantDriver {
+  clock: ManualClock;
+  /** logDir holds the console's log file (written at debug level). */
+  logDir: string;
   /** logText is everything the console logged so far. */
   logText(): string;
   close(): Promise<void>;
@@ -87,6 +92,27 @@ export async function startAssistantCloud(dialect: Dialect, input: CloudConfigIn
     { trustedProxies: "127.0.0.1", cimdAllowLoopback: true, ...input },
     { log, modules: [(deps) => assistantRoutes(deps, { clock: clock.read }), consolePages] },
   );
+  return {
+    ...assistantDriver(cloud),
+    clock,
+    logDir,
+    logText() {
+      return readdirSync(logDir)
+        .map((name) => readFileSync(join(logDir, name), "utf8"))
+        .join("\n");
+    },
+    async close() {
+      await cloud.close();
+    },
+  };
+}
+
+/**
+ * assistantDriver drives any test console's authorization server as an assistant would. Each
+ * request says it comes from an address of its own (X-Forwarded-For, believed where the console
+ * trusts 127.0.0.1 as a proxy), so tests do not share rate-limit buckets.
+ */
+export function assistantDriver(cloud: TestCloud): AssistantDriver {
   const source = () => {
     sources += 1;
     return `10.77.${(sources >> 8) & 255}.${sources & 255}`;
@@ -98,8 +124,6 @@ export async function startAssistantCloud(dialect: Dialect, input: CloudConfigIn
   };
   return {
     cloud,
-    clock,
-    logDir,
     mcpUrl: `${cloud.deps.site.publicUrl}/mcp`,
     source,
     async authorize(params) {
@@ -125,14 +149,6 @@ export async function startAssistantCloud(dialect: Dialect, input: CloudConfigIn
           body: JSON.stringify(body),
         }),
       );
-    },
-    logText() {
-      return readdirSync(logDir)
-        .map((name) => readFileSync(join(logDir, name), "utf8"))
-        .join("\n");
-    },
-    async close() {
-      await cloud.close();
     },
   };
 }
@@ -170,7 +186,7 @@ export interface FlowOptions {
 
 /** consent starts an authorization, approves (or decides) it as `token`'s account, and returns the code. */
 export async function consent(
-  ac: AssistantCloud,
+  ac: AssistantDriver,
   sessionToken: string,
   options: FlowOptions,
 ): Promise<{ rid: string; code: string | null; redirectTo: string; pkce: Pkce }> {
@@ -197,7 +213,7 @@ export async function consent(
 }
 
 /** authorized runs consent and exchanges the code, returning the token answer. */
-export async function authorized(ac: AssistantCloud, sessionToken: string, options: FlowOptions): Promise<Authorized> {
+export async function authorized(ac: AssistantDriver, sessionToken: string, options: FlowOptions): Promise<Authorized> {
   const { rid, code, redirectTo, pkce: p } = await consent(ac, sessionToken, options);
   const exchanged = await ac.form("/oauth/token", {
     grant_type: "authorization_code",
