@@ -68,7 +68,11 @@ export class ConsoleMetrics {
   private readonly refusals = new Map<string, number>();
   private readonly deviceFlow = new Map<string, number>();
 
-  constructor(private readonly o: { db: Database; token: string | undefined }) {}
+  /**
+   * `online` counts the nodes whose tunnel is open in this process (the relay's registry); the
+   * database's last contact stands in where there is none (a worker role serves no tunnels).
+   */
+  constructor(private readonly o: { db: Database; token: string | undefined; online?: () => number }) {}
 
   /** learn takes the app's routes, so requests are counted by route pattern, never by raw path. */
   learn(routes: readonly { method: string; path: string }[]): void {
@@ -169,8 +173,8 @@ export class ConsoleMetrics {
     );
     text.gauge("engine_cloud_sessions_active", "Browser sessions that have not expired.", [{ labels: {}, value: sessions }]);
     text.gauge("engine_cloud_nodes", "Linked nodes (engines holding a node credential).", [{ labels: {}, value: nodes }]);
-    text.gauge("engine_cloud_nodes_online", "Linked nodes whose last contact was within the last 5 minutes.", [
-      { labels: {}, value: online },
+    text.gauge("engine_cloud_nodes_online", "Linked nodes whose engine's tunnel to this console is open now.", [
+      { labels: {}, value: this.o.online ? this.o.online() : online },
     ]);
     return text.toString();
   }

@@ -99,10 +99,10 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const secrets = new SecretBox(secretKey);
     const accounts = new AccountStore(db);
     let server: Bun.Server<TunnelSocketData> | null = null;
-    const metrics = new ConsoleMetrics({ db, token: config.metricsToken });
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
     const nodes = new NodeStore(db);
     const relay = new RelayHub({ nodes, log, ...options.relay });
+    const metrics = new ConsoleMetrics({ db, token: config.metricsToken, online: () => relay.onlineCount() });
     const deps: CloudDeps = {
       config,
       log,

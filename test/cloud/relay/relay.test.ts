@@ -11,6 +11,7 @@ import { TOOLS } from "../../../src/engine/mcp";
 import { createLogger } from "../../../src/lib/logger";
 import { VERSION } from "../../../src/lib/version";
 import { connectHttp, ERAS, structured, toolError } from "../../engine/mcp/harness";
+import { parseExposition, seriesValue } from "../../engine/metrics/exposition";
 import { eventually, runCli, startTestEngine, type TestEngine } from "../../helpers";
 import { startTestCloud, type TestCloud } from "../helpers";
 import { FixtureVerifier } from "./fixture-verifier";
@@ -156,6 +157,9 @@ describe("the tunnel", () => {
       { index: 0, name: expect.any(String), memory_total_mb: 24576, mig_profile: null },
       { index: 1, name: expect.any(String), memory_total_mb: 24576, mig_profile: null },
     ]);
+    // The console's /metrics counts it online from the open tunnel (a loopback scrape needs no token).
+    const scrape = parseExposition(await (await fetch(`${cloud.url}/metrics`)).text());
+    expect(seriesValue(scrape, "engine_cloud_nodes_online")).toBe(1);
   });
 
   test("`engine link status` shows the tunnel as the running engine sees it", async () => {
