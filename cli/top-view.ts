@@ -24,6 +24,11 @@ export interface TopSnapshot {
   stats: ServiceStatsRecord | null;
   /** cpuPercent is each service's CPU use since the previous sample, in % of one core. */
   cpuPercent: ReadonlyMap<string, number>;
+  /**
+   * gpuUsedMb is the GPU memory each service's processes hold, as nvidia-smi measured it (the
+   * engine's metrics history); absent where nothing was measured: GPU MEM then shows the reservation.
+   */
+  gpuUsedMb?: ReadonlyMap<string, number>;
   /** error says why the latest refresh failed; the frame then shows the last data it had. */
   error: string | null;
 }
@@ -284,6 +289,8 @@ interface ServiceRow {
   cpu: number | undefined;
   rss: number | undefined;
   gpuMb: number;
+  /** gpuUsedMb is what its processes hold on the GPUs, measured; undefined when not measured. */
+  gpuUsedMb: number | undefined;
   gpuIndexes: number[];
   uptimeS: number | null;
 }
@@ -309,7 +316,12 @@ function serviceColumns(): Column<ServiceRow>[] {
     {
       header: "GPU MEM",
       dropRank: 6,
-      cell: (r) => (r.gpuIndexes.length === 0 ? dash : { text: `${mib(r.gpuMb)} gpu${r.gpuIndexes.join(",")}` }),
+      cell: (r) => {
+        if (r.gpuIndexes.length === 0) return r.gpuUsedMb ? { text: mib(r.gpuUsedMb) } : dash;
+        // Measured use beside the reservation when the engine measured it: "18.0G/24.0G gpu0".
+        const used = r.gpuUsedMb === undefined ? "" : `${mib(r.gpuUsedMb)}/`;
+        return { text: `${used}${mib(r.gpuMb)} gpu${r.gpuIndexes.join(",")}` };
+      },
     },
     {
       header: "RESTARTS",
@@ -352,6 +364,7 @@ function serviceRows(snapshot: TopSnapshot): ServiceRow[] {
         cpu: live ? snapshot.cpuPercent.get(record.name) : undefined,
         rss: live ? stat.rss_bytes : undefined,
         gpuMb: gpu?.mb ?? 0,
+        gpuUsedMb: snapshot.gpuUsedMb?.get(record.name),
         gpuIndexes: gpu?.indexes ?? [],
         uptimeS: record.pid !== null && record.started_at ? (snapshot.at.getTime() - new Date(record.started_at).getTime()) / 1000 : null,
       };

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import type { GpuInventoryRecord, ServiceRecord, ServiceStatsRecord } from "../../src/contract/engine";
+import type { GpuInventoryRecord, MetricsHistory, ServiceRecord, ServiceStatsRecord } from "../../src/contract/engine";
 import { CliError, type EngineClient } from "../client";
 import { type Output, printJson } from "../output";
 import { cpuShares, renderTop, type TopSnapshot } from "../top-view";
@@ -23,6 +23,21 @@ interface Sample {
   services: ServiceRecord[];
   gpus: GpuInventoryRecord;
   stats: ServiceStatsRecord | null;
+  /** gpuUsedMb is each service's measured GPU memory, from the newest sample of the engine's history. */
+  gpuUsedMb: Map<string, number>;
+}
+
+/** HISTORY_LOOKBACK_S is how far back `top` asks the history for: a few of its 5-s samples. */
+const HISTORY_LOOKBACK_S = 15;
+
+/** latestGpuMemory takes each service's newest measured GPU memory from a history answer. */
+export function latestGpuMemory(history: MetricsHistory | null): Map<string, number> {
+  const used = new Map<string, number>();
+  for (const service of history?.services ?? []) {
+    const value = service.gpu_memory_mb.findLast((mb) => mb !== null);
+    if (value !== undefined && value !== null) used.set(service.name, value);
+  }
+  return used;
 }
 
 /**
@@ -30,15 +45,20 @@ interface Sample {
  * (older than this CLI) still gets a view, without CPU and memory.
  */
 async function sample(api: EngineClient): Promise<Sample> {
-  const [services, gpus, stats] = await Promise.all([
+  const since = Math.floor(Date.now() / 1000) - HISTORY_LOOKBACK_S;
+  const [services, gpus, stats, history] = await Promise.all([
     api.request<ServiceRecord[]>("GET", "/api/services"),
     api.request<GpuInventoryRecord>("GET", "/api/gpus"),
     api
       .exchange("GET", "/api/stats")
       .then((answer) => (answer.status === 200 ? (answer.body as ServiceStatsRecord) : null))
       .catch(() => null),
+    api
+      .exchange("GET", `/api/metrics/history?since=${since}`)
+      .then((answer) => (answer.status === 200 ? (answer.body as MetricsHistory) : null))
+      .catch(() => null),
   ]);
-  return { services, gpus, stats };
+  return { services, gpus, stats, gpuUsedMb: latestGpuMemory(history) };
 }
 
 /** useColor follows the NO_COLOR convention (no-color.org): colour only on a terminal, unless NO_COLOR is set or TERM is dumb. */
@@ -77,7 +97,8 @@ export function registerTop(program: Command, client: () => EngineClient, output
         const second = await sample(api);
         const snapshot = snapshotOf(api, second, first.stats, intervalS, null);
         if (output().json) {
-          printJson({ ...second, cpu_percent: Object.fromEntries(snapshot.cpuPercent) });
+          const { gpuUsedMb, ...rest } = second;
+          printJson({ ...rest, cpu_percent: Object.fromEntries(snapshot.cpuPercent), gpu_memory_used_mb: Object.fromEntries(gpuUsedMb) });
           return;
         }
         const width = process.stdout.columns || Number(process.env.COLUMNS) || 120;
@@ -109,6 +130,7 @@ function snapshotOf(
     gpus: current.gpus,
     stats: current.stats,
     cpuPercent: cpuShares(previousStats, current.stats),
+    gpuUsedMb: current.gpuUsedMb,
     error,
   };
 }

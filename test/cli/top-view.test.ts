@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
-import { useColor } from "../../cli/commands/top";
+import { latestGpuMemory, useColor } from "../../cli/commands/top";
 import { bytes, cpuShares, cut, duration, renderTop, type TopSnapshot } from "../../cli/top-view";
 import type { GpuInventoryRecord, ServiceRecord, ServiceStatsRecord } from "../../src/contract/engine";
 import { runCli, tempDir } from "../helpers";
@@ -111,6 +111,29 @@ function headersOf(lines: string[], first: string): string[] {
 }
 
 describe("engine top's frame", () => {
+  test("GPU MEM shows what the engine measured beside the reservation, where it measured it", () => {
+    const lines = renderTop(snapshot({ gpuUsedMb: new Map([["train", 61440]]) }), { ...plain, width: 160 });
+    expect(lines.find((line) => line.startsWith("train "))).toMatch(/^train +running +250\.0% +12G +60G\/80G gpu0 +1 /);
+    // Not measured: the reservation alone, as before.
+    expect(lines.find((line) => line.startsWith("vllm "))).toMatch(/ +20G gpu1 +0 +4343 /);
+  });
+
+  test("the newest measured GPU memory of each service is read from the history", () => {
+    const history = {
+      interval_s: 5,
+      window_s: 3600,
+      now: 100,
+      times: [90, 95, 100],
+      gpus: [],
+      services: [
+        { id: "svc_a", name: "train", cpu_pct: [], rss_bytes: [], gpu_memory_mb: [100, 61440, null] },
+        { id: "svc_b", name: "idle", cpu_pct: [], rss_bytes: [], gpu_memory_mb: [null, null, null] },
+      ],
+    };
+    expect(latestGpuMemory(history)).toEqual(new Map([["train", 61440]]));
+    expect(latestGpuMemory(null)).toEqual(new Map());
+  });
+
   test("a wide terminal shows every column, the GPUs with bars and who holds them, the services with their use", () => {
     const lines = renderTop(snapshot(), { ...plain, width: 160 });
     expect(lines[0]).toStartWith("engine top  ");
