@@ -12,6 +12,15 @@ import { AuditLog } from "../audit";
 import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import { Database } from "../db";
+import {
+  type BoxProvider,
+  type BoxProxy,
+  boxProxy,
+  createProvider,
+  ManagedService,
+  Provisioner,
+  type ProvisionerOptions,
+} from "../managed";
 import { NodeStore } from "../nodes";
 import { sweepAssistantRows } from "../oauth";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
@@ -32,6 +41,12 @@ export interface CloudOptions {
   log?: Logger;
   /** modules replaces the API role's route plugins (tests mount one module alone). */
   modules?: CloudRoutes[];
+  /** clock is the time the hosted-machine rules read (trial hour, idle sleep, update spacing); tests move it. */
+  clock?: () => number;
+  /** provider replaces the configured hosted-machine provider (tests pass a scripted one). */
+  provider?: BoxProvider | null;
+  /** provisioner tunes the provisioner of the `provisioner` and `all` roles (tests shorten its intervals). */
+  provisioner?: ProvisionerOptions;
 }
 
 /** RunningCloud is a started console: where it listens, its modules, and how to stop it. */
@@ -40,6 +55,8 @@ export interface RunningCloud {
   port: number;
   deps: CloudDeps;
   secrets: SecretBox;
+  /** provisioner is the hosted-machine provisioner this process runs (roles `provisioner` and `all`), or null. */
+  provisioner: Provisioner | null;
   stop(): Promise<void>;
 }
 
@@ -56,9 +73,10 @@ function sourceResolver(config: CloudConfig, server: () => Bun.Server<undefined>
 
 /**
  * startCloud is the console's composition root: it opens and migrates the database, builds
- * the modules, and starts what the role asks for: `api` serves HTTP, `worker` sweeps expired
- * rows, `all` does both. Health and ready are served by every role. `stop` is safe after a
- * partial start.
+ * the modules, and starts what the role asks for: `api` serves HTTP (and the hosted machines'
+ * `/boxes/` proxy), `worker` sweeps expired rows, `provisioner` reconciles hosted machines
+ * with their provider, `all` does all three. Health and ready are served by every role.
+ * `stop` is safe after a partial start.
  */
 export async function startCloud(config: CloudConfig, options: CloudOptions = {}): Promise<RunningCloud> {
   const cleanups: (() => Promise<void> | void)[] = [];
@@ -88,6 +106,20 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const accounts = new AccountStore(db);
     let server: Bun.Server<undefined> | null = null;
     const site = { publicUrl: config.publicUrl, hostedBaseDomain: config.hostedBaseDomain };
+    const nodes = new NodeStore(db);
+    const audit = new AuditLog(db);
+    const provider = options.provider !== undefined ? options.provider : createProvider(config.managed, config.dataDir, log);
+    const managed = new ManagedService({
+      db,
+      accounts,
+      nodes,
+      audit,
+      provider,
+      config: config.managed,
+      clock: options.clock ?? Date.now,
+      publicUrl: () => site.publicUrl,
+      log,
+    });
     const deps: CloudDeps = {
       config,
       log,
@@ -96,8 +128,9 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       db,
       accounts,
       sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
-      nodes: new NodeStore(db),
-      audit: new AuditLog(db),
+      nodes,
+      audit,
+      managed,
       limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets()),
       secrets,
       deriveKey: (purpose) => Buffer.from(hkdfSync("sha256", secretKey, Buffer.alloc(0), `engine-cloud:${purpose}`, 32)),
@@ -106,7 +139,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       sourceOf: sourceResolver(config, () => server),
     };
 
-    if (config.role !== "api") {
+    if (config.role === "worker" || config.role === "all") {
       const sweep = async () => {
         try {
           const now = Date.now();
@@ -127,15 +160,26 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       cleanups.push(() => clearInterval(timer));
     }
 
+    let provisioner: Provisioner | null = null;
+    if ((config.role === "provisioner" || config.role === "all") && provider) {
+      const started = new Provisioner(managed, options.provisioner);
+      provisioner = started;
+      managed.onChange = () => started.kick();
+      await started.start();
+      cleanups.push(() => started.stop());
+    }
+
     deps.readyChecks.database = () => db.ping();
-    const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
+    const serving = config.role === "api" || config.role === "all";
+    const modules = serving ? (options.modules ?? API_MODULES) : [];
     const app = buildCloudApp(deps, modules);
+    const proxy: BoxProxy | null = serving && provider ? boxProxy(deps, managed) : null;
     try {
       const bound = log;
       server = Bun.serve({
         hostname: config.host,
         port: config.port,
-        fetch: (request) => app.handle(request),
+        fetch: (request) => (proxy?.matches(request) ? proxy.handle(request) : app.handle(request)),
         idleTimeout: 30,
         // Never Bun's development error page (cwd, stack, source lines); an error that escapes the
         // app answers the error envelope (decision 142).
@@ -159,7 +203,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       },
       "engine-cloud listening",
     );
-    return { url: `http://${config.host === "0.0.0.0" ? "127.0.0.1" : config.host}:${port}`, port, deps, secrets, stop };
+    return { url: `http://${config.host === "0.0.0.0" ? "127.0.0.1" : config.host}:${port}`, port, deps, secrets, provisioner, stop };
   } catch (error) {
     await stop();
     throw error;
