@@ -204,6 +204,54 @@ export class ManagedService {
   }
 
   /**
+   * restoreBackup gives a backup's account a new box made from that backup (an operator's
+   * `engine-cloud boxes restore`): the account must pay and have no current allocation. The
+   * provisioner restores the backup's data and engine state into the new box and starts it,
+   * so it runs the services the backed-up box had.
+   */
+  async restoreBackup(backupId: string): Promise<Allocation> {
+    this.#assertOffered();
+    const backup = await this.store.backupById(backupId);
+    if (backup?.state !== "done" || backup.forgottenAt !== null) {
+      throw new AppError("not_found", `no finished backup ${backupId} is kept`);
+    }
+    const version = this.offeredVersion();
+    const allocation = await this.ctx.db.transaction(async (tx) => {
+      const account = await this.ctx.accounts.lock(tx, backup.accountId);
+      if (!(await this.isPaid(account, tx))) throw new AppError("forbidden", `${account.email} does not pay for a hosted machine`);
+      if (await this.store.current(account.id, tx)) {
+        throw new AppError("conflict", `${account.email} has a hosted machine; delete it before restoring into a new one`);
+      }
+      const created = await this.store.insert(tx, {
+        accountId: account.id,
+        kind: "paid",
+        nodeId: null,
+        boxVersion: version,
+        templateVersion: this.ctx.config.templateVersion,
+        sleepAfterMs: this.ctx.config.sleepAfterMs,
+        expiresAt: null,
+        restoreFrom: backup.id,
+        now: this.ctx.clock(),
+      });
+      const node = await this.ctx.nodes.enrollHosted(tx, account.id, created.id);
+      const linked = (await this.store.patch(created.id, { node_id: node.id }, {}, tx)) as Allocation;
+      await this.ctx.audit.write(
+        {
+          accountId: account.id,
+          action: "managed.allocated",
+          subject: created.id,
+          source: "operator",
+          details: { kind: "paid", box_version: version, node_id: node.id, restored_from: backup.id },
+        },
+        tx,
+      );
+      return linked;
+    });
+    this.onChange();
+    return allocation;
+  }
+
+  /**
    * beginDelete moves an allocation to `deleting` inside the caller's transaction: billing
    * stops, the node is unlinked at once (no undo), and one audit row is written. An
    * allocation already deleting or deleted is left as it is and nothing is written (false).
