@@ -12,10 +12,11 @@ import {
   renameSync,
   rmSync,
   type Stats,
+  statSync,
   symlinkSync,
   writeFileSync,
 } from "node:fs";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { AppError } from "../../../lib/errors";
 import type { Logger } from "../../../lib/logger";
 import type { BackupInfo, BoxEndpoint, BoxProvider, BoxSpec, BoxState, BoxStatus, DestroyResult } from "./provider";
@@ -111,6 +112,30 @@ export class LocalProvider implements BoxProvider {
     return { unix: join(this.dataDir(id), "engine.sock"), url: "http://box" };
   }
 
+  /**
+   * #dirMode is a box directory's mode: 0700, or 0711 (traverse only, no listing) when the
+   * console runs as root, because a root box engine runs each service as a user of its own
+   * (eng-<name>), who must pass through every directory above the service's data dir.
+   */
+  #dirMode(): number {
+    return process.getuid?.() === 0 ? 0o711 : 0o700;
+  }
+
+  /**
+   * #prepareRoot makes the boxes' directory; as root it and the console's data dir above it
+   * are made traversable (0711, as a root engine makes its own data dir: docs/decisions.md
+   * 128 and 306): nothing in them can be listed, and every file in them keeps its own mode.
+   */
+  #prepareRoot(): void {
+    const root = this.#options.root;
+    mkdirSync(root, { recursive: true, mode: this.#dirMode() });
+    if (process.getuid?.() !== 0) return;
+    for (const dir of [root, dirname(root)]) {
+      const mode = statSync(dir).mode & 0o777;
+      if ((mode & 0o011) !== 0o011) chmodSync(dir, mode | 0o011);
+    }
+  }
+
   #serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
     const previous = this.#queues.get(id) ?? Promise.resolve();
     const next = previous.then(fn, fn);
@@ -202,12 +227,12 @@ export class LocalProvider implements BoxProvider {
           `the box socket path ${socket} is longer than ${SOCKET_PATH_MAX} bytes: use a shorter data dir`,
         );
       }
-      mkdirSync(this.#options.root, { recursive: true, mode: 0o700 });
+      this.#prepareRoot();
       // Made under a temporary name and renamed: a crash leaves either no box or a whole one.
       const dir = this.boxDir(id);
       const partial = `${dir}.partial`;
       rmSync(partial, { recursive: true, force: true });
-      mkdirSync(partial, { mode: 0o700 });
+      mkdirSync(partial, { mode: this.#dirMode() });
       const box: BoxFile = { id, version: spec.version, template_version: spec.templateVersion, created_at: Date.now() };
       writeFileSync(join(partial, "box.json"), `${JSON.stringify(box, null, 2)}\n`, { mode: 0o600 });
       renameSync(partial, dir);
@@ -220,8 +245,8 @@ export class LocalProvider implements BoxProvider {
       if (!box) throw new AppError("box_absent", `box ${id} does not exist at the provider`);
       const command = this.#options.releases[box.version];
       if (!command) throw new AppError("version_unknown", `box ${id} runs ${box.version}, which this host no longer has`);
-      let pids = this.enginePids(id);
-      if (pids.length === 0) {
+      let spawned: Bun.Subprocess | null = null;
+      if (this.enginePids(id).length === 0) {
         const dir = this.boxDir(id);
         const out = Bun.file(join(dir, "engine.out"));
         const proc = Bun.spawn([...command, "serve", "--data-dir", this.dataDir(id), "--port", "0", "--no-proxy"], {
@@ -241,12 +266,14 @@ export class LocalProvider implements BoxProvider {
           detached: true,
         });
         proc.unref();
-        pids = [proc.pid];
+        spawned = proc;
         this.#options.log.info({ box: id, pid: proc.pid, version: box.version }, "box engine started");
       }
       const deadline = Date.now() + (this.#options.startTimeoutMs ?? 60_000);
       while (!(await this.#answers(id))) {
-        if (this.enginePids(id).length === 0) {
+        // Just after the spawn, /proc may still show the process before its exec: watch the spawned one itself.
+        const exited = spawned ? spawned.exitCode !== null || spawned.signalCode !== null : this.enginePids(id).length === 0;
+        if (exited) {
           throw new AppError("box_start_failed", `box ${id}'s engine exited while starting: ${this.#tail(id)}`);
         }
         if (Date.now() > deadline) throw new AppError("box_start_failed", `box ${id}'s engine did not answer in time`);
@@ -363,11 +390,11 @@ export class LocalProvider implements BoxProvider {
         throw new AppError("not_found", `no finished backup ${backupId} of box ${sourceId}`);
       }
       if (!this.#options.releases[spec.version]) throw new AppError("version_unknown", `no engine release ${spec.version} on this host`);
-      mkdirSync(this.#options.root, { recursive: true, mode: 0o700 });
+      this.#prepareRoot();
       const dir = this.boxDir(id);
       const partial = `${dir}.partial`;
       rmSync(partial, { recursive: true, force: true });
-      mkdirSync(partial, { mode: 0o700 });
+      mkdirSync(partial, { mode: this.#dirMode() });
       copyTree(join(source, "data"), join(partial, "data"), () => true);
       if (existsSync(join(source, "engine.db"))) copyFileSync(join(source, "engine.db"), join(partial, "data", "engine.db"));
       const box: BoxFile = { id, version: spec.version, template_version: spec.templateVersion, created_at: Date.now() };
