@@ -58,6 +58,8 @@ function backoff(attempts: number): number {
  */
 export class Provisioner {
   readonly owner: string;
+  /** worked counts the allocations this provisioner has claimed (tests compare provisioners by it). */
+  worked = 0;
   readonly #service: ManagedService;
   readonly #options: Required<Omit<ProvisionerOptions, "owner">>;
   #timer: ReturnType<typeof setTimeout> | null = null;
@@ -65,7 +67,8 @@ export class Provisioner {
   #running: Promise<void> | null = null;
   #again = false;
   #stopped = true;
-  readonly #held = new Set<string>();
+  /** #work is the allocations in hand, each with its work. */
+  readonly #work = new Map<string, Promise<void>>();
 
   constructor(service: ManagedService, options: ProvisionerOptions = {}) {
     this.#service = service;
@@ -98,11 +101,12 @@ export class Provisioner {
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;
     await this.#running;
+    await Promise.all(this.#work.values());
     if (this.#heartbeat) clearInterval(this.#heartbeat);
     this.#heartbeat = null;
   }
 
-  /** kick runs a pass now (a route recorded work), or right after the pass under way. */
+  /** kick runs a pass now (a route recorded work, or a step finished), or right after the pass under way. */
   kick(): void {
     if (this.#stopped) return;
     if (this.#running) {
@@ -124,9 +128,23 @@ export class Provisioner {
     });
   }
 
+  /**
+   * #loop claims what is due, up to the free slots, and starts working on it without waiting:
+   * a slow or hung box never holds the others up. Each finished allocation kicks the next pass.
+   */
   async #loop(): Promise<void> {
     try {
-      await this.tick();
+      const free = this.#options.concurrency - this.#work.size;
+      if (free > 0) {
+        for (const allocation of await this.#claim(free)) {
+          this.worked += 1;
+          const work = this.#work1(allocation).finally(() => {
+            this.#work.delete(allocation.id);
+            this.kick();
+          });
+          this.#work.set(allocation.id, work);
+        }
+      }
       await this.#forgetExpiredBackups();
     } catch (error) {
       this.#ctx.log.warn({ err: (error as Error).message }, "provisioner pass failed; retrying next round");
@@ -135,34 +153,47 @@ export class Provisioner {
 
   async #renew(): Promise<void> {
     try {
-      await this.#service.store.renew(this.owner, [...this.#held], Date.now() + this.#options.leaseMs);
+      await this.#service.store.renew(this.owner, [...this.#work.keys()], Date.now() + this.#options.leaseMs);
     } catch (error) {
       this.#ctx.log.warn({ err: (error as Error).message }, "provisioner could not renew its leases");
     }
   }
 
-  /** tick claims the due allocations and reconciles each; it answers how many it worked on. */
-  async tick(): Promise<number> {
-    const claimed = await this.#service.store.claim(
+  #claim(limit: number) {
+    return this.#service.store.claim(
       this.owner,
       this.#ctx.clock(),
       Date.now(),
       Date.now() + this.#options.leaseMs,
-      this.#options.concurrency,
+      limit,
       this.#options.leaseMs,
     );
-    for (const allocation of claimed) this.#held.add(allocation.id);
+  }
+
+  /** #work1 reconciles one claimed allocation and gives its lease back with the time it is next due. */
+  async #work1(allocation: Allocation): Promise<void> {
+    let next = this.#ctx.clock() + this.#options.recheckMs;
+    try {
+      next = await this.reconcile(allocation);
+    } catch (error) {
+      this.#ctx.log.warn({ allocation: allocation.id, err: (error as Error).message }, "reconcile failed");
+    } finally {
+      await this.#service.store.release(this.owner, allocation.id, next).catch(() => undefined);
+    }
+  }
+
+  /**
+   * tick claims the due allocations and reconciles each, waiting for all of them (tests drive
+   * provisioners with it; the loop does not wait). It answers how many it worked on.
+   */
+  async tick(): Promise<number> {
+    const claimed = await this.#claim(this.#options.concurrency);
+    this.worked += claimed.length;
     await Promise.all(
-      claimed.map(async (allocation) => {
-        let next = this.#ctx.clock() + this.#options.recheckMs;
-        try {
-          next = await this.reconcile(allocation);
-        } catch (error) {
-          this.#ctx.log.warn({ allocation: allocation.id, err: (error as Error).message }, "reconcile failed");
-        } finally {
-          this.#held.delete(allocation.id);
-          await this.#service.store.release(this.owner, allocation.id, next).catch(() => undefined);
-        }
+      claimed.map((allocation) => {
+        const work = this.#work1(allocation).finally(() => this.#work.delete(allocation.id));
+        this.#work.set(allocation.id, work);
+        return work;
       }),
     );
     return claimed.length;

@@ -51,6 +51,7 @@ export class ScriptedProvider implements BoxProvider {
   readonly #inner: BoxProvider;
   readonly #faults = new Map<ProviderOperation, Fault[]>();
   readonly #inFlight = new Map<string, number>();
+  #offered: string[] | null = null;
 
   constructor(inner: BoxProvider, faults: Partial<Record<ProviderOperation, Fault[]>> = {}) {
     this.#inner = inner;
@@ -127,8 +128,13 @@ export class ScriptedProvider implements BoxProvider {
     }
   }
 
+  /** offer narrows the releases the provider reports (a newer one "arrives" when the test offers it); null reports them all. */
+  offer(versions: string[] | null): void {
+    this.#offered = versions;
+  }
+
   releases(): string[] {
-    return this.#inner.releases();
+    return this.#offered ?? this.#inner.releases();
   }
   create(id: string, spec: BoxSpec): Promise<void> {
     return this.#call("create", id, () => this.#inner.create(id, spec));
