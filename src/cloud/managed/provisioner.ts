@@ -1,6 +1,7 @@
 import { hostname } from "node:os";
 import { randomId } from "../../lib/crypto";
 import { AppError, isAppError } from "../../lib/errors";
+import type { AuditEntry } from "../audit";
 import type { ManagedService } from "./service";
 import type { Allocation } from "./store";
 import { MANAGED_RULES } from "./views";
@@ -224,6 +225,24 @@ export class Provisioner {
     }
   }
 
+  /**
+   * #transition changes an allocation by compare-and-set and writes its audit row in the same
+   * transaction, so a state change and its record are never seen apart. It answers the row
+   * after the change, or null when the row was changed first by someone else (nothing written).
+   */
+  async #transition(
+    allocation: Allocation,
+    set: Parameters<ManagedService["store"]["patch"]>[1],
+    where: Parameters<ManagedService["store"]["patch"]>[2],
+    entry: Omit<AuditEntry, "accountId" | "subject">,
+  ): Promise<Allocation | null> {
+    return this.#ctx.db.transaction(async (tx) => {
+      const changed = await this.#service.store.patch(allocation.id, set, where, tx);
+      if (changed) await this.#ctx.audit.write({ accountId: allocation.accountId, subject: allocation.id, ...entry }, tx);
+      return changed;
+    });
+  }
+
   #message(error: unknown): string {
     return isAppError(error) ? `${error.code}: ${error.message}` : (error as Error).message;
   }
@@ -277,8 +296,8 @@ export class Provisioner {
       await this.#service.store.patch(allocation.id, { sandbox_id: allocation.id });
       await this.#call(allocation, "start", () => provider.start(allocation.id));
       const now = this.#ctx.clock();
-      const ready = await this.#service.store.patch(
-        allocation.id,
+      const ready = await this.#transition(
+        allocation,
         {
           status: "ready",
           power: "running",
@@ -290,11 +309,9 @@ export class Provisioner {
           error: null,
         },
         { status: "provisioning" },
+        { action: "managed.ready" },
       );
-      if (ready) {
-        await this.#ctx.audit.write({ accountId: allocation.accountId, action: "managed.ready", subject: allocation.id });
-        this.#ctx.log.info({ allocation: allocation.id }, "hosted box ready");
-      }
+      if (ready) this.#ctx.log.info({ allocation: allocation.id }, "hosted box ready");
       return now;
     } catch (error) {
       return this.#stepFailed(allocation, "provision", error);
@@ -309,19 +326,12 @@ export class Provisioner {
     const now = this.#ctx.clock();
     if (allocation.status === "provisioning" && attempts >= this.#options.maxAttempts) {
       const present = await this.#present(allocation.id);
-      const failed = await this.#service.store.patch(
-        allocation.id,
+      await this.#transition(
+        allocation,
         { status: "failed", power: "none", attempts, error: message, operation: null, sandbox_id: present ? allocation.id : null },
         { status: "provisioning" },
+        { action: "managed.failed", details: { error: message.slice(0, 300), sandbox: present } },
       );
-      if (failed) {
-        await this.#ctx.audit.write({
-          accountId: allocation.accountId,
-          action: "managed.failed",
-          subject: allocation.id,
-          details: { error: message.slice(0, 300), sandbox: present },
-        });
-      }
       return now + 60_000;
     }
     await this.#service.store.patch(allocation.id, { attempts, error: message, operation: null });
@@ -378,12 +388,12 @@ export class Provisioner {
       try {
         await this.#call(allocation, "start", () => provider.start(id));
         const now = this.#ctx.clock();
-        const woke = await this.#service.store.patch(
-          allocation.id,
+        await this.#transition(
+          allocation,
           { power: "running", start_started_at: null, last_activity_at: now, operation: null, attempts: 0, error: null },
           { power: "starting", status: "ready" },
+          { action: "managed.woke" },
         );
-        if (woke) await this.#ctx.audit.write({ accountId: allocation.accountId, action: "managed.woke", subject: allocation.id });
         return now + this.#options.recheckMs;
       } catch (error) {
         return this.#stepFailed(allocation, "start", error);
@@ -405,11 +415,12 @@ export class Provisioner {
           { status: "ready" },
           tx,
         );
-        if (changed && allocation.nodeId) await this.#ctx.nodes.unlink(tx, allocation.nodeId);
+        if (!changed) return null;
+        if (allocation.nodeId) await this.#ctx.nodes.unlink(tx, allocation.nodeId);
+        await this.#ctx.audit.write({ accountId: allocation.accountId, action: "managed.lost", subject: allocation.id }, tx);
         return changed;
       });
       if (lost) {
-        await this.#ctx.audit.write({ accountId: allocation.accountId, action: "managed.lost", subject: allocation.id });
         this.#ctx.log.warn({ allocation: allocation.id }, "hosted box lost at the provider");
       }
       return now + 60_000;
@@ -430,9 +441,9 @@ export class Provisioner {
     }
     if (allocation.power === "running" && allocation.sleepAfterMs > 0) {
       const lastActive = Math.max(allocation.lastActivityAt ?? 0, allocation.readyAt ?? 0);
-      if (now - lastActive >= allocation.sleepAfterMs) return this.#sleep(allocation);
+      if (now - lastActive >= allocation.sleepAfterMs) return this.#sleep(allocation, true);
     }
-    if (allocation.power === "stopping") return this.#sleep(allocation);
+    if (allocation.power === "stopping") return this.#sleep(allocation, false);
     if ((allocation.power === "running" || allocation.power === "asleep") && (await this.#backupDue(allocation, now))) {
       await this.#backup(allocation, "nightly");
     }
@@ -441,25 +452,29 @@ export class Provisioner {
     return next;
   }
 
-  async #sleep(allocation: Allocation): Promise<number> {
+  /**
+   * #sleep stops an idle box. When `idle` decided it, the box goes to `stopping` only if no
+   * request came since the row was read (compare-and-set on its last activity).
+   */
+  async #sleep(allocation: Allocation, idle: boolean): Promise<number> {
     const id = allocation.sandboxId ?? allocation.id;
     const stopping = await this.#service.store.patch(
       allocation.id,
       { power: "stopping" },
-      { power: ["running", "stopping"], status: "ready" },
+      idle
+        ? { power: "running", status: "ready", last_activity_at: allocation.lastActivityAt }
+        : { power: ["running", "stopping"], status: "ready" },
     );
     if (!stopping) return this.#ctx.clock();
     try {
       await this.#call(allocation, "stop", () => this.#service.provider.stop(id));
-      const asleep = await this.#service.store.patch(
-        allocation.id,
+      const asleep = await this.#transition(
+        allocation,
         { power: "asleep", operation: null, attempts: 0, error: null },
         { power: "stopping" },
+        { action: "managed.slept" },
       );
-      if (asleep) {
-        await this.#ctx.audit.write({ accountId: allocation.accountId, action: "managed.slept", subject: allocation.id });
-        this.#ctx.log.info({ allocation: allocation.id }, "hosted box asleep");
-      }
+      if (asleep) this.#ctx.log.info({ allocation: allocation.id }, "hosted box asleep");
       return this.#ctx.clock() + this.#options.recheckMs;
     } catch (error) {
       return this.#stepFailed(stopping, "sleep", error);
@@ -486,19 +501,12 @@ export class Provisioner {
       await this.#call(allocation, "update", () => provider.update(id, target));
       await this.#call(allocation, "start", () => provider.start(id));
       const now = this.#ctx.clock();
-      const done = await this.#service.store.patch(
-        allocation.id,
+      await this.#transition(
+        allocation,
         { update_state: "done", box_version: target, power: "running", last_activity_at: now, operation: null, attempts: 0, error: null },
         { update_state: "running" },
+        { action: "managed.updated", details: { from: allocation.updateFrom, to: target } },
       );
-      if (done) {
-        await this.#ctx.audit.write({
-          accountId: allocation.accountId,
-          action: "managed.updated",
-          subject: allocation.id,
-          details: { from: allocation.updateFrom, to: target },
-        });
-      }
       return now + this.#options.recheckMs;
     } catch (error) {
       const attempts = allocation.attempts + 1;
@@ -514,20 +522,19 @@ export class Provisioner {
       } catch {
         // unknown: shown as asleep, the next look finds out
       }
-      await this.#service.store.patch(allocation.id, {
-        update_state: "failed",
-        update_error: message,
-        power: state?.state === "running" ? "running" : "asleep",
-        box_version: state?.version ?? allocation.boxVersion,
-        attempts: 0,
-        operation: null,
-      });
-      await this.#ctx.audit.write({
-        accountId: allocation.accountId,
-        action: "managed.update_failed",
-        subject: allocation.id,
-        details: { to: target, error: message.slice(0, 300) },
-      });
+      await this.#transition(
+        allocation,
+        {
+          update_state: "failed",
+          update_error: message,
+          power: state?.state === "running" ? "running" : "asleep",
+          box_version: state?.version ?? allocation.boxVersion,
+          attempts: 0,
+          operation: null,
+        },
+        { update_state: "running" },
+        { action: "managed.update_failed", details: { to: target, error: message.slice(0, 300) } },
+      );
       return now + this.#options.recheckMs;
     }
   }

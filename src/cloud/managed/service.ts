@@ -290,15 +290,18 @@ export class ManagedService {
    */
   async finishDelete(allocation: Allocation): Promise<Allocation | null> {
     const now = this.ctx.clock();
-    const done = await this.store.patch(
-      allocation.id,
-      { status: "deleted", power: "none", deleted_at: now, error: null },
-      { status: "deleting" },
-    );
-    if (!done) return null;
-    await this.store.expireBackups(allocation.id, now + this.ctx.config.backupRetentionMs);
-    await this.ctx.audit.write({ accountId: allocation.accountId, action: "managed.destroyed", subject: allocation.id });
-    return done;
+    return this.ctx.db.transaction(async (tx) => {
+      const done = await this.store.patch(
+        allocation.id,
+        { status: "deleted", power: "none", deleted_at: now, error: null },
+        { status: "deleting" },
+        tx,
+      );
+      if (!done) return null;
+      await this.store.expireBackups(allocation.id, now + this.ctx.config.backupRetentionMs, tx);
+      await this.ctx.audit.write({ accountId: allocation.accountId, action: "managed.destroyed", subject: allocation.id }, tx);
+      return done;
+    });
   }
 
   /**

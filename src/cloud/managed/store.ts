@@ -342,8 +342,8 @@ export class ManagedStore {
   }
 
   /** expireBackups sets every kept backup of a deleted allocation to expire at `at` (its tombstones). */
-  async expireBackups(allocationId: string, at: number): Promise<void> {
-    await this.db.sql`UPDATE managed_backups SET expires_at = ${at} WHERE allocation_id = ${allocationId} AND state = 'done'
+  async expireBackups(allocationId: string, at: number, tx?: Sql): Promise<void> {
+    await (tx ?? this.db.sql)`UPDATE managed_backups SET expires_at = ${at} WHERE allocation_id = ${allocationId} AND state = 'done'
       AND forgotten_at IS NULL`;
   }
 

@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { num } from "../../../src/cloud/db";
 import { eventually } from "../../helpers";
 import { describeEachDialect } from "../helpers";
-import { boxPids, type ManagedCloud, startManagedCloud } from "./helpers";
+import { alive, boxPids, type ManagedCloud, startManagedCloud } from "./helpers";
 
 /** HOUR is a trial box's lifetime (the contract's Limits). */
 const HOUR = 3_600_000;
@@ -179,7 +179,7 @@ describeEachDialect("hosted machines: allocation and delete", (dialect) => {
     expect(boxPids(cloud.dataDir)).toContain(pid);
     cloud.clock.advance(HOUR + 1000);
     await cloud.waitFor(token, (v) => v.status === "deleted");
-    expect(existsSync(`/proc/${pid}`)).toBe(false);
+    expect(alive(pid)).toBe(false);
     expect(await cloud.auditCount("managed.expired", box.id)).toBe(1);
     expect(await cloud.auditCount("managed.deleted", box.id)).toBe(0);
     const again = await allocate(token);

@@ -148,3 +148,12 @@ export async function startManagedCloud(
     },
   };
 }
+
+/** alive says whether a process runs (a zombie not yet reaped by its parent does not count). */
+export function alive(pid: number): boolean {
+  try {
+    return !/\) Z /.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+  } catch {
+    return false;
+  }
+}
