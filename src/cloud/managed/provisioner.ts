@@ -88,7 +88,7 @@ export class Provisioner {
     if (!this.#stopped) return;
     this.#stopped = false;
     if (this.#ctx.db.dialect === "sqlite") {
-      const dropped = await this.#service.store.releaseAll();
+      const dropped = await this.#service.store.releaseAll(this.#ctx.clock());
       if (dropped > 0) this.#ctx.log.info({ leases: dropped }, "provisioner took over the leases a stopped provisioner left");
     }
     this.#heartbeat = setInterval(() => void this.#renew(), Math.max(100, Math.floor(this.#options.leaseMs / 3)));

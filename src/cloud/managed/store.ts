@@ -275,10 +275,13 @@ export class ManagedStore {
       WHERE id = ${id} AND lease_owner = ${owner}`;
   }
 
-  /** releaseAll drops every lease (SQLite at provisioner start: one process is the only provisioner). */
-  async releaseAll(): Promise<number> {
-    const rows = await this.db
-      .sql`UPDATE managed_allocations SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL RETURNING id`;
+  /**
+   * releaseAll drops every lease and makes those rows due at once (SQLite at provisioner
+   * start: one process is the only provisioner, so a lease left is a dead one's).
+   */
+  async releaseAll(now: number): Promise<number> {
+    const rows = await this.db.sql`UPDATE managed_allocations SET lease_owner = NULL, lease_until = NULL, next_check_at = ${now}
+      WHERE lease_owner IS NOT NULL RETURNING id`;
     return rows.length;
   }
 

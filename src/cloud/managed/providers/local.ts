@@ -267,7 +267,7 @@ export class LocalProvider implements BoxProvider {
         });
         proc.unref();
         spawned = proc;
-        this.#options.log.info({ box: id, pid: proc.pid, version: box.version }, "box engine started");
+        this.#options.log.info({ box: id, box_pid: proc.pid, version: box.version }, "box engine started");
       }
       const deadline = Date.now() + (this.#options.startTimeoutMs ?? 60_000);
       while (!(await this.#answers(id))) {
