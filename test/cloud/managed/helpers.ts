@@ -51,6 +51,16 @@ export function reapBoxes(cloudDataDir: string): void {
     const data = join(boxes, box, "data");
     if (existsSync(data)) reapWorkloads(data);
   }
+  // Shims and anything else still naming a box's path (a shim spawned but not yet recorded).
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const argv = readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0");
+      if (argv.some((arg) => arg.startsWith(`${boxes}/`))) process.kill(Number(entry), "SIGKILL");
+    } catch {
+      // gone
+    }
+  }
 }
 
 /** ManagedCloud is a test console with hosted machines: its scripted provider, clock and service. */

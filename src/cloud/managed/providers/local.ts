@@ -315,6 +315,27 @@ export class LocalProvider implements BoxProvider {
       signal(shim, "SIGKILL");
     }
     await waitGone(() => workloads.flatMap((w) => [w.child, w.shim]).filter(alive), STOP_GRACE_MS);
+    // A shim the engine spawned but had not yet recorded when it stopped has no pid file: any
+    // process still naming a path in the box's data dir is the box's, and is ended too.
+    const strays = this.#strayPids(id);
+    for (const pid of strays) signal(pid, "SIGKILL");
+    await waitGone(() => strays.filter(alive), STOP_GRACE_MS);
+  }
+
+  /** #strayPids lists processes whose arguments name a path inside the box's data dir. */
+  #strayPids(id: string): number[] {
+    const prefix = `${this.dataDir(id)}/`;
+    const found: number[] = [];
+    for (const entry of readdirSync("/proc")) {
+      if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+      try {
+        const argv = readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0");
+        if (argv.some((arg) => arg.startsWith(prefix))) found.push(Number(entry));
+      } catch {
+        // gone while read
+      }
+    }
+    return found.filter(alive);
   }
 
   /** #workloadPids reads the shim and workload pids of every run the box's engine recorded. */
