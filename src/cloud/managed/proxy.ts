@@ -84,8 +84,11 @@ export function boxProxy(deps: CloudDeps, managed: ManagedService): BoxProxy {
         void managed.store.touch(allocationId, now).catch(() => undefined);
       }
       const out = new Headers(answer.headers);
-      // The box's cookies would be set on the console's origin: none pass.
+      // The box's cookies would be set on the console's origin: none pass. Nothing a box answers
+      // may run as the console's origin either: no script, no frame, no sniffed type.
       out.delete("set-cookie");
+      out.set("content-security-policy", "sandbox; default-src 'none'; frame-ancestors 'none'");
+      out.set("x-content-type-options", "nosniff");
       out.delete("content-encoding");
       out.delete("content-length");
       return new Response(answer.body, { status: answer.status, headers: out });

@@ -91,7 +91,7 @@ export class ManagedService {
   async #purchase(account: Account, tx?: Sql): Promise<PurchaseView> {
     const seat = await this.store.heldSeat(account.id, tx);
     const request = await this.store.openRequest(account.id, tx);
-    const [invoice] = await this.store.invoices(account.id);
+    const [invoice] = await this.store.invoices(account.id, tx);
     return purchaseView({
       paid: seat !== null || account.paid,
       seatSince: seat?.grantedAt ?? null,

@@ -421,11 +421,12 @@ export class ManagedStore {
     return row ? { accountId: row.account_id as string } : null;
   }
 
-  async invoices(accountId?: string): Promise<Invoice[]> {
+  async invoices(accountId?: string, tx?: Sql): Promise<Invoice[]> {
+    const sql = tx ?? this.db.sql;
     const rows = accountId
-      ? await this.db.sql`SELECT i.*, a.email FROM managed_invoices i JOIN accounts a ON a.id = i.account_id
+      ? await sql`SELECT i.*, a.email FROM managed_invoices i JOIN accounts a ON a.id = i.account_id
           WHERE i.account_id = ${accountId} ORDER BY i.created_at DESC, i.id DESC`
-      : await this.db.sql`SELECT i.*, a.email FROM managed_invoices i JOIN accounts a ON a.id = i.account_id
+      : await sql`SELECT i.*, a.email FROM managed_invoices i JOIN accounts a ON a.id = i.account_id
           ORDER BY i.created_at DESC, i.id DESC`;
     return rows.map(invoiceFromRow);
   }

@@ -49,6 +49,12 @@ describeEachDialect("hosted machines: allocation and delete", (dialect) => {
     const health = await fetch(`${ready.url}api/health`, { headers: { authorization: `Bearer ${token}` } });
     expect(health.status).toBe(200);
     expect(((await health.json()) as { status: string }).status).toBe("ok");
+    // Nothing a box answers may run as the console's origin.
+    expect(health.headers.get("content-security-policy")).toContain("sandbox");
+    expect(health.headers.get("x-content-type-options")).toBe("nosniff");
+    // A cookie-authenticated change through the box's URL needs the console's CSRF header, like /api.
+    const cookie = { cookie: `engine_session=${token}` };
+    expect((await fetch(`${ready.url}api/services`, { method: "POST", headers: cookie })).status).toBe(403);
     // The box answers only its owner's session.
     const stranger = await cloud.signIn("stranger@example.com");
     expect((await fetch(`${ready.url}api/health`, { headers: { authorization: `Bearer ${stranger.token}` } })).status).toBe(404);
