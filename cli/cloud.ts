@@ -7,6 +7,7 @@ import { Database } from "../src/cloud/db";
 import { startCloud } from "../src/cloud/server";
 import { AppError, isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
+import { registerManaged } from "./commands/managed";
 import { hintHelpAfterError } from "./output";
 
 /** serving is set once `serve` has started the console, which then runs until a signal. */
@@ -73,7 +74,7 @@ function changesFrom(options: Record<string, string | undefined>): AccountChange
 /** buildCloudProgram assembles the `engine-cloud` command line. */
 export function buildCloudProgram(): Command {
   const program = new Command("engine-cloud")
-    .description("engine-cloud: the cloud console API (sign-in, machine linking, keys, approvals)")
+    .description("engine-cloud: the cloud console API (sign-in, machine linking, keys, approvals, hosted machines)")
     .version(VERSION, "-V, --version", "print the version")
     .option("--data-dir <dir>", "data directory (ENGINE_CLOUD_DATA_DIR, default ~/.local/share/engine-cloud)")
     .option("--database-url <url>", "sqlite://<file> or postgres://... (DATABASE_URL, default sqlite in the data dir)")
@@ -162,6 +163,10 @@ export function buildCloudProgram(): Command {
         process.stdout.write(`${minted.token}\n`);
       }
     });
+  registerManaged(program, {
+    withDatabase: (fn) => withDatabase(globals(), fn),
+    print: (value, human) => print(globals(), value, human),
+  });
   hintHelpAfterError(program, "engine-cloud");
   return program;
 }

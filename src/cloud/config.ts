@@ -1,10 +1,35 @@
-import { join, resolve } from "node:path";
+import { existsSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import { invalid, LOG_LEVELS, type LogLevel, positiveInteger, userDataDir } from "../lib/config";
 import { ProxyList } from "../lib/forwarded";
+import { VERSION } from "../lib/version";
 
-/** CloudRole decides which modules a process starts: the API, the background worker, or both. */
-export type CloudRole = "api" | "worker" | "all";
-export const CLOUD_ROLES: readonly CloudRole[] = ["api", "worker", "all"];
+/**
+ * CloudRole decides which modules a process starts: the API, the background worker, the
+ * provisioner of hosted machines, or all three.
+ */
+export type CloudRole = "api" | "worker" | "provisioner" | "all";
+export const CLOUD_ROLES: readonly CloudRole[] = ["api", "worker", "provisioner", "all"];
+
+/** BOX_PROVIDERS are the hosted-machine providers a console can run: `off` offers no hosted machines. */
+export const BOX_PROVIDERS = ["local", "scripted", "off"] as const;
+export type BoxProviderName = (typeof BOX_PROVIDERS)[number];
+
+/** ManagedConfig configures hosted machines (src/cloud/managed). */
+export interface ManagedConfig {
+  /** provider runs the boxes: `local` (engine processes on this host, the default), `scripted` (local with faults, tests), `off`. */
+  provider: BoxProviderName;
+  /** releases maps each engine version a box may run to the command that runs it; the newest is the one offered. */
+  releases: Record<string, string[]>;
+  /** templateVersion is the version of what a new box is made with, shown in the allocation view. */
+  templateVersion: string;
+  /** sleepAfterMs puts a box to sleep after this long without a user's request; 0 never. */
+  sleepAfterMs: number;
+  /** backupRetentionMs is how long a backup (and a deleted box's tombstone) is kept. */
+  backupRetentionMs: number;
+  /** faults is the scripted provider's fault script (JSON), for tests that run the console as a process. */
+  faults: string | undefined;
+}
 
 /** SOCIAL_PROVIDERS are the two social sign-in providers the console offers (the contract allows exactly two). */
 export const SOCIAL_PROVIDERS = ["github", "google"] as const;
@@ -75,6 +100,8 @@ export interface CloudConfig {
    * characters); unset, /metrics answers only a direct loopback peer (docs/decisions.md 330).
    */
   metricsToken: string | undefined;
+
+  managed: ManagedConfig;
 }
 
 /** CloudConfigInput is what flags and the environment may set; every field is optional. */
@@ -109,6 +136,16 @@ export interface CloudConfigInput {
   cimdAllowLoopback?: string | boolean;
   /** metricsToken is ENGINE_CLOUD_METRICS_TOKEN, the bearer token of GET /metrics. */
   metricsToken?: string;
+
+  boxProvider?: string;
+  /** boxEngine is the engine a box runs: a path to the binary or to cli/engine.ts (run with this Bun). */
+  boxEngine?: string;
+  /** boxReleases is `version=path,version=path`: each release a box may run. */
+  boxReleases?: string;
+  boxTemplateVersion?: string;
+  boxSleepAfterMin?: string | number;
+  boxBackupRetentionDays?: string | number;
+  boxFaults?: string;
 }
 
 export const DEFAULT_CLOUD_PORT = 8787;
@@ -140,6 +177,68 @@ export function cloudConfigFromEnv(env: Record<string, string | undefined> = pro
     oidcSocialProviders: env.ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS || undefined,
     cimdAllowLoopback: env.ENGINE_CLOUD_CIMD_ALLOW_LOOPBACK || undefined,
     metricsToken: env.ENGINE_CLOUD_METRICS_TOKEN || undefined,
+
+    boxProvider: env.ENGINE_CLOUD_BOX_PROVIDER || undefined,
+    boxEngine: env.ENGINE_CLOUD_BOX_ENGINE || undefined,
+    boxReleases: env.ENGINE_CLOUD_BOX_RELEASES || undefined,
+    boxTemplateVersion: env.ENGINE_CLOUD_BOX_TEMPLATE_VERSION || undefined,
+    boxSleepAfterMin: env.ENGINE_CLOUD_BOX_SLEEP_AFTER_MIN || undefined,
+    boxBackupRetentionDays: env.ENGINE_CLOUD_BOX_BACKUP_RETENTION_DAYS || undefined,
+    boxFaults: env.ENGINE_CLOUD_BOX_FAULTS || undefined,
+  };
+}
+
+/**
+ * engineCommand turns the path of an engine into the command that runs it: a source file
+ * (cli/engine.ts) runs with this Bun, a binary runs as it is.
+ */
+function engineCommand(path: string): string[] {
+  const absolute = resolve(path);
+  return /\.(ts|js)$/.test(absolute) ? [process.execPath, absolute] : [absolute];
+}
+
+/**
+ * defaultBoxEngine is the engine a box runs when none is configured: the `engine` binary beside
+ * a compiled engine-cloud (dist/engine beside dist/engine-cloud), or this checkout's
+ * cli/engine.ts when the console runs from source.
+ */
+function defaultBoxEngine(): string {
+  const source = join(import.meta.dir, "..", "..", "cli", "engine.ts");
+  if (existsSync(source)) return source;
+  return join(dirname(process.execPath), "engine");
+}
+
+/** resolveManaged reads the hosted-machine settings. */
+function resolveManaged(merged: CloudConfigInput): ManagedConfig {
+  const provider = (merged.boxProvider ?? "local") as BoxProviderName;
+  if (!BOX_PROVIDERS.includes(provider)) throw invalid("box_provider", `must be one of ${BOX_PROVIDERS.join(", ")}`, merged.boxProvider);
+  const releases: Record<string, string[]> = {};
+  if (merged.boxReleases) {
+    for (const entry of merged.boxReleases
+      .split(",")
+      .map((part) => part.trim())
+      .filter(Boolean)) {
+      const at = entry.indexOf("=");
+      const version = entry.slice(0, at).trim();
+      const path = entry.slice(at + 1).trim();
+      if (at <= 0 || !/^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$/.test(version) || !path) {
+        throw invalid("box_releases", "must be version=path pairs, comma-separated (e.g. 0.7.0=/opt/engine-0.7.0)", entry);
+      }
+      releases[version] = engineCommand(path);
+    }
+  } else {
+    releases[VERSION] = engineCommand(merged.boxEngine ?? defaultBoxEngine());
+  }
+  const templateVersion = merged.boxTemplateVersion ?? "1";
+  if (!/^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$/.test(templateVersion))
+    throw invalid("box_template_version", "must be a version", templateVersion);
+  return {
+    provider,
+    releases,
+    templateVersion,
+    sleepAfterMs: positiveInteger("box_sleep_after_min", merged.boxSleepAfterMin ?? 30, 0, 60 * 24 * 30) * 60_000,
+    backupRetentionMs: positiveInteger("box_backup_retention_days", merged.boxBackupRetentionDays ?? 7, 1, 365) * 86_400_000,
+    faults: merged.boxFaults,
   };
 }
 
@@ -281,5 +380,7 @@ export function resolveCloudConfig(flags: CloudConfigInput, env: CloudConfigInpu
     oidc: resolveOidc(merged),
     cimdAllowLoopback: resolveFlag("cimd_allow_loopback", merged.cimdAllowLoopback),
     metricsToken: merged.metricsToken,
+
+    managed: resolveManaged(merged),
   };
 }

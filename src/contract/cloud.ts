@@ -314,3 +314,148 @@ export const AssistantGrantView = t.Object({
 });
 export const AssistantGrantsView = t.Object({ grants: t.Array(AssistantGrantView) }, { $id: "AssistantGrantsView" });
 export const AssistantGrantIdParams = t.Object({ grant_id: t.String({ minLength: 1, maxLength: 64 }) });
+
+// ---- hosted machines (issue 15): purchase, allocation, wake, update, backups
+
+const NullableDateTime = t.Union([DateTime, t.Null()]);
+
+/**
+ * ManagedPurchaseView is the account's purchase, derived from what the operator keeps (the
+ * request, invoices, a seat): `none` until the account asks, `requested`, `invoiced` while an
+ * invoice is open, `paid` once the account holds a seat.
+ */
+export const ManagedPurchaseView = t.Object(
+  {
+    state: t.Union([t.Literal("none"), t.Literal("requested"), t.Literal("invoiced"), t.Literal("paid")]),
+    requested_at: NullableDateTime,
+    invoice: t.Union([
+      t.Object({
+        id: t.String(),
+        state: t.Union([t.Literal("open"), t.Literal("paid"), t.Literal("void")]),
+        amount: t.String(),
+        created_at: DateTime,
+      }),
+      t.Null(),
+    ]),
+    seat_since: NullableDateTime,
+    /** launch_place_free says whether a purchase asked now would find a launch place (seats held plus open invoices below the places). */
+    launch_place_free: t.Boolean(),
+  },
+  { $id: "ManagedPurchaseView" },
+);
+
+export const ManagedAllocationStatus = t.Union([
+  t.Literal("provisioning"),
+  t.Literal("ready"),
+  t.Literal("failed"),
+  t.Literal("deleting"),
+  t.Literal("deleted"),
+]);
+export const ManagedBoxPower = t.Union([
+  t.Literal("none"),
+  t.Literal("starting"),
+  t.Literal("running"),
+  t.Literal("stopping"),
+  t.Literal("asleep"),
+  t.Literal("updating"),
+]);
+export const ManagedUpdateState = t.Union([
+  t.Literal("idle"),
+  t.Literal("pending"),
+  t.Literal("running"),
+  t.Literal("failed"),
+  t.Literal("done"),
+]);
+
+/** ManagedAllocationView is the account's hosted machine: its kind and status, its box at the provider, and where to reach it. */
+export const ManagedAllocationView = t.Object(
+  {
+    id: t.String(),
+    kind: t.Union([t.Literal("trial"), t.Literal("paid")]),
+    status: ManagedAllocationStatus,
+    power: ManagedBoxPower,
+    /** sandbox_id is the box at the provider; null before it is made and after it is lost. */
+    sandbox_id: t.Union([t.String(), t.Null()]),
+    node_id: t.Union([t.String(), t.Null()]),
+    /** url reaches the box's engine API through the console (the session authenticates; the console forwards as the box's admin). */
+    url: t.Union([t.String(), t.Null()]),
+    box_version: t.String(),
+    template_version: t.String(),
+    /** sleep_after_s puts the box to sleep after this long without a request through `url`; 0 never. */
+    sleep_after_s: SafeInteger,
+    expires_at: NullableDateTime,
+    created_at: DateTime,
+    ready_at: NullableDateTime,
+    last_activity_at: NullableDateTime,
+    delete_requested_at: NullableDateTime,
+    deleted_at: NullableDateTime,
+    /** billing_active is derived: a paid box bills while it starts or runs, and stops at stopping, sleep and deletion. */
+    billing_active: t.Boolean(),
+    update: t.Object({
+      state: ManagedUpdateState,
+      target_version: t.Union([t.String(), t.Null()]),
+      error: t.Union([t.String(), t.Null()]),
+    }),
+    error: t.Union([t.String(), t.Null()]),
+  },
+  { $id: "ManagedAllocationView" },
+);
+
+/** ManagedWakeView answers a wake: the box's power after it (`starting` when accepted). */
+export const ManagedWakeView = t.Object(
+  {
+    allocation_id: t.String(),
+    power: ManagedBoxPower,
+    start_started_at: NullableDateTime,
+    url: t.Union([t.String(), t.Null()]),
+  },
+  { $id: "ManagedWakeView" },
+);
+
+export const ManagedUpdateRequest = t.Object(
+  { version: t.String({ minLength: 1, maxLength: 64, pattern: "^[0-9A-Za-z][0-9A-Za-z.+-]*$" }) },
+  { $id: "ManagedUpdateRequest" },
+);
+
+/** ManagedUpdateView is the box's version, the version offered, and the update in progress or last done. */
+export const ManagedUpdateView = t.Object(
+  {
+    allocation_id: t.String(),
+    current_version: t.String(),
+    offered_version: t.String(),
+    state: ManagedUpdateState,
+    target_version: t.Union([t.String(), t.Null()]),
+    requested_at: NullableDateTime,
+    /** next_allowed_at is the earliest another update is accepted (3 minutes after the last accepted one). */
+    next_allowed_at: NullableDateTime,
+    error: t.Union([t.String(), t.Null()]),
+  },
+  { $id: "ManagedUpdateView" },
+);
+
+export const ManagedBackupView = t.Object({
+  id: t.String(),
+  kind: t.Union([t.Literal("nightly"), t.Literal("final")]),
+  state: t.Union([t.Literal("running"), t.Literal("done"), t.Literal("failed")]),
+  size_bytes: SafeInteger,
+  started_at: DateTime,
+  taken_at: NullableDateTime,
+  expires_at: NullableDateTime,
+  /** tombstone marks a backup kept after its box was deleted, until it expires. */
+  tombstone: t.Boolean(),
+  error: t.Union([t.String(), t.Null()]),
+});
+
+/** ManagedBackupsView is the backup health of the account's newest hosted machine, tombstones included. */
+export const ManagedBackupsView = t.Object(
+  {
+    allocation_id: t.String(),
+    allocation_status: ManagedAllocationStatus,
+    /** healthy: the box's newest backup succeeded and is less than a day and a bit old (or the box is younger than that). */
+    healthy: t.Boolean(),
+    last_backup_at: NullableDateTime,
+    retention_days: SafeInteger,
+    backups: t.Array(ManagedBackupView),
+  },
+  { $id: "ManagedBackupsView" },
+);

@@ -65,3 +65,27 @@ test("a bad setting stops the console with the field's name", async () => {
   const role = await runCli(["--data-dir", dataDir, "serve", "--port", "0"], { ENGINE_CLOUD_ROLE: "gateway" }, CLOUD_ENTRY);
   expect(role.stderr).toContain("config: role");
 });
+
+test("operators keep places, invoices, seats and trial places for hosted machines", async () => {
+  const places = await cloud("--json", "places", "--launch", "2");
+  expect(places.code).toBe(0);
+  expect(JSON.parse(places.stdout).launch).toEqual({ places: 2, seats: 0, open_invoices: 0, free: 2 });
+  expect((await cloud("accounts", "add", "buyer@example.com")).code).toBe(0);
+  const opened = await cloud("--json", "invoices", "open", "buyer@example.com", "--amount", "EUR 90");
+  expect(opened.code).toBe(0);
+  const invoice = JSON.parse(opened.stdout) as { id: string; state: string };
+  expect(invoice.state).toBe("open");
+  expect((await cloud("places")).stdout).toContain("launch places 2: 0 seats held + 1 open invoices, 1 free");
+  expect((await cloud("invoices")).stdout).toContain(`${invoice.id}  buyer@example.com  open  EUR 90`);
+  expect((await cloud("invoices", "paid", invoice.id)).stdout).toContain("paid: the account holds a seat");
+  const again = await cloud("invoices", "void", invoice.id);
+  expect(again.code).toBe(1);
+  expect(again.stderr).toContain("[invoice_not_found]");
+  expect((await cloud("seats")).stdout).toContain("buyer@example.com");
+  expect((await cloud("seats", "release", "buyer@example.com")).stdout).toContain("no longer holds a seat");
+  const trials = await cloud("--json", "trials", "--places", "3");
+  expect(JSON.parse(trials.stdout)).toMatchObject({ places: 3, running: 0, free: 3, boxes: [] });
+  expect((await cloud("places", "--launch", "many")).stderr).toContain("whole number");
+  expect((await cloud("boxes")).stdout).toContain("no hosted machines");
+  expect((await cloud("boxes", "restore", "bak_missing")).stderr).toContain("[not_found]");
+});

@@ -58,3 +58,37 @@ test("ENGINE_CLOUD_OIDC_SOCIAL_PROVIDERS refuses a provider outside the two", ()
   expect(message).toContain("oidc_social_providers");
   expect(message).toContain("github, google");
 });
+
+test("hosted machines default to the local provider, the source engine at this version, 30 minutes of idle and 7 days of backups", () => {
+  const { managed, role } = fromEnv({});
+  expect(role).toBe("all");
+  expect(managed.provider).toBe("local");
+  expect(Object.keys(managed.releases)).toHaveLength(1);
+  expect(Object.values(managed.releases)[0]?.at(-1)).toEndWith("cli/engine.ts");
+  expect(managed).toMatchObject({ templateVersion: "1", sleepAfterMs: 30 * 60_000, backupRetentionMs: 7 * 86_400_000 });
+  const set = fromEnv({
+    ENGINE_CLOUD_BOX_PROVIDER: "off",
+    ENGINE_CLOUD_BOX_RELEASES: "0.7.0=/opt/engine-0.7.0, 0.8.0=/opt/engine.ts",
+    ENGINE_CLOUD_BOX_SLEEP_AFTER_MIN: "0",
+    ENGINE_CLOUD_BOX_BACKUP_RETENTION_DAYS: "30",
+    ENGINE_CLOUD_ROLE: "provisioner",
+  });
+  expect(set.role).toBe("provisioner");
+  expect(set.managed).toMatchObject({
+    provider: "off",
+    releases: { "0.7.0": ["/opt/engine-0.7.0"], "0.8.0": [process.execPath, "/opt/engine.ts"] },
+    sleepAfterMs: 0,
+    backupRetentionMs: 30 * 86_400_000,
+  });
+});
+
+test.each([
+  ["a provider it does not have", { ENGINE_CLOUD_BOX_PROVIDER: "docker" }, "box_provider"],
+  ["a release without a path", { ENGINE_CLOUD_BOX_RELEASES: "0.7.0=" }, "box_releases"],
+  ["a release that is not a version", { ENGINE_CLOUD_BOX_RELEASES: "../x=/opt/engine" }, "box_releases"],
+  ["idle minutes that are not a number", { ENGINE_CLOUD_BOX_SLEEP_AFTER_MIN: "soon" }, "box_sleep_after_min"],
+  ["no retention", { ENGINE_CLOUD_BOX_BACKUP_RETENTION_DAYS: "0" }, "box_backup_retention_days"],
+  ["a role it does not have", { ENGINE_CLOUD_ROLE: "boxes" }, "role"],
+])("hosted-machine settings refuse %s at start, naming the field", (_name, env, field) => {
+  expect(configError(env)).toContain(field);
+});

@@ -3,6 +3,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
+import { boxPids, reapBoxes } from "../cloud/managed/helpers";
 import { startTestIdp, type TestIdp } from "../fixtures/cloud/idp";
 import { eventually, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
@@ -50,6 +51,8 @@ beforeAll(async () => {
 afterAll(async () => {
   await browser?.close();
   await children.stopAll();
+  // Boxes outlive the console that made them: end any the hosted page test left.
+  if (workDir) reapBoxes(join(workDir, "cloud"));
   await idp?.close();
   if (workDir) rmSync(workDir, { recursive: true, force: true });
 });
@@ -359,4 +362,53 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
     });
     expect(last).toMatchObject({ event: "failed", code: "access_denied" });
   }, 90_000);
+
+  test("the hosted machine page: a trial box of the compiled engine is made, shown, woken, and deleted behind a confirmation", async () => {
+    // The operator opens places with the console's own CLI, on the running console's database.
+    for (const args of [
+      ["places", "--launch", "1"],
+      ["trials", "--places", "1"],
+    ]) {
+      const opened = children.start([binaries.cloud, "--data-dir", join(workDir, "cloud"), ...args]);
+      expect(await opened.proc.exited).toBe(0);
+    }
+    // The earlier sign-out ended this page's session: sign in again, landing back on the page.
+    await page.goto(`${cloudUrl}/hosted`);
+    await page.waitForURL(/\/signin\?return_to=%2Fhosted/);
+    await page.getByRole("button", { name: "Sign in", exact: true }).click();
+    // The provider may remember this browser (no form then).
+    await page.waitForURL((url) => url.href.startsWith(`${idp.issuer}/interaction/`) || url.href === `${cloudUrl}/hosted`);
+    if (page.url().startsWith(idp.issuer)) {
+      await page.getByLabel("Email").fill("ada@example.com");
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await page.waitForURL(`${cloudUrl}/hosted`);
+    }
+    await page.getByRole("heading", { name: "No hosted machine" }).waitFor();
+    expect(await page.getByTestId("purchase-state").textContent()).toBe("none");
+    await page.getByRole("button", { name: "Start a one-hour trial" }).click();
+    await page.getByTestId("hosted-status").getByText("ready").waitFor({ timeout: 60_000 });
+    const url = (await page.getByTestId("hosted-url").textContent()) ?? "";
+    expect(url).toMatch(new RegExp(`^${cloudUrl}/boxes/box_[a-z0-9]+/$`));
+    // The box is the compiled engine, reached with the browser's session.
+    const health = await page.request.get(`${url}api/health`);
+    expect(health.status()).toBe(200);
+    expect(((await health.json()) as { status: string }).status).toBe("ok");
+    expect(await page.getByTestId("hosted-facts").textContent()).toContain("trial, until");
+    expect(await page.getByTestId("hosted-versions").textContent()).toContain("the version offered is");
+    expect(await page.getByTestId("backups-health").textContent()).toBe("healthy");
+    await shot("hosted");
+    await page.getByRole("button", { name: "Wake" }).click();
+    await page.getByText("It is running: nothing to wake.").waitFor();
+    // Delete asks first; keeping it changes nothing.
+    await page.getByRole("button", { name: "Delete this machine…" }).click();
+    await page.getByTestId("delete-confirm").waitFor();
+    await page.getByRole("button", { name: "Keep it" }).click();
+    expect(await page.getByTestId("delete-confirm").isHidden()).toBe(true);
+    await page.getByRole("button", { name: "Delete this machine…" }).click();
+    await page.getByRole("button", { name: "Yes, delete it" }).click();
+    await page.getByRole("heading", { name: "No hosted machine" }).waitFor({ timeout: 60_000 });
+    await page.getByText(/Your last one was deleted/).waitFor();
+    expect(boxPids(join(workDir, "cloud"))).toEqual([]);
+    await shot("hosted-deleted");
+  }, 120_000);
 });

@@ -56,6 +56,15 @@ const CONSOLE_STATUSES: Record<string, number[] | "not limited"> = {
   "GET /api/oauth/authorize/context": [200, 401, 403, 404, 409, 429, 422],
   "POST /api/oauth/authorize/decision": [200, 400, 401, 403, 404, 409, 429, 422],
   "GET /api/oauth/connector": [200, 401, 422],
+  "GET /api/managed/purchase": [200, 401, 404],
+  "POST /api/managed/purchase": [200, 201, 401, 403, 404, 409],
+  "GET /api/managed/allocation": [200, 401, 403, 404],
+  "POST /api/managed/allocation": [200, 201, 401, 403, 404, 409],
+  "DELETE /api/managed/allocation": [200, 202, 401, 403, 404],
+  "POST /api/managed/allocation/wake": [200, 202, 401, 403, 404, 429],
+  "GET /api/managed/allocation/update": [200, 401, 404],
+  "POST /api/managed/allocation/update": [202, 401, 403, 404, 409, 429, 422],
+  "GET /api/managed/allocation/backups": [200, 401, 403, 404],
   // "401 and others": the contract does not close the list.
   "POST /api/nodes/device-approvals/approve": "not limited",
   // Not in the contract (deny: "not shown"; nodes: issue 7's console page).

@@ -110,6 +110,10 @@ const REQUEST_BODIES: Record<"engine" | "console", Record<string, { valid: unkno
     "POST /api/nodes/device-approvals/lookup": { valid: [{ user_code: "BCDF-GHJK" }], invalid: [{}] },
     "POST /api/nodes/device-approvals/approve": { valid: [{ user_code: "BCDF-GHJK" }], invalid: [{ user_code: "" }] },
     "POST /api/nodes/device-approvals/deny": { valid: [{ user_code: "BCDF-GHJK" }], invalid: [{ user_code: 5 }] },
+    "POST /api/managed/allocation/update": {
+      valid: [{ version: "0.7.1" }, { version: "1.0.0-rc.1" }],
+      invalid: [{}, { version: "" }, { version: "1.0 beta" }, { version: 7 }],
+    },
   },
 };
 
@@ -145,9 +149,9 @@ describe("every input of both documents has its schema", () => {
     expect(JSON.stringify(doc.document)).not.toContain('"content":{}');
   });
 
-  test("the engine's 8 and the console's 10 body-taking routes", () => {
+  test("the engine's 8 and the console's 11 body-taking routes", () => {
     expect(Object.keys(REQUEST_BODIES.engine)).toHaveLength(8);
-    expect(Object.keys(REQUEST_BODIES.console)).toHaveLength(10);
+    expect(Object.keys(REQUEST_BODIES.console)).toHaveLength(11);
   });
 
   test("every schema with an $id is one shared component", () => {

@@ -114,6 +114,25 @@ export class AccountStore {
   }
 
   /**
+   * lock touches the account's row inside the caller's transaction, so concurrent changes to
+   * one account queue behind it: PostgreSQL holds the row lock to the end of the transaction,
+   * and SQLite's BEGIN IMMEDIATE already holds the write lock. A missing account is
+   * `account_not_found`.
+   */
+  async lock(tx: Sql, id: string): Promise<Account> {
+    const [row] = await tx`UPDATE accounts SET updated_at = updated_at WHERE id = ${id} RETURNING *`;
+    if (!row) throw new AppError("account_not_found", "the account is gone");
+    return accountFromRow(row);
+  }
+
+  /** spendTrial takes one hosted-machine trial inside the caller's transaction; false when none is left. */
+  async spendTrial(tx: Sql, id: string): Promise<boolean> {
+    const rows = await tx`UPDATE accounts SET trials_left = trials_left - 1, updated_at = ${Date.now()}
+      WHERE id = ${id} AND trials_left > 0 RETURNING id`;
+    return rows.length > 0;
+  }
+
+  /**
    * fromIdentity returns the account of an identity-provider subject, creating it on first
    * sign-in, or adopting an operator-made account with the same verified email.
    */

@@ -234,4 +234,95 @@ export const MIGRATIONS: Migration[] = [
     // Null until the node first connects.
     statements: () => ["ALTER TABLE nodes ADD COLUMN gpus TEXT", "ALTER TABLE nodes ADD COLUMN mcp_tools TEXT"],
   },
+  {
+    id: "2026-12-01-01-managed",
+    // Hosted machines (src/cloud/managed). Purchase and billing state is derived from these
+    // rows, never stored as a state: a purchase request, invoices, seats, and the operator's
+    // places. An allocation is one box at the provider; at most one is current per account.
+    statements: () => [
+      `CREATE TABLE managed_allocations (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        power TEXT NOT NULL DEFAULT 'none',
+        sandbox_id TEXT,
+        node_id TEXT,
+        box_version TEXT NOT NULL,
+        template_version TEXT NOT NULL,
+        restore_from TEXT,
+        sleep_after_ms BIGINT NOT NULL DEFAULT 0,
+        expires_at BIGINT,
+        ready_at BIGINT,
+        last_activity_at BIGINT,
+        start_started_at BIGINT,
+        start_window_at BIGINT,
+        starts_in_window INTEGER NOT NULL DEFAULT 0,
+        update_state TEXT,
+        update_target TEXT,
+        update_from TEXT,
+        update_requested_at BIGINT,
+        update_error TEXT,
+        backing_up_since BIGINT,
+        final_backup_tried INTEGER NOT NULL DEFAULT 0,
+        operation TEXT,
+        operation_started_at BIGINT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        lease_owner TEXT,
+        lease_until BIGINT,
+        next_check_at BIGINT NOT NULL,
+        delete_requested_at BIGINT,
+        deleted_at BIGINT,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+      )`,
+      // At most one current allocation per account: a deleted one, and a failed one with no
+      // sandbox (replaced by the next POST), no longer count.
+      `CREATE UNIQUE INDEX managed_allocations_current ON managed_allocations (account_id)
+        WHERE status IN ('provisioning', 'ready', 'deleting') OR (status = 'failed' AND sandbox_id IS NOT NULL)`,
+      "CREATE INDEX managed_allocations_account ON managed_allocations (account_id, created_at)",
+      "CREATE INDEX managed_allocations_due ON managed_allocations (status, next_check_at)",
+      `CREATE TABLE managed_backups (
+        id TEXT PRIMARY KEY,
+        allocation_id TEXT NOT NULL REFERENCES managed_allocations(id) ON DELETE CASCADE,
+        account_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        size_bytes BIGINT NOT NULL DEFAULT 0,
+        started_at BIGINT NOT NULL,
+        taken_at BIGINT,
+        expires_at BIGINT,
+        forgotten_at BIGINT,
+        error TEXT
+      )`,
+      "CREATE INDEX managed_backups_allocation ON managed_backups (allocation_id, started_at)",
+      `CREATE TABLE managed_purchase_requests (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        requested_at BIGINT NOT NULL,
+        closed_at BIGINT
+      )`,
+      "CREATE UNIQUE INDEX managed_purchase_requests_open ON managed_purchase_requests (account_id) WHERE closed_at IS NULL",
+      `CREATE TABLE managed_invoices (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        state TEXT NOT NULL,
+        amount TEXT NOT NULL DEFAULT '',
+        note TEXT NOT NULL DEFAULT '',
+        created_at BIGINT NOT NULL,
+        decided_at BIGINT
+      )`,
+      "CREATE INDEX managed_invoices_account ON managed_invoices (account_id, created_at)",
+      `CREATE TABLE managed_seats (
+        id TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+        invoice_id TEXT,
+        granted_at BIGINT NOT NULL,
+        released_at BIGINT
+      )`,
+      "CREATE UNIQUE INDEX managed_seats_held ON managed_seats (account_id) WHERE released_at IS NULL",
+      "CREATE TABLE managed_places (kind TEXT PRIMARY KEY, places INTEGER NOT NULL, updated_at BIGINT NOT NULL)",
+    ],
+  },
 ];

@@ -9,7 +9,7 @@ import { type Database, num, type PreparedRead, type Sql } from "../db";
 export const NODE_CREDENTIAL_PREFIX = "enc_";
 
 /** EnrollmentRoute says which of the four routes enrolled a node. */
-export type EnrollmentRoute = "link_code" | "device" | "preauth_key";
+export type EnrollmentRoute = "link_code" | "device" | "preauth_key" | "hosted";
 
 /** Reported is what a machine says about itself: unverified, bounded, control characters stripped. */
 export interface Reported {
@@ -154,6 +154,26 @@ export class NodeStore {
       WHERE id = ${nodeId} RETURNING *`;
     if (!row) throw new AppError("not_found", "the approved machine has been removed from the account; link it again");
     return { node: rowToNode(row), credential, adopted: true };
+  }
+
+  /**
+   * enrollHosted links an account's hosted machine as a node, inside the caller's
+   * transaction: the console made the box, so no credential is minted (the console reaches the
+   * box itself) and the node limit does not apply (the box is paid for, or a trial).
+   */
+  async enrollHosted(tx: Sql, accountId: string, allocationId: string, now = Date.now()): Promise<Node> {
+    const id = randomId("node");
+    const slug = `hosted-${allocationId.replace(/^box_/, "").slice(0, 8)}`;
+    const hostname = `${slug}.hosted`;
+    await tx`INSERT INTO nodes (id, account_id, slug, hostname, os, version, credential_digest, enrolled_via, created_at, updated_at)
+      VALUES (${id}, ${accountId}, ${slug}, ${hostname}, 'linux', '', NULL, 'hosted', ${now}, ${now})`;
+    return { id, accountId, slug, hostname, os: "linux", version: "", enrolledVia: "hosted", createdAt: now, lastSeenAt: null, gpus: null };
+  }
+
+  /** unlink removes a node inside the caller's transaction (a hosted machine being deleted); an unknown node is no change. */
+  async unlink(tx: Sql, nodeId: string): Promise<boolean> {
+    const rows = await tx`DELETE FROM nodes WHERE id = ${nodeId} RETURNING id`;
+    return rows.length > 0;
   }
 
   /**

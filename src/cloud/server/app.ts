@@ -21,6 +21,7 @@ const CLOUD_TAGS = [
   { name: "device approvals", description: "Approving or denying an engine's device-flow request" },
   { name: "nodes", description: "The account's linked engines" },
   { name: "assistants", description: "Authorizing assistants (MCP clients) to reach the account's machines" },
+  { name: "hosted machines", description: "The account's one hosted machine: purchase, allocation, wake, update, backups, delete" },
 ];
 
 /** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
@@ -125,7 +126,8 @@ export function buildCloudApp(deps: CloudDeps, modules: CloudRoutes[]) {
         info: {
           title: "engine-cloud — cloud console API",
           version: CLOUD_INTERFACE_VERSION,
-          description: "The cloud console API: sign-in and sessions, the engine link, preauth keys, device approvals and nodes.",
+          description:
+            "The cloud console API: sign-in and sessions, the engine link, preauth keys, device approvals, nodes, assistants and hosted machines.",
         },
         servers: () => [{ url: deps.site.publicUrl, description: "This console" }],
         tags: CLOUD_TAGS,

@@ -41,7 +41,8 @@ export function assertNotCrossSite(request: Request, publicOrigin: string): void
   if (request.headers.has("authorization")) return;
   if (!cookieValue(request.headers.get("cookie"), SESSION_COOKIE)) return;
   const path = new URL(request.url).pathname;
-  if (!path.startsWith("/api/") || NO_SESSION_ROUTES.has(path)) return;
+  // /boxes/ is the hosted machines' proxy (src/cloud/managed/proxy): a session acts there too.
+  if (!(path.startsWith("/api/") || path.startsWith("/boxes/")) || NO_SESSION_ROUTES.has(path)) return;
   if (request.headers.get(CSRF_HEADER) !== "1") {
     throw new AppError("csrf_rejected", `a state-changing call with the session cookie must send ${CSRF_HEADER}: 1`);
   }

@@ -5,6 +5,7 @@ import type { AuditLog } from "../audit";
 import type { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import type { Database } from "../db";
+import type { ManagedService } from "../managed";
 import type { NodeStore } from "../nodes";
 import type { AccessTokenVerifier } from "../oauth/grant";
 import type { RateLimiter } from "../ratelimit";
@@ -24,6 +25,8 @@ export interface CloudDeps {
   sessions: SessionStore;
   nodes: NodeStore;
   audit: AuditLog;
+  /** managed runs the account's hosted machine (issue 15); its provider is null when none is offered. */
+  managed: ManagedService;
   limiter: RateLimiter;
   /** secrets seals what must be read again (a PKCE verifier), under the data dir's key. */
   secrets: SecretBox;

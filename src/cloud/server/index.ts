@@ -13,10 +13,18 @@ import { AuditLog } from "../audit";
 import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
 import { Database } from "../db";
+import {
+  type BoxProvider,
+  type BoxProxy,
+  boxProxy,
+  createProvider,
+  ManagedService,
+  Provisioner,
+  type ProvisionerOptions,
+} from "../managed";
 import { ConsoleMetrics } from "../metrics";
 import { NodeStore } from "../nodes";
 import { createAccessTokenVerifier, sweepAssistantRows } from "../oauth";
-
 import type { AccessTokenVerifier } from "../oauth/grant";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
 import { ConsoleMcpEndpoint, RelayHub, type RelayHubOptions, type TunnelSocketData } from "../relay";
@@ -44,6 +52,12 @@ export interface CloudOptions {
   verifyAccessToken?: AccessTokenVerifier;
   /** relay replaces the relay's timings (tests: a short dead-tunnel deadline and call timeout). */
   relay?: Pick<RelayHubOptions, "callTimeoutMs" | "deadAfterMs">;
+  /** clock is the time the hosted-machine rules read (trial hour, idle sleep, update spacing); tests move it. */
+  clock?: () => number;
+  /** provider replaces the configured hosted-machine provider (tests pass a scripted one). */
+  provider?: BoxProvider | null;
+  /** provisioner tunes the provisioner of the `provisioner` and `all` roles (tests shorten its intervals). */
+  provisioner?: ProvisionerOptions;
 }
 
 /** RunningCloud is a started console: where it listens, its modules, and how to stop it. */
@@ -52,6 +66,8 @@ export interface RunningCloud {
   port: number;
   deps: CloudDeps;
   secrets: SecretBox;
+  /** provisioner is the hosted-machine provisioner this process runs (roles `provisioner` and `all`), or null. */
+  provisioner: Provisioner | null;
   stop(): Promise<void>;
 }
 
@@ -68,9 +84,10 @@ function sourceResolver(config: CloudConfig, server: () => Bun.Server<TunnelSock
 
 /**
  * startCloud is the console's composition root: it opens and migrates the database, builds
- * the modules, and starts what the role asks for: `api` serves HTTP, `worker` sweeps expired
- * rows, `all` does both. Health and ready are served by every role. `stop` is safe after a
- * partial start.
+ * the modules, and starts what the role asks for: `api` serves HTTP (and the hosted machines'
+ * `/boxes/` proxy), `worker` sweeps expired rows, `provisioner` reconciles hosted machines
+ * with their provider, `all` does all three. Health and ready are served by every role.
+ * `stop` is safe after a partial start.
  */
 export async function startCloud(config: CloudConfig, options: CloudOptions = {}): Promise<RunningCloud> {
   const cleanups: (() => Promise<void> | void)[] = [];
@@ -103,6 +120,19 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     const nodes = new NodeStore(db);
     const relay = new RelayHub({ nodes, log, ...options.relay });
     const metrics = new ConsoleMetrics({ db, token: config.metricsToken, online: () => relay.onlineCount() });
+    const audit = new AuditLog(db);
+    const provider = options.provider !== undefined ? options.provider : createProvider(config.managed, config.dataDir, log);
+    const managed = new ManagedService({
+      db,
+      accounts,
+      nodes,
+      audit,
+      provider,
+      config: config.managed,
+      clock: options.clock ?? Date.now,
+      publicUrl: () => site.publicUrl,
+      log,
+    });
     const deps: CloudDeps = {
       config,
       log,
@@ -112,7 +142,8 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       accounts,
       sessions: new SessionStore(db, { idleMs: config.sessionIdleMs, absoluteMs: config.sessionAbsoluteMs }),
       nodes,
-      audit: new AuditLog(db),
+      audit,
+      managed,
       limiter: new RateLimiter(config.rateLimits === "database" ? new DatabaseBuckets(db) : new MemoryBuckets(), Date.now, (limit) =>
         metrics.rateLimited(limit),
       ),
@@ -127,7 +158,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       sourceOf: sourceResolver(config, () => server),
     };
 
-    if (config.role !== "api") {
+    if (config.role === "worker" || config.role === "all") {
       const sweep = async () => {
         try {
           const now = Date.now();
@@ -148,8 +179,18 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       cleanups.push(() => clearInterval(timer));
     }
 
+    let provisioner: Provisioner | null = null;
+    if ((config.role === "provisioner" || config.role === "all") && provider) {
+      const started = new Provisioner(managed, options.provisioner);
+      provisioner = started;
+      managed.onChange = () => started.kick();
+      await started.start();
+      cleanups.push(() => started.stop());
+    }
+
     deps.readyChecks.database = () => db.ping();
-    const modules = config.role === "worker" ? [] : (options.modules ?? API_MODULES);
+    const serving = config.role === "api" || config.role === "all";
+    const modules = serving ? (options.modules ?? API_MODULES) : [];
     const app = buildCloudApp(deps, modules);
     metrics.learn(app.routes);
     const answerCounted = async (request: Request): Promise<Response> => {
@@ -159,7 +200,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
     };
     // The relay (the engines' tunnels) and the assistants' /mcp are served by the API role,
     // beside the app and outside /api (decision 240).
-    const serveRelay = config.role !== "worker";
+    const serveRelay = serving;
     const mcp = new ConsoleMcpEndpoint({
       verifier: () => deps.verifyAccessToken,
       hub: relay,
@@ -168,6 +209,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       log,
       version: VERSION,
     });
+    const proxy: BoxProxy | null = serving && provider ? boxProxy(deps, managed) : null;
     try {
       const bound = log;
       server = Bun.serve<TunnelSocketData>({
@@ -181,6 +223,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
             if (path === TUNNEL_PATH) return relay.upgrade(request, listener);
             if (mcp.handles(path)) return mcp.fetch(request);
           }
+          if (proxy?.matches(request)) return proxy.handle(request);
           return answerCounted(request);
         },
         websocket: relay.websocket,
@@ -214,7 +257,7 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
       },
       "engine-cloud listening",
     );
-    return { url: `http://${config.host === "0.0.0.0" ? "127.0.0.1" : config.host}:${port}`, port, deps, secrets, stop };
+    return { url: `http://${config.host === "0.0.0.0" ? "127.0.0.1" : config.host}:${port}`, port, deps, secrets, provisioner, stop };
   } catch (error) {
     await stop();
     throw error;

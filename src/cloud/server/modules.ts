@@ -2,6 +2,7 @@ import { approvalRoutes } from "../approvals";
 import { signinRoutes } from "../auth";
 import { preauthKeyRoutes } from "../keys/routes";
 import { linkRoutes } from "../link";
+import { managedRoutes } from "../managed";
 import { nodeRoutes } from "../nodes/routes";
 import { assistantRoutes } from "../oauth";
 import { consolePages } from "../ui";
@@ -19,5 +20,6 @@ export const API_MODULES: CloudRoutes[] = [
   approvalRoutes,
   nodeRoutes,
   (deps) => assistantRoutes(deps),
+  (deps) => managedRoutes(deps, deps.managed),
   consolePages,
 ];

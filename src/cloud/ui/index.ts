@@ -15,6 +15,7 @@ export const CONSOLE_PAGES: Record<string, { page: string; title: string; routed
   "/link-codes": { page: "link-codes", title: "Link codes" },
   "/keys": { page: "keys", title: "Pre-authorized keys" },
   "/assistants": { page: "assistants", title: "Assistants" },
+  "/hosted": { page: "hosted", title: "Hosted machine" },
   // The authorization endpoint shares this path: src/cloud/oauth serves the page when the query
   // carries only the pending request's `rid`, and handles an assistant's request otherwise.
   "/oauth/authorize": { page: "consent", title: "Authorize an assistant", routedBy: "oauth" },

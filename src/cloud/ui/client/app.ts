@@ -101,6 +101,7 @@ function shell(page: string, account: Json, ...content: Child[]): void {
     ["link-codes", "/link-codes", "Link codes"],
     ["keys", "/keys", "Pre-authorized keys"],
     ["assistants", "/assistants", "Assistants"],
+    ["hosted", "/hosted", "Hosted machine"],
   ];
   const signOut = h(
     "button",
@@ -806,6 +807,245 @@ async function assistantsPage(account: Json): Promise<void> {
   await refresh();
 }
 
+/** definitionList renders label/value pairs, each value a text or a node. */
+function definitionList(testId: string, rows: [string, Child][]): HTMLElement {
+  return h("dl", { class: "facts", "data-testid": testId }, ...rows.flatMap(([label, value]) => [h("dt", {}, label), h("dd", {}, value)]));
+}
+
+/** BUSY are the statuses and powers of a box the hosted page polls through until they settle. */
+const BUSY = new Set(["provisioning", "deleting", "starting", "stopping", "updating"]);
+
+/**
+ * hostedPage is the account's hosted machine: its status and address, wake, update to the
+ * version offered, backup health, and delete behind a confirmation. With none it offers a
+ * trial (or a full box to an account that pays) and the purchase request. While anything is
+ * in progress it redraws every 1.5 s.
+ */
+async function hostedPage(account: Json): Promise<void> {
+  const said = h("div", { "aria-live": "polite", "data-testid": "hosted-said" });
+  const body = h("div", {});
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const act = async (what: () => Promise<string>) => {
+    try {
+      said.replaceChildren(notice("ok", await what()));
+    } catch (error) {
+      said.replaceChildren(notice("error", describeError(error)));
+    }
+    await draw();
+  };
+  const draw = async (): Promise<void> => {
+    clearTimeout(timer);
+    let allocation: Json | null = null;
+    try {
+      allocation = await api<Json>("GET", "/api/managed/allocation");
+    } catch (error) {
+      if (error instanceof ApiError && error.code === "managed_not_offered") {
+        body.replaceChildren(notice("info", "This console offers no hosted machines."));
+        return;
+      }
+      if (!(error instanceof ApiError && error.code === "allocation_not_found")) throw error;
+    }
+    const purchase = await api<Json>("GET", "/api/managed/purchase");
+    const paid = purchase.state === "paid";
+    const buy = h(
+      "section",
+      { class: "card" },
+      h("h2", {}, "Buying one"),
+      h("p", {}, "Purchase: ", h("strong", { "data-testid": "purchase-state" }, String(purchase.state)), "."),
+      purchase.state === "none"
+        ? h(
+            "button",
+            {
+              type: "button",
+              onclick: () =>
+                act(async () => {
+                  await api("POST", "/api/managed/purchase");
+                  return "Asked. You will be invoiced.";
+                }),
+            },
+            "Ask to buy a hosted machine",
+          )
+        : null,
+    );
+    if (!allocation || allocation.status === "deleted") {
+      body.replaceChildren(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "No hosted machine"),
+          allocation ? h("p", {}, "Your last one was deleted ", when(allocation.deleted_at), ".") : null,
+          h("p", {}, paid ? "Start your hosted machine: a full engine run for you." : "Try a hosted machine for one hour."),
+          h(
+            "button",
+            {
+              type: "button",
+              class: "primary",
+              onclick: () =>
+                act(async () => {
+                  await api("POST", "/api/managed/allocation");
+                  return "Starting your machine…";
+                }),
+            },
+            paid ? "Start my hosted machine" : "Start a one-hour trial",
+          ),
+        ),
+        ...(paid ? [] : [buy]),
+      );
+      return;
+    }
+    const box = allocation;
+    const update = (box.update ?? {}) as Json;
+    const facts: [string, Child][] = [
+      ["Status", h("span", { "data-testid": "hosted-status" }, String(box.status))],
+      ["Power", h("span", { "data-testid": "hosted-power" }, String(box.power))],
+      ["Kind", box.kind === "trial" ? `trial, until ${when(box.expires_at)}` : "paid"],
+      ["Version", String(box.box_version)],
+      ["Address", box.url ? h("code", { "data-testid": "hosted-url" }, String(box.url)) : "—"],
+      ["Billing", box.billing_active ? "running" : "stopped"],
+    ];
+    if (box.error) facts.push(["Last error", String(box.error)]);
+    const cards: Child[] = [h("section", { class: "card" }, h("h2", {}, "Your hosted machine"), definitionList("hosted-facts", facts))];
+    if (box.url) {
+      cards.push(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "Using it"),
+          h("p", {}, "Call its engine with your console session, for example:"),
+          h("pre", {}, `engine --url ${box.url} --token <your session token> services list`),
+        ),
+      );
+    }
+    if (box.status === "ready") {
+      cards.push(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "Wake"),
+          h(
+            "p",
+            {},
+            box.power === "asleep"
+              ? "It is asleep: it sleeps after a while without requests."
+              : "It sleeps after a while without requests.",
+          ),
+          h(
+            "button",
+            {
+              type: "button",
+              onclick: () =>
+                act(async () => {
+                  const woken = await api<Json>("POST", "/api/managed/allocation/wake");
+                  return woken.power === "starting" ? "Waking it…" : `It is ${woken.power}: nothing to wake.`;
+                }),
+            },
+            "Wake",
+          ),
+        ),
+      );
+      const versions = await api<Json>("GET", "/api/managed/allocation/update");
+      const behind = versions.offered_version !== versions.current_version;
+      cards.push(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "Update"),
+          h(
+            "p",
+            { "data-testid": "hosted-versions" },
+            `It runs ${versions.current_version}; the version offered is ${versions.offered_version}.`,
+            versions.state === "failed" ? ` The last update failed: ${versions.error}` : "",
+          ),
+          behind
+            ? h(
+                "button",
+                {
+                  type: "button",
+                  onclick: () =>
+                    act(async () => {
+                      await api("POST", "/api/managed/allocation/update", { version: versions.offered_version });
+                      return `Updating to ${versions.offered_version}…`;
+                    }),
+                },
+                `Update to ${versions.offered_version}`,
+              )
+            : h("p", {}, "It is up to date."),
+        ),
+      );
+    }
+    const backups = await api<Json>("GET", "/api/managed/allocation/backups");
+    const list = (backups.backups ?? []) as Json[];
+    cards.push(
+      h(
+        "section",
+        { class: "card" },
+        h("h2", {}, "Backups"),
+        h(
+          "p",
+          {},
+          h("span", { class: "badge", "data-testid": "backups-health" }, backups.healthy ? "healthy" : "not healthy"),
+          ` Nightly, kept ${backups.retention_days} days.`,
+        ),
+        list.length === 0
+          ? h("p", {}, "No backup yet.")
+          : h(
+              "table",
+              { "data-testid": "backups" },
+              h("thead", {}, h("tr", {}, h("th", {}, "Taken"), h("th", {}, "Kind"), h("th", {}, "State"), h("th", {}, "Size"))),
+              h(
+                "tbody",
+                {},
+                ...list.map((backup) =>
+                  h(
+                    "tr",
+                    {},
+                    h("td", {}, when(backup.taken_at ?? backup.started_at)),
+                    h("td", {}, `${backup.kind}${backup.tombstone ? " (tombstone)" : ""}`),
+                    h("td", {}, String(backup.state)),
+                    h("td", {}, `${Math.round(Number(backup.size_bytes) / 1024)} KiB`),
+                  ),
+                ),
+              ),
+            ),
+      ),
+    );
+    if (box.status !== "deleting") {
+      const confirm = h("div", { hidden: true, "data-testid": "delete-confirm" });
+      confirm.append(
+        notice("error", "This stops the machine and deletes it. There is no undo."),
+        h(
+          "button",
+          {
+            type: "button",
+            class: "danger",
+            onclick: () =>
+              act(async () => {
+                const gone = await api<Json>("DELETE", "/api/managed/allocation");
+                return gone.status === "deleted" ? "Deleted." : "Deleting…";
+              }),
+          },
+          "Yes, delete it",
+        ),
+        h("button", { type: "button", onclick: () => confirm.setAttribute("hidden", "") }, "Keep it"),
+      );
+      cards.push(
+        h(
+          "section",
+          { class: "card" },
+          h("h2", {}, "Delete"),
+          h("button", { type: "button", onclick: () => confirm.removeAttribute("hidden") }, "Delete this machine…"),
+          confirm,
+        ),
+      );
+    }
+    body.replaceChildren(...cards.filter((card): card is Node | string => card !== null && card !== undefined && card !== false));
+    const busy = BUSY.has(String(box.status)) || BUSY.has(String(box.power)) || update.state === "pending" || update.state === "running";
+    if (busy) timer = setTimeout(() => void draw().catch(() => {}), 1500);
+  };
+  shell("hosted", account, h("h1", {}, "Hosted machine"), said, body);
+  await draw();
+}
+
 // ---- boot
 
 const PAGES: Record<string, (account: Json) => Promise<void>> = {
@@ -815,6 +1055,7 @@ const PAGES: Record<string, (account: Json) => Promise<void>> = {
   keys: keysPage,
   consent: consentPage,
   assistants: assistantsPage,
+  hosted: hostedPage,
 };
 
 async function boot(): Promise<void> {
