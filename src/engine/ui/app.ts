@@ -4,6 +4,7 @@
  * the session cookie, and sends the session's CSRF token on every state change.
  */
 import { DEFAULT_RESTORE_TIMEOUT_S, MAX_RESTORE_TIMEOUT_S } from "../../contract/defaults";
+import type { TunnelStatus } from "../link/tunnel";
 import { Chart, COLOURS, formatBytes, formatMib, formatPercent, type MetricsHistory, sparkline } from "./charts";
 import {
   describeHealthSpec,
@@ -1297,15 +1298,7 @@ interface LinkStatus {
   hosted_base_domain: string | null;
   linked_at: string | null;
   metadata_refreshed_at: string | null;
-  tunnel: {
-    state: "not_linked" | "connecting" | "connected" | "disconnected" | "stopped";
-    since: string;
-    url: string | null;
-    connected_at: string | null;
-    last_error: string | null;
-    last_error_at: string | null;
-    next_attempt_at: string | null;
-  };
+  tunnel: TunnelStatus;
 }
 
 /**
