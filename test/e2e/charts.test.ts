@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
-import { buildBinaries } from "./binaries";
+import { installEngine } from "./binaries";
 import { launchChromium } from "./processes";
 
 /**
@@ -41,11 +41,7 @@ async function api(method: string, path: string, body?: unknown) {
 beforeAll(async () => {
   mkdirSync(SCREENSHOTS, { recursive: true });
   workDir = tempDir("engine-e2e-charts-");
-  const built = (await buildBinaries()).engine;
-  binary = join(workDir, "bin", "engine");
-  mkdirSync(join(workDir, "bin"), { recursive: true });
-  copyFileSync(built, binary);
-  Bun.spawnSync(["chmod", "755", binary]);
+  binary = await installEngine(workDir);
   const apps = join(workDir, "apps.csv");
   writeFileSync(apps, "");
   const wrapper = join(workDir, "nvidia-smi");
