@@ -9,7 +9,7 @@ import { startTestIdp, type TestIdp, testCertificates } from "../fixtures/cloud/
 import { MemoryOAuthProvider } from "../fixtures/cloud/oauth-client";
 import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
-import { Children, cloudListening, launchChromium, type Running } from "./processes";
+import { Children, cloudListening, launchChromium, mintSession, type Running } from "./processes";
 
 /**
  * THE assistant end to end (issue 14), with the compiled binaries: a `dist/engine` linked to a
@@ -290,9 +290,7 @@ beforeAll(async () => {
   });
   cloudUrl = await cloudListening(cloud);
   mcpUrl = new URL(`${cloudUrl}/mcp`);
-  const minted = await runCli(["--data-dir", cloudDir, "sessions", "mint", "--email", EMAIL], {}, [binaries.cloud]);
-  expect(minted.code).toBe(0);
-  consoleSession = minted.stdout.trim().split("\n").at(-1) ?? "";
+  consoleSession = await mintSession(binaries.cloud, cloudDir, "--email", EMAIL);
 
   // The machine: linked with a pre-authorized key, then served; its tunnel connects.
   engineDir = join(workDir, "engine");
