@@ -354,17 +354,16 @@ export class ConsoleMcpEndpoint {
     const { granted } = await this.#grantedNodes(caller);
     return {
       machines: granted.map((node) => {
-        const presence = this.#o.hub.presence(node.id);
-        const lastSeen = presence.lastSeen ?? node.lastSeenAt;
+        const now = this.#o.hub.nodeNow(node);
         return {
           id: node.id,
           name: node.slug,
           hostname: node.hostname,
-          online: presence.online,
-          online_since: presence.onlineSince === null ? null : new Date(presence.onlineSince).toISOString(),
-          last_seen_at: lastSeen === null ? null : new Date(lastSeen).toISOString(),
-          version: presence.version ?? node.version,
-          gpus: presence.gpus ?? node.gpus ?? [],
+          online: now.online,
+          online_since: now.online_since,
+          last_seen_at: now.last_seen_at,
+          version: now.version,
+          gpus: now.gpus ?? [],
         };
       }),
     };
