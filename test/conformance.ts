@@ -1,3 +1,4 @@
+import { expect } from "bun:test";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { REPO_ROOT } from "./helpers";
@@ -219,6 +220,18 @@ export function judgeRun(baseline: Baseline, baselineFile: string, run: Map<stri
     );
   }
   return differences.filter((d) => d.kind === "worse").map((d) => `${d.scenario} / ${d.check}: ${d.message}`);
+}
+
+/**
+ * expectServerScenarios runs every `server` scenario of the pinned release against `url` (its
+ * output in `outputDir`) and expects the run to do no worse than the baseline at `baselineFile`
+ * (a path from the repository root), which must be that release's.
+ */
+export async function expectServerScenarios(url: string, baselineFile: string, outputDir: string): Promise<void> {
+  const baseline = JSON.parse(readFileSync(join(REPO_ROOT, baselineFile), "utf8")) as Baseline;
+  expect(baseline.suite).toBe(suiteName(CONFORMANCE_CLI));
+  await runSuite(CONFORMANCE_CLI, ["server", "--url", url, "--suite", "all", "--output-dir", outputDir], outputDir);
+  expect(judgeRun(baseline, baselineFile, readResults(outputDir, "server"))).toEqual([]);
 }
 
 /**

@@ -81,8 +81,13 @@ export function jsonDepthExceeds(text: string, maxDepth: number): boolean {
 export async function readBoundedText(request: Request, maxBytes: number): Promise<string | null> {
   const declared = Number(request.headers.get("content-length") ?? "0");
   if (declared > maxBytes) return null;
-  if (!request.body) return "";
-  const reader = request.body.getReader();
+  return readBoundedStream(request.body, maxBytes);
+}
+
+/** readBoundedStream reads a body stream as UTF-8 text, or null once it is past `maxBytes` (the rest is cancelled, not read). */
+export async function readBoundedStream(body: ReadableStream<Uint8Array> | null, maxBytes: number): Promise<string | null> {
+  if (!body) return "";
+  const reader = body.getReader();
   const chunks: Uint8Array[] = [];
   let size = 0;
   for (;;) {

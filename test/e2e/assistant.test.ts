@@ -1,23 +1,15 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import {
-  Client,
-  type OAuthClientMetadata,
-  type OAuthClientProvider,
-  type OAuthDiscoveryState,
-  type StoredOAuthClientInformation,
-  type StoredOAuthTokens,
-  StreamableHTTPClientTransport,
-  UnauthorizedError,
-} from "@modelcontextprotocol/client";
+import { Client, type StoredOAuthTokens, StreamableHTTPClientTransport, UnauthorizedError } from "@modelcontextprotocol/client";
 import type { Browser, Page } from "playwright-core";
 import type { Diagnosis, ServiceRecord } from "../../src/contract/engine";
 import { structured, toolError } from "../engine/mcp/harness";
 import { startTestIdp, type TestIdp, testCertificates } from "../fixtures/cloud/idp";
+import { MemoryOAuthProvider } from "../fixtures/cloud/oauth-client";
 import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
-import { Children, cloudListening, launchChromium, type Running } from "./processes";
+import { Children, cloudListening, launchChromium, mintSession, type Running } from "./processes";
 
 /**
  * THE assistant end to end (issue 14), with the compiled binaries: a `dist/engine` linked to a
@@ -69,13 +61,7 @@ const shot = (name: string) => page.screenshot({ path: join(SCREENSHOTS, `assist
  * asks it to keep, and records each authorization URL it is asked to open and every token
  * it is given (to look for them in the engine's files afterwards).
  */
-class Assistant implements OAuthClientProvider {
-  information: StoredOAuthClientInformation | undefined;
-  saved: StoredOAuthTokens | undefined;
-  discovery: OAuthDiscoveryState | undefined;
-  verifier = "";
-  /** authorizations are the URLs the SDK handed over to open in a browser, in order. */
-  readonly authorizations: URL[] = [];
+class Assistant extends MemoryOAuthProvider {
   /** secrets are every access and refresh token the assistant was given. */
   readonly secrets: string[] = [];
   /** requests are the assistant's HTTP requests (method, URL), in order. */
@@ -83,20 +69,13 @@ class Assistant implements OAuthClientProvider {
   #state = "";
 
   constructor(
-    readonly name: string,
-    readonly redirectUrl: string,
+    name: string,
+    redirectUrl: string,
     readonly clientMetadataUrl?: string,
-  ) {}
-
-  get clientMetadata(): OAuthClientMetadata {
-    return {
-      client_name: this.name,
-      redirect_uris: [this.redirectUrl],
-      grant_types: ["authorization_code", "refresh_token"],
-      response_types: ["code"],
-      token_endpoint_auth_method: "none",
-    };
+  ) {
+    super(name, redirectUrl);
   }
+
   state() {
     this.#state = crypto.randomUUID();
     return this.#state;
@@ -104,33 +83,9 @@ class Assistant implements OAuthClientProvider {
   get lastState() {
     return this.#state;
   }
-  clientInformation() {
-    return this.information;
-  }
-  saveClientInformation(information: StoredOAuthClientInformation) {
-    this.information = information;
-  }
-  tokens() {
-    return this.saved;
-  }
-  saveTokens(tokens: StoredOAuthTokens) {
-    this.saved = tokens;
+  override saveTokens(tokens: StoredOAuthTokens) {
+    super.saveTokens(tokens);
     this.secrets.push(tokens.access_token, ...(tokens.refresh_token ? [tokens.refresh_token] : []));
-  }
-  redirectToAuthorization(url: URL) {
-    this.authorizations.push(url);
-  }
-  saveCodeVerifier(verifier: string) {
-    this.verifier = verifier;
-  }
-  codeVerifier() {
-    return this.verifier;
-  }
-  saveDiscoveryState(state: OAuthDiscoveryState) {
-    this.discovery = state;
-  }
-  discoveryState() {
-    return this.discovery;
   }
   invalidateCredentials(scope: "all" | "client" | "tokens" | "verifier" | "discovery") {
     if (scope === "all" || scope === "tokens") this.saved = undefined;
@@ -335,9 +290,7 @@ beforeAll(async () => {
   });
   cloudUrl = await cloudListening(cloud);
   mcpUrl = new URL(`${cloudUrl}/mcp`);
-  const minted = await runCli(["--data-dir", cloudDir, "sessions", "mint", "--email", EMAIL], {}, [binaries.cloud]);
-  expect(minted.code).toBe(0);
-  consoleSession = minted.stdout.trim().split("\n").at(-1) ?? "";
+  consoleSession = await mintSession(binaries.cloud, cloudDir, "--email", EMAIL);
 
   // The machine: linked with a pre-authorized key, then served; its tunnel connects.
   engineDir = join(workDir, "engine");

@@ -1,4 +1,4 @@
-import { rmSync } from "node:fs";
+import { copyFileSync, mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { REPO_ROOT, tempDir } from "../helpers";
 
@@ -32,4 +32,14 @@ export function buildBinaries(): Promise<Binaries> {
     return { dir, engine, cloud };
   })();
   return building;
+}
+
+/** installEngine copies the built `engine` to `<dir>/bin/engine`, mode 0755, and returns its path. */
+export async function installEngine(dir: string): Promise<string> {
+  const built = (await buildBinaries()).engine;
+  const binary = join(dir, "bin", "engine");
+  mkdirSync(join(dir, "bin"), { recursive: true });
+  copyFileSync(built, binary);
+  Bun.spawnSync(["chmod", "755", binary]);
+  return binary;
 }

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { copyFileSync, existsSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
-import { buildBinaries } from "./binaries";
+import { installEngine } from "./binaries";
 
 /** SPEC_ROUTES is the endpoint table of ../shared/spec/local-engine-api.md. */
 const SPEC_ROUTES = [
@@ -31,12 +31,8 @@ let engine: SpawnedEngine;
 
 beforeAll(async () => {
   workDir = tempDir("engine-e2e-");
-  const built = (await buildBinaries()).engine;
   // Run it from a directory with nothing beside it: no node_modules, no sources, no templates.
-  binary = join(workDir, "bin", "engine");
-  Bun.spawnSync(["mkdir", "-p", join(workDir, "bin")]);
-  copyFileSync(built, binary);
-  Bun.spawnSync(["chmod", "755", binary]);
+  binary = await installEngine(workDir);
   // ENGINE_SHIM empty: the binary must use the shim it carries, not the tests' compiled one.
   // The proxy runs too, on free ports: its processes are the binary itself (`engine __proxy`).
   engine = await spawnEngine(join(workDir, "data"), {

@@ -1,9 +1,10 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
-import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
-import { buildBinaries } from "./binaries";
+import { fakeNvidiaSmiIn } from "../fixtures/gpu/fake";
+import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { installEngine } from "./binaries";
 import { launchChromium } from "./processes";
 
 /**
@@ -15,7 +16,6 @@ import { launchChromium } from "./processes";
  */
 
 const SCREENSHOTS = join(import.meta.dir, "screenshots");
-const FAKE_NVIDIA_SMI = join(REPO_ROOT, "test", "fixtures", "gpu", "nvidia-smi");
 const GPU0 = "GPU-3f9e1b62-c07a-4d58-e913-6a2b8c4d0f17";
 const STEP_MS = 15_000;
 
@@ -41,19 +41,10 @@ async function api(method: string, path: string, body?: unknown) {
 beforeAll(async () => {
   mkdirSync(SCREENSHOTS, { recursive: true });
   workDir = tempDir("engine-e2e-charts-");
-  const built = (await buildBinaries()).engine;
-  binary = join(workDir, "bin", "engine");
-  mkdirSync(join(workDir, "bin"), { recursive: true });
-  copyFileSync(built, binary);
-  Bun.spawnSync(["chmod", "755", binary]);
+  binary = await installEngine(workDir);
   const apps = join(workDir, "apps.csv");
   writeFileSync(apps, "");
-  const wrapper = join(workDir, "nvidia-smi");
-  writeFileSync(
-    wrapper,
-    `#!/usr/bin/env bash\nexport FAKE_NVIDIA_SMI_SCENARIO=two-h100\nexport FAKE_NVIDIA_SMI_APPS=${JSON.stringify(apps)}\nexec ${JSON.stringify(FAKE_NVIDIA_SMI)} "$@"\n`,
-  );
-  chmodSync(wrapper, 0o755);
+  const wrapper = fakeNvidiaSmiIn(workDir, { FAKE_NVIDIA_SMI_SCENARIO: "two-h100", FAKE_NVIDIA_SMI_APPS: apps });
   engine = await spawnEngine(join(workDir, "data"), { command: [binary], env: { ENGINE_SHIM: "", ENGINE_NVIDIA_SMI: wrapper } });
   adminToken = readFileSync(join(workDir, "data", "admin.token"), "utf8").trim();
   // A service that keeps some memory and spends some CPU, and "holds" 40 GiB on GPU 0.

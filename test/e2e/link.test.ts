@@ -3,7 +3,7 @@ import { readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, runCli, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
-import { Children, cloudListening, linkEvent, type Running, userCodeIn } from "./processes";
+import { Children, cloudListening, linkEvent, mintSession, type Running, userCodeIn } from "./processes";
 
 /**
  * The compiled `engine` links to a compiled `engine-cloud` by each route a user has: the
@@ -50,9 +50,7 @@ beforeAll(async () => {
   const cloudDir = join(workDir, "cloud");
   cloud = children.start([binaries.cloud, "--data-dir", cloudDir, "serve", "--port", "0", "--log-level", "info"]);
   cloudUrl = await cloudListening(cloud);
-  const minted = await runCli(["--data-dir", cloudDir, "sessions", "mint", "--email", "e2e@example.com", "--create"], {}, [binaries.cloud]);
-  expect(minted.code).toBe(0);
-  session = minted.stdout.trim().split("\n").at(-1) ?? "";
+  session = await mintSession(binaries.cloud, cloudDir, "--email", "e2e@example.com", "--create");
   expect(session.length).toBeGreaterThan(20);
 }, 240_000);
 

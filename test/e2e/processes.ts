@@ -1,6 +1,7 @@
+import { expect } from "bun:test";
 import type { Subprocess } from "bun";
 import { type Browser, chromium } from "playwright-core";
-import { eventually } from "../helpers";
+import { eventually, runCli } from "../helpers";
 
 /** CHROMIUM_ARGS are the flags the issue asks for: headless, no sandbox, nothing phoning home. */
 export const CHROMIUM_ARGS = [
@@ -70,6 +71,13 @@ export async function cloudListening(cloud: Running): Promise<string> {
     { timeoutMs: 30_000 },
   );
   return listening.public_url;
+}
+
+/** mintSession mints a console session with the operator's CLI (`engine-cloud sessions mint <args>`) and returns it. */
+export async function mintSession(cloudBinary: string, dataDir: string, ...args: string[]): Promise<string> {
+  const minted = await runCli(["--data-dir", dataDir, "sessions", "mint", ...args], {}, [cloudBinary]);
+  expect(minted.code).toBe(0);
+  return minted.stdout.trim().split("\n").at(-1) ?? "";
 }
 
 /** userCodeIn reads the user code out of the box `engine link` prints: the line after "enter the code:". */

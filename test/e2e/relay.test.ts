@@ -3,7 +3,7 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { type Binaries, buildBinaries } from "./binaries";
-import { Children, cloudListening, type Running } from "./processes";
+import { Children, cloudListening, mintSession, type Running } from "./processes";
 
 /**
  * The relay between the compiled binaries: a `dist/engine` linked to a `dist/engine-cloud`
@@ -33,11 +33,7 @@ beforeAll(async () => {
   const cloudDir = join(workDir, "cloud");
   cloud = children.start([binaries.cloud, "--data-dir", cloudDir, "serve", "--port", "0", "--log-level", "info"]);
   cloudUrl = await cloudListening(cloud);
-  const minted = await runCli(["--data-dir", cloudDir, "sessions", "mint", "--email", "relay@example.com", "--create"], {}, [
-    binaries.cloud,
-  ]);
-  expect(minted.code).toBe(0);
-  session = minted.stdout.trim().split("\n").at(-1) ?? "";
+  session = await mintSession(binaries.cloud, cloudDir, "--email", "relay@example.com", "--create");
 }, 240_000);
 
 afterAll(async () => {

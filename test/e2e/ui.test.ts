@@ -1,11 +1,11 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { DEFAULT_RESTORE_TIMEOUT_S } from "../../src/contract/defaults";
 import { RedisEngine } from "../../src/engine/databases";
 import { eventually, freePort, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
-import { buildBinaries } from "./binaries";
+import { installEngine } from "./binaries";
 import { launchChromium } from "./processes";
 
 /**
@@ -70,11 +70,7 @@ beforeAll(async () => {
   // users must search it to reach their data dirs (README, "Where data lives"; the engine warns
   // at start when they cannot). mktemp's 0700 would leave the SQLite restore's user outside.
   chmodSync(workDir, 0o755);
-  const built = (await buildBinaries()).engine;
-  binary = join(workDir, "bin", "engine");
-  mkdirSync(join(workDir, "bin"), { recursive: true });
-  copyFileSync(built, binary);
-  Bun.spawnSync(["chmod", "755", binary]);
+  binary = await installEngine(workDir);
   const templates = join(workDir, "templates");
   mkdirSync(templates, { recursive: true });
   const port = await freePort();

@@ -3,7 +3,7 @@ import type { LinkClaimResponse } from "../../contract/cloud";
 import type { RelayTool, ReportedGpu } from "../../contract/relay";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
-import { type Database, num, type PreparedRead, type Sql } from "../db";
+import { type Database, num, optionalNum, type PreparedRead, type Sql } from "../db";
 
 /** NODE_CREDENTIAL_PREFIX marks a node's own credential for secret scanners and humans. */
 export const NODE_CREDENTIAL_PREFIX = "enc_";
@@ -88,7 +88,7 @@ function rowToNode(row: Record<string, unknown>): Node {
     version: row.version as string,
     enrolledVia: row.enrolled_via as EnrollmentRoute,
     createdAt: num(row.created_at),
-    lastSeenAt: row.last_seen_at === null || row.last_seen_at === undefined ? null : num(row.last_seen_at),
+    lastSeenAt: optionalNum(row.last_seen_at),
     gpus: typeof row.gpus === "string" ? (JSON.parse(row.gpus) as ReportedGpu[]) : null,
   };
 }

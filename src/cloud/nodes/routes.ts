@@ -4,8 +4,6 @@ import { requireSession } from "../auth/guard";
 import type { CloudDeps } from "../server/deps";
 import { errorResponses } from "../server/responses";
 
-const iso = (ms: number) => new Date(ms).toISOString();
-
 /**
  * nodeRoutes serves `GET /api/nodes`: the signed-in account's linked machines, oldest first,
  * for the console's nodes page, each with whether its tunnel is open now (the relay), when it
@@ -21,20 +19,19 @@ export function nodeRoutes(deps: CloudDeps) {
       return {
         nodes: nodes.map((node) => {
           // Online is the relay's registry (this process); the row keeps what was last reported.
-          const presence = deps.relay.presence(node.id);
-          const lastSeen = presence.lastSeen ?? node.lastSeenAt;
+          const now = deps.relay.nodeNow(node);
           return {
             id: node.id,
             slug: node.slug,
             hostname: node.hostname,
             os: node.os,
-            version: presence.version ?? node.version,
+            version: now.version,
             enrolled_via: node.enrolledVia,
-            created_at: iso(node.createdAt),
-            last_seen_at: lastSeen === null ? null : iso(lastSeen),
-            online: presence.online,
-            online_since: presence.onlineSince === null ? null : iso(presence.onlineSince),
-            gpus: presence.gpus ?? node.gpus,
+            created_at: new Date(node.createdAt).toISOString(),
+            last_seen_at: now.last_seen_at,
+            online: now.online,
+            online_since: now.online_since,
+            gpus: now.gpus,
           };
         }),
       };

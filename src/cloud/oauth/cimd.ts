@@ -1,6 +1,7 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { canonicalAddress, ProxyList } from "../../lib/forwarded";
+import { readBoundedStream } from "../../lib/http";
 import { cleanText } from "../nodes";
 import { CLIENT_NAME_MAX, type Client, ClientRefused } from "./clients";
 import { isLoopbackHostname, redirectUriProblem } from "./redirects";
@@ -237,21 +238,7 @@ async function readCapped(response: Response, maxBytes: number): Promise<string 
     await response.body?.cancel().catch(() => {});
     return null;
   }
-  if (!response.body) return "";
-  const reader = response.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    size += value.byteLength;
-    if (size > maxBytes) {
-      await reader.cancel().catch(() => {});
-      return null;
-    }
-    chunks.push(value);
-  }
-  return new TextDecoder().decode(Buffer.concat(chunks));
+  return readBoundedStream(response.body, maxBytes);
 }
 
 /**

@@ -59,6 +59,18 @@ export interface Presence {
   gpus: ReportedGpu[] | null;
 }
 
+/**
+ * NodeNow is how a node stands now, as GET /api/nodes and list_machines show it: what its open
+ * tunnel reports, over what its row last kept (times in ISO 8601).
+ */
+export interface NodeNow {
+  online: boolean;
+  online_since: string | null;
+  last_seen_at: string | null;
+  version: string;
+  gpus: ReportedGpu[] | null;
+}
+
 /** RelayOutcome is what a relayed request came to: the engine's answer, or why there is none. */
 export type RelayOutcome<T> = { ok: true; value: T } | { ok: false; code: RelayFailure; message: string };
 
@@ -184,6 +196,19 @@ export class RelayHub {
       lastSeen: connection.lastSeen,
       version: connection.version,
       gpus: connection.gpus,
+    };
+  }
+
+  /** nodeNow says how a node stands now: online (this process's registry) and what its tunnel reported, else what its row kept. */
+  nodeNow(node: Node): NodeNow {
+    const presence = this.presence(node.id);
+    const lastSeen = presence.lastSeen ?? node.lastSeenAt;
+    return {
+      online: presence.online,
+      online_since: presence.onlineSince === null ? null : new Date(presence.onlineSince).toISOString(),
+      last_seen_at: lastSeen === null ? null : new Date(lastSeen).toISOString(),
+      version: presence.version ?? node.version,
+      gpus: presence.gpus ?? node.gpus,
     };
   }
 

@@ -11,11 +11,11 @@ import {
   type ScopeChallengeHandler,
   type ServerContext,
   type StandardSchemaWithJSON,
-  WebStandardStreamableHTTPServerTransport,
 } from "@modelcontextprotocol/server";
 import { type Static, Type as t } from "@sinclair/typebox";
 import type { RelayAssertion, RelayTool } from "../../contract/relay";
 import type { Logger } from "../../lib/logger";
+import { bearerChallenge, jsonRpcError, LegacySessions, metadataResponse } from "../../lib/mcp-http";
 import type { Node, NodeStore } from "../nodes";
 import { type AccessTokenVerifier, ASSISTANT_SCOPES, type AssistantGrant } from "../oauth/grant";
 import type { RelayHub } from "./hub";
@@ -79,12 +79,6 @@ interface RelayedTool {
   input: StandardSchemaWithJSON;
   output: StandardSchemaWithJSON | undefined;
   readOnly: boolean;
-}
-
-interface LegacySession {
-  transport: WebStandardStreamableHTTPServerTransport;
-  grantId: string;
-  lastSeen: number;
 }
 
 /** GrantedNodes are the account's nodes, and those of them a grant reaches. */
@@ -160,7 +154,7 @@ function withNodeArgument(schema: Record<string, unknown>): Record<string, unkno
 export class ConsoleMcpEndpoint {
   readonly #o: ConsoleMcpOptions;
   readonly #now: () => number;
-  readonly #sessions = new Map<string, LegacySession>();
+  readonly #sessions: LegacySessions;
   /** #prepared holds tool lists read from node rows, by a hash of their JSON (a console restart, an offline machine). */
   readonly #prepared = new Map<string, RelayedTool[]>();
   /** #preparedLive holds the tool list each connected engine sent in its hello, by that list itself. */
@@ -168,11 +162,11 @@ export class ConsoleMcpEndpoint {
   readonly #listMachinesOutput = fromJsonSchema(JSON.parse(JSON.stringify(ListMachinesOutput)));
   readonly #noInput = fromJsonSchema({ type: "object", properties: {}, additionalProperties: false });
   #modern: McpHttpHandler | undefined;
-  #sweeper: ReturnType<typeof setInterval> | undefined;
 
   constructor(options: ConsoleMcpOptions) {
     this.#o = options;
     this.#now = options.now ?? Date.now;
+    this.#sessions = new LegacySessions({ max: MAX_SESSIONS, idleMs: SESSION_IDLE_MS, maxBodyBytes: MAX_BODY_BYTES, now: this.#now });
   }
 
   start(): void {
@@ -181,16 +175,11 @@ export class ConsoleMcpEndpoint {
       maxRequestBodySize: MAX_BODY_BYTES,
       onerror: (error) => this.#o.log.debug({ err: error.message }, "console MCP request refused"),
     });
-    this.#sweeper = setInterval(() => this.#sweep(), 60_000);
-    this.#sweeper.unref?.();
+    this.#sessions.start();
   }
 
   async stop(): Promise<void> {
-    if (this.#sweeper) clearInterval(this.#sweeper);
-    this.#sweeper = undefined;
-    const sessions = [...this.#sessions.values()];
-    this.#sessions.clear();
-    await Promise.all(sessions.map((session) => session.transport.close().catch(() => undefined)));
+    await this.#sessions.stop();
     await this.#modern?.close().catch(() => undefined);
     this.#modern = undefined;
   }
@@ -365,17 +354,16 @@ export class ConsoleMcpEndpoint {
     const { granted } = await this.#grantedNodes(caller);
     return {
       machines: granted.map((node) => {
-        const presence = this.#o.hub.presence(node.id);
-        const lastSeen = presence.lastSeen ?? node.lastSeenAt;
+        const now = this.#o.hub.nodeNow(node);
         return {
           id: node.id,
           name: node.slug,
           hostname: node.hostname,
-          online: presence.online,
-          online_since: presence.onlineSince === null ? null : new Date(presence.onlineSince).toISOString(),
-          last_seen_at: lastSeen === null ? null : new Date(lastSeen).toISOString(),
-          version: presence.version ?? node.version,
-          gpus: presence.gpus ?? node.gpus ?? [],
+          online: now.online,
+          online_since: now.online_since,
+          last_seen_at: now.last_seen_at,
+          version: now.version,
+          gpus: now.gpus ?? [],
         };
       }),
     };
@@ -452,47 +440,7 @@ export class ConsoleMcpEndpoint {
    */
   async #legacy(request: Request, authInfo: AuthInfo, grant: AssistantGrant, parsedBody: unknown): Promise<Response> {
     const options = { authInfo, ...(parsedBody === undefined ? {} : { parsedBody }) };
-    const id = request.headers.get("mcp-session-id");
-    if (id !== null) {
-      const session = this.#sessions.get(id);
-      if (!session || session.grantId !== grant.grantId) return jsonRpcError(404, -32001, "Session not found");
-      session.lastSeen = this.#now();
-      return session.transport.handleRequest(request, options);
-    }
-    const transport: WebStandardStreamableHTTPServerTransport = new WebStandardStreamableHTTPServerTransport({
-      sessionIdGenerator: () => crypto.randomUUID(),
-      maxRequestBodySize: MAX_BODY_BYTES,
-      onsessioninitialized: (sessionId) => {
-        this.#evictForRoom();
-        this.#sessions.set(sessionId, { transport, grantId: grant.grantId, lastSeen: this.#now() });
-      },
-      onsessionclosed: (sessionId) => {
-        this.#sessions.delete(sessionId);
-      },
-    });
-    await (await this.#server(authInfo)).connect(transport);
-    const response = await transport.handleRequest(request, options);
-    if (transport.sessionId === undefined) await transport.close().catch(() => undefined);
-    return response;
-  }
-
-  #evictForRoom(): void {
-    while (this.#sessions.size >= MAX_SESSIONS) {
-      let oldest: [string, LegacySession] | undefined;
-      for (const entry of this.#sessions) if (!oldest || entry[1].lastSeen < oldest[1].lastSeen) oldest = entry;
-      if (!oldest) return;
-      this.#sessions.delete(oldest[0]);
-      void oldest[1].transport.close().catch(() => undefined);
-    }
-  }
-
-  #sweep(): void {
-    const cutoff = this.#now() - SESSION_IDLE_MS;
-    for (const [id, session] of this.#sessions) {
-      if (session.lastSeen >= cutoff) continue;
-      this.#sessions.delete(id);
-      void session.transport.close().catch(() => undefined);
-    }
+    return this.#sessions.handle(request, grant.grantId, options, async (transport) => (await this.#server(authInfo)).connect(transport));
   }
 
   /** #checkOrigin refuses a browser page of another site: an Origin must be absent (assistants are not browsers) or the console's own. */
@@ -517,23 +465,17 @@ export class ConsoleMcpEndpoint {
    * host), and the scopes an assistant may be granted.
    */
   #metadata(request: Request): Response {
-    const cors = { "access-control-allow-origin": "*", "access-control-allow-methods": "GET, OPTIONS" };
-    if (request.method === "OPTIONS") return new Response(null, { status: 204, headers: cors });
-    if (request.method !== "GET" && request.method !== "HEAD") {
-      return new Response(null, { status: 405, headers: { ...cors, allow: "GET, OPTIONS" } });
-    }
-    const publicUrl = this.#o.publicUrl();
-    return Response.json(
-      {
+    return metadataResponse(request, () => {
+      const publicUrl = this.#o.publicUrl();
+      return {
         resource: this.resource(),
         authorization_servers: [publicUrl],
         scopes_supported: [...ASSISTANT_SCOPES],
         bearer_methods_supported: ["header"],
         resource_name: "engine cloud: your linked machines",
         resource_documentation: `${publicUrl}/nodes`,
-      },
-      { headers: { ...cors, "cache-control": "max-age=300" } },
-    );
+      };
+    });
   }
 
   /**
@@ -542,12 +484,8 @@ export class ConsoleMcpEndpoint {
    * sent (RFC 6750 §3.1: no error code when none was).
    */
   #challenge(presented: boolean, description: string): Response {
-    const parameters = [`resource_metadata="${this.#metadataUrl()}"`];
-    const quoted = description.replaceAll(/[\\"]/g, "'").replaceAll(/[^\x20-\x7e]/g, " ");
-    if (presented) parameters.push(`error="invalid_token"`, `error_description="${quoted}"`);
-    return Response.json(
-      { error: presented ? "invalid_token" : "unauthorized", error_description: description },
-      { status: 401, headers: { "www-authenticate": `Bearer ${parameters.join(", ")}` } },
+    return bearerChallenge(this.#metadataUrl(), presented, description, (text) =>
+      text.replaceAll(/[\\"]/g, "'").replaceAll(/[^\x20-\x7e]/g, " "),
     );
   }
 }
@@ -611,9 +549,4 @@ async function readJsonBody(request: Request): Promise<JsonBody> {
     parsedBody: undefined,
     request: new Request(request.url, { method: request.method, headers: request.headers, body: text, signal: request.signal }),
   };
-}
-
-/** jsonRpcError is a transport-level refusal in the JSON-RPC shape MCP clients read. */
-function jsonRpcError(status: number, code: number, message: string): Response {
-  return Response.json({ jsonrpc: "2.0", error: { code, message }, id: null }, { status });
 }

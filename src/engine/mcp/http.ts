@@ -7,11 +7,11 @@ import {
   type ServerContext,
   validateHostHeader,
   validateOriginHeader,
-  WebStandardStreamableHTTPServerTransport,
 } from "@modelcontextprotocol/server";
 import type { Clock } from "../../lib/clock";
 import { isAppError } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
+import { bearerChallenge, jsonRpcError, LegacySessions, metadataResponse } from "../../lib/mcp-http";
 import type { Principal, TokenStore } from "../auth";
 import type { ApiTransport } from "./context";
 import { FilterError, filtersFromQuery, type McpFilters } from "./filters";
@@ -52,12 +52,6 @@ export interface McpEndpointOptions {
   allowedHosts: readonly string[];
 }
 
-interface LegacySession {
-  transport: WebStandardStreamableHTTPServerTransport;
-  owner: string;
-  lastSeen: number;
-}
-
 /**
  * CallerInfo rides in AuthInfo.extra from the bearer check to the tool call: the request's own
  * Authorization header, or, for a call relayed from the console, the principal the engine made
@@ -87,12 +81,16 @@ export interface RelayedCaller {
 export class McpEndpoint {
   readonly #o: McpEndpointOptions;
   readonly #operations: OperationBook;
-  readonly #sessions = new Map<string, LegacySession>();
+  readonly #sessions = new LegacySessions({
+    max: MAX_SESSIONS,
+    idleMs: SESSION_IDLE_MS,
+    maxBodyBytes: MAX_BODY_BYTES,
+    now: () => Date.now(),
+  });
   readonly #namedHosts: string[];
   #modern: McpHttpHandler | undefined;
   /** #relaySession serves the calls relayed from the console, opened at the first one. */
   #relaySession: RelaySession | undefined;
-  #sweeper: ReturnType<typeof setInterval> | undefined;
 
   constructor(options: McpEndpointOptions) {
     this.#o = options;
@@ -119,19 +117,14 @@ export class McpEndpoint {
       maxRequestBodySize: MAX_BODY_BYTES,
       onerror: (error) => this.#o.log.debug({ err: error.message }, "MCP request refused"),
     });
-    this.#sweeper = setInterval(() => this.#sweep(), 60_000);
-    this.#sweeper.unref?.();
+    this.#sessions.start();
   }
 
   /** stop ends every session and in-flight exchange; it is safe after a partial start and twice. */
   async stop(): Promise<void> {
-    if (this.#sweeper) clearInterval(this.#sweeper);
-    this.#sweeper = undefined;
-    const sessions = [...this.#sessions.values()];
-    this.#sessions.clear();
+    await this.#sessions.stop();
     await this.#relaySession?.close();
     this.#relaySession = undefined;
-    await Promise.all(sessions.map((session) => session.transport.close().catch(() => undefined)));
     await this.#modern?.close().catch(() => undefined);
     this.#modern = undefined;
   }
@@ -237,49 +230,7 @@ export class McpEndpoint {
    * that opened it; another token naming it is told the session does not exist.
    */
   async #legacy(request: Request, authInfo: AuthInfo, owner: string, filters: McpFilters): Promise<Response> {
-    const id = request.headers.get("mcp-session-id");
-    const now = Date.now();
-    if (id !== null) {
-      const session = this.#sessions.get(id);
-      if (!session || session.owner !== owner) return jsonRpcError(404, -32001, "Session not found");
-      session.lastSeen = now;
-      return session.transport.handleRequest(request, { authInfo });
-    }
-    const transport: WebStandardStreamableHTTPServerTransport = new WebStandardStreamableHTTPServerTransport({
-      sessionIdGenerator: () => crypto.randomUUID(),
-      maxRequestBodySize: MAX_BODY_BYTES,
-      onsessioninitialized: (sessionId) => {
-        this.#evictForRoom();
-        this.#sessions.set(sessionId, { transport, owner, lastSeen: Date.now() });
-      },
-      onsessionclosed: (sessionId) => {
-        this.#sessions.delete(sessionId);
-      },
-    });
-    await this.#server(request, "legacy", filters).connect(transport);
-    const response = await transport.handleRequest(request, { authInfo });
-    // Anything but an initialize opened no session: nothing holds this transport, so close it.
-    if (transport.sessionId === undefined) await transport.close().catch(() => undefined);
-    return response;
-  }
-
-  #evictForRoom(): void {
-    while (this.#sessions.size >= MAX_SESSIONS) {
-      let oldest: [string, LegacySession] | undefined;
-      for (const entry of this.#sessions) if (!oldest || entry[1].lastSeen < oldest[1].lastSeen) oldest = entry;
-      if (!oldest) return;
-      this.#sessions.delete(oldest[0]);
-      void oldest[1].transport.close().catch(() => undefined);
-    }
-  }
-
-  #sweep(): void {
-    const cutoff = Date.now() - SESSION_IDLE_MS;
-    for (const [id, session] of this.#sessions) {
-      if (session.lastSeen >= cutoff) continue;
-      this.#sessions.delete(id);
-      void session.transport.close().catch(() => undefined);
-    }
+    return this.#sessions.handle(request, owner, { authInfo }, (transport) => this.#server(request, "legacy", filters).connect(transport));
   }
 
   /**
@@ -328,20 +279,12 @@ export class McpEndpoint {
    * an assistant is configured with one as a bearer token.
    */
   #metadata(request: Request, url: URL): Response {
-    const cors = { "access-control-allow-origin": "*", "access-control-allow-methods": "GET, OPTIONS" };
-    if (request.method === "OPTIONS") return new Response(null, { status: 204, headers: cors });
-    if (request.method !== "GET" && request.method !== "HEAD") {
-      return new Response(null, { status: 405, headers: { ...cors, allow: "GET, OPTIONS" } });
-    }
-    return Response.json(
-      {
-        resource: this.#resourceOf(url),
-        bearer_methods_supported: ["header"],
-        resource_name: `engine on ${this.#o.hostname}`,
-        resource_documentation: `${url.protocol}//${url.host}/api/docs`,
-      },
-      { headers: { ...cors, "cache-control": "max-age=300" } },
-    );
+    return metadataResponse(request, () => ({
+      resource: this.#resourceOf(url),
+      bearer_methods_supported: ["header"],
+      resource_name: `engine on ${this.#o.hostname}`,
+      resource_documentation: `${url.protocol}//${url.host}/api/docs`,
+    }));
   }
 
   /**
@@ -353,16 +296,6 @@ export class McpEndpoint {
     const metadata = `${url.protocol}//${url.host}${PROTECTED_RESOURCE_PATHS[0]}`;
     const code = isAppError(error) ? error.code : "invalid_token";
     const message = error instanceof Error ? error.message : "the bearer token is not valid";
-    const parameters = [`resource_metadata="${metadata}"`];
-    if (presented) parameters.push(`error="invalid_token"`, `error_description="${message.replaceAll('"', "'")}"`);
-    return Response.json(
-      { error: presented ? "invalid_token" : "unauthorized", error_description: message, code },
-      { status: 401, headers: { "www-authenticate": `Bearer ${parameters.join(", ")}` } },
-    );
+    return bearerChallenge(metadata, presented, message, (text) => text.replaceAll('"', "'"), { code });
   }
-}
-
-/** jsonRpcError is a transport-level refusal in the JSON-RPC shape MCP clients read. */
-function jsonRpcError(status: number, code: number, message: string): Response {
-  return Response.json({ jsonrpc: "2.0", error: { code, message }, id: null }, { status });
 }

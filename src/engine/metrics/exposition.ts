@@ -1,23 +1,10 @@
-import type { GpuInventoryRecord, ServiceRecord } from "../../contract/engine";
+import { type GpuInventoryRecord, SERVICE_STATUSES, type ServiceRecord } from "../../contract/engine";
 import { type HistogramData, type Labels, MetricsText, type Sample as Series } from "../../lib/prometheus";
 import { PROXY_LATENCY_BOUNDS_S, type RouteCounts } from "../proxy";
 import type { Sample } from "./collector";
 
 /** SERVICE_STATUSES are every status a service can be in; each service gets a 0/1 series per status (as kube-state-metrics does). */
-export const SERVICE_STATUSES = [
-  "pending",
-  "scheduled",
-  "running",
-  "paused",
-  "completed",
-  "failed",
-  "cancelled",
-  "retrying",
-  "building",
-  "degraded",
-  "restarting",
-  "stopped",
-] as const;
+export { SERVICE_STATUSES };
 
 /** RESTORE_BOUNDS_S are the upper bounds of the restore-duration histogram, in seconds. */
 export const RESTORE_BOUNDS_S: readonly number[] = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200];

@@ -4,6 +4,7 @@
  * the session cookie, and sends the session's CSRF token on every state change.
  */
 import { DEFAULT_RESTORE_TIMEOUT_S, MAX_RESTORE_TIMEOUT_S } from "../../contract/defaults";
+import type { TunnelStatus } from "../link/tunnel";
 import { Chart, COLOURS, formatBytes, formatMib, formatPercent, type MetricsHistory, sparkline } from "./charts";
 import {
   describeHealthSpec,
@@ -1079,12 +1080,10 @@ async function serviceCharts(name: string, container: HTMLElement): Promise<() =
   const cpu = new Chart();
   const memory = new Chart();
   const gpu = new Chart();
-  let history: MetricsHistory | null = null;
-  const draw = async () => {
-    try {
-      const since = history?.times.at(-1);
-      const path = `/api/metrics/history?service=${encodeURIComponent(name)}${since === undefined ? "" : `&since=${since}`}`;
-      history = mergeHistory(history, await api<MetricsHistory>("GET", path));
+  return keepCharts(
+    container,
+    (since) => `/api/metrics/history?service=${encodeURIComponent(name)}${since === undefined ? "" : `&since=${since}`}`,
+    (history) => {
       const usage = history.services[0];
       if (!usage) return;
       if (container.querySelector("figure") === null) {
@@ -1107,15 +1106,36 @@ async function serviceCharts(name: string, container: HTMLElement): Promise<() =
           series: [{ label: "GPU memory", values: usage.gpu_memory_mb, scale: "mib", colour: COLOURS.purple, format: formatMib }],
         });
       }
+    },
+    () => [cpu, memory, gpu],
+  );
+}
+
+/**
+ * keepCharts reads the metrics history at `path` and draws it now and every 5 s, asking only for
+ * the samples after the last one it holds; a failed read shows its error while no chart is drawn
+ * yet. It returns the cleanup, which stops the reads and destroys `charts()`.
+ */
+async function keepCharts(
+  container: HTMLElement,
+  path: (since: number | undefined) => string,
+  draw: (history: MetricsHistory) => void,
+  charts: () => Iterable<Chart>,
+): Promise<() => void> {
+  let history: MetricsHistory | null = null;
+  const tick = async () => {
+    try {
+      history = mergeHistory(history, await api<MetricsHistory>("GET", path(history?.times.at(-1))));
+      draw(history);
     } catch (error) {
       if (!container.querySelector("figure")) fill(container, errorBox(messageOf(error)));
     }
   };
-  await draw();
-  const timer = setInterval(() => void draw(), 5000);
+  await tick();
+  const timer = setInterval(() => void tick(), 5000);
   return () => {
     clearInterval(timer);
-    for (const chart of [cpu, memory, gpu]) chart.destroy();
+    for (const chart of charts()) chart.destroy();
   };
 }
 
@@ -1159,14 +1179,10 @@ function mergeHistory(held: MetricsHistory | null, fresh: MetricsHistory): Metri
 /** gpuCharts draws each GPU's utilization and memory over the last hour, kept current; it returns the cleanup. */
 async function gpuCharts(container: HTMLElement): Promise<() => void> {
   const charts = new Map<string, Chart>();
-  let history: MetricsHistory | null = null;
-  const draw = async () => {
-    try {
-      const since = history?.times.at(-1);
-      history = mergeHistory(
-        history,
-        await api<MetricsHistory>("GET", `/api/metrics/history${since === undefined ? "" : `?since=${since}`}`),
-      );
+  return keepCharts(
+    container,
+    (since) => `/api/metrics/history${since === undefined ? "" : `?since=${since}`}`,
+    (history) => {
       if (history.gpus.length === 0) {
         if (container.querySelector("figure") === null) {
           fill(
@@ -1194,16 +1210,9 @@ async function gpuCharts(container: HTMLElement): Promise<() => void> {
           ranges: { pct: [0, 100], ...(gpu.memory_total_mb ? { mib: [0, gpu.memory_total_mb] as [number, number] } : {}) },
         });
       }
-    } catch (error) {
-      if (!container.querySelector("figure")) fill(container, errorBox(messageOf(error)));
-    }
-  };
-  await draw();
-  const timer = setInterval(() => void draw(), 5000);
-  return () => {
-    clearInterval(timer);
-    for (const chart of charts.values()) chart.destroy();
-  };
+    },
+    () => charts.values(),
+  );
 }
 
 async function renderGpus(): Promise<void> {
@@ -1297,15 +1306,7 @@ interface LinkStatus {
   hosted_base_domain: string | null;
   linked_at: string | null;
   metadata_refreshed_at: string | null;
-  tunnel: {
-    state: "not_linked" | "connecting" | "connected" | "disconnected" | "stopped";
-    since: string;
-    url: string | null;
-    connected_at: string | null;
-    last_error: string | null;
-    last_error_at: string | null;
-    next_attempt_at: string | null;
-  };
+  tunnel: TunnelStatus;
 }
 
 /**

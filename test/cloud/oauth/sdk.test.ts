@@ -1,13 +1,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import {
-  auth,
-  type OAuthClientMetadata,
-  type OAuthClientProvider,
-  type OAuthDiscoveryState,
-  type StoredOAuthClientInformation,
-  type StoredOAuthTokens,
-} from "@modelcontextprotocol/client";
+import { auth, type StoredOAuthTokens } from "@modelcontextprotocol/client";
 import { createAccessTokenVerifier } from "../../../src/cloud/oauth";
+import { MemoryOAuthProvider } from "../../fixtures/cloud/oauth-client";
 import { describeEachDialect } from "../helpers";
 import { type AssistantCloud, startAssistantCloud } from "./helpers";
 
@@ -18,53 +12,6 @@ import { type AssistantCloud, startAssistantCloud } from "./helpers";
  * belongs to its MCP endpoint (src/cloud/relay, another slice), so this test's fetch answers
  * that one document the way the relay publishes it and passes every other request through.
  */
-class RecordingProvider implements OAuthClientProvider {
-  information: StoredOAuthClientInformation | undefined;
-  saved: StoredOAuthTokens | undefined;
-  verifier = "";
-  authorizationUrl: URL | undefined;
-  discovery: OAuthDiscoveryState | undefined;
-
-  constructor(readonly redirectUrl: string) {}
-
-  get clientMetadata(): OAuthClientMetadata {
-    return {
-      client_name: "SDK test assistant",
-      redirect_uris: [this.redirectUrl],
-      grant_types: ["authorization_code", "refresh_token"],
-      response_types: ["code"],
-      token_endpoint_auth_method: "none",
-    };
-  }
-  clientInformation() {
-    return this.information;
-  }
-  saveClientInformation(information: StoredOAuthClientInformation) {
-    this.information = information;
-  }
-  tokens() {
-    return this.saved;
-  }
-  saveTokens(tokens: StoredOAuthTokens) {
-    this.saved = tokens;
-  }
-  redirectToAuthorization(url: URL) {
-    this.authorizationUrl = url;
-  }
-  saveCodeVerifier(verifier: string) {
-    this.verifier = verifier;
-  }
-  codeVerifier() {
-    return this.verifier;
-  }
-  saveDiscoveryState(state: OAuthDiscoveryState) {
-    this.discovery = state;
-  }
-  discoveryState() {
-    return this.discovery;
-  }
-}
-
 describeEachDialect("assistants: the MCP SDK v2 client's OAuth against the console", (dialect) => {
   let ac: AssistantCloud;
   let session: string;
@@ -93,13 +40,13 @@ describeEachDialect("assistants: the MCP SDK v2 client's OAuth against the conso
   });
 
   test("discovery, dynamic registration, PKCE, consent, the code exchange with iss, and a refresh", async () => {
-    const provider = new RecordingProvider("http://127.0.0.1:33418/callback");
+    const provider = new MemoryOAuthProvider("SDK test assistant", "http://127.0.0.1:33418/callback");
     const started = await auth(provider, { serverUrl: ac.mcpUrl, fetchFn });
     expect(started).toBe("REDIRECT");
     expect(requested).toContain("GET /.well-known/oauth-authorization-server");
     expect(requested).toContain("POST /oauth/register");
     expect(provider.information?.client_id).toMatch(/^dcr_/);
-    const url = provider.authorizationUrl as URL;
+    const url = provider.authorizations.at(-1) as URL;
     expect(`${url.origin}${url.pathname}`).toBe(`${ac.cloud.deps.site.publicUrl}/oauth/authorize`);
     expect(url.searchParams.get("code_challenge_method")).toBe("S256");
     expect(url.searchParams.get("resource")).toBe(ac.mcpUrl);
@@ -139,9 +86,9 @@ describeEachDialect("assistants: the MCP SDK v2 client's OAuth against the conso
   });
 
   test("an issuer that does not match the callback's iss is refused by the client before the code is redeemed", async () => {
-    const provider = new RecordingProvider("http://127.0.0.1:33419/callback");
+    const provider = new MemoryOAuthProvider("SDK test assistant", "http://127.0.0.1:33419/callback");
     expect(await auth(provider, { serverUrl: ac.mcpUrl, fetchFn })).toBe("REDIRECT");
-    const toConsent = await fetch(provider.authorizationUrl as URL, { redirect: "manual" });
+    const toConsent = await fetch(provider.authorizations.at(-1) as URL, { redirect: "manual" });
     const rid = new URL(toConsent.headers.get("location") as string, ac.cloud.url).searchParams.get("rid") as string;
     const decided = await ac.cloud.api("POST", "/api/oauth/authorize/decision", { token: session, body: { rid, approve: true } });
     const code = new URL(decided.body.redirect_to).searchParams.get("code") as string;

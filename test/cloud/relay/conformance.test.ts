@@ -1,10 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync, rmSync } from "node:fs";
-import { join } from "node:path";
+import { rmSync } from "node:fs";
 import type { LinkStatus } from "../../../src/contract/engine";
 import { CloudLinkClient, IdentityStore } from "../../../src/engine/link";
 import { VERSION } from "../../../src/lib/version";
-import { type Baseline, CONFORMANCE_CLI, judgeRun, readResults, runSuite, startTokenProxy, suiteName } from "../../conformance";
+import { expectServerScenarios, startTokenProxy } from "../../conformance";
 import { eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { startTestCloud, type TestCloud } from "../helpers";
 import { assistantDriver, authorized, CLAUDE } from "../oauth/helpers";
@@ -20,8 +19,6 @@ import { assistantDriver, authorized, CLAUDE } from "../oauth/helpers";
  * and the Origin the console accepts are the proxy's, as they are a deployment's public origin.
  * Each check is compared with conformance-baseline.json beside this file. Decision 280.
  */
-
-const BASELINE_FILE = join(import.meta.dir, "conformance-baseline.json");
 const TUNNEL_TIMINGS = { heartbeatMs: 100, deadAfterMs: 1500, backoff: { baseMs: 50, maxMs: 400 }, stableMs: 60_000, unlinkedPollMs: 100 };
 
 let proxy: ReturnType<typeof Bun.serve>;
@@ -83,13 +80,6 @@ describe("the MCP conformance suite against the console's /mcp", () => {
   });
 
   test("every server scenario answers what the baseline records", async () => {
-    const baseline = JSON.parse(readFileSync(BASELINE_FILE, "utf8")) as Baseline;
-    expect(baseline.suite).toBe(suiteName(CONFORMANCE_CLI));
-    await runSuite(
-      CONFORMANCE_CLI,
-      ["server", "--url", `http://127.0.0.1:${proxy.port}/mcp`, "--suite", "all", "--output-dir", outputDir],
-      outputDir,
-    );
-    expect(judgeRun(baseline, "test/cloud/relay/conformance-baseline.json", readResults(outputDir, "server"))).toEqual([]);
+    await expectServerScenarios(`http://127.0.0.1:${proxy.port}/mcp`, "test/cloud/relay/conformance-baseline.json", outputDir);
   }, 150_000);
 });

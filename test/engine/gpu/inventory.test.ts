@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
@@ -15,9 +15,8 @@ import {
   parseNvidiaSmiList,
 } from "../../../src/engine/gpu";
 import { AppError } from "../../../src/lib/errors";
+import { fakeNvidiaSmiIn } from "../../fixtures/gpu/fake";
 import { migDevice } from "./devices";
-
-const FAKE_NVIDIA_SMI = join(import.meta.dir, "..", "..", "fixtures", "gpu", "nvidia-smi");
 
 const H100_0 = "GPU-3f9e1b62-c07a-4d58-e913-6a2b8c4d0f17";
 const H100_1 = "GPU-9c3f1e47-8a2b-4f6d-b1e0-3d7a6c5b2e91";
@@ -280,13 +279,8 @@ describe("GpuInventory", () => {
   // fakeNvidiaSmi writes a wrapper that runs the fixture for one scenario and records its calls.
   function fakeNvidiaSmi(scenario: string): { path: string; calls: () => string[] } {
     dir = mkdtempSync(join(tmpdir(), "engine-gpu-"));
-    const path = join(dir, "nvidia-smi");
     const log = join(dir, "calls.log");
-    writeFileSync(
-      path,
-      `#!/usr/bin/env bash\nexport FAKE_NVIDIA_SMI_SCENARIO=${scenario}\nexport FAKE_NVIDIA_SMI_LOG=${JSON.stringify(log)}\nexec ${JSON.stringify(FAKE_NVIDIA_SMI)} "$@"\n`,
-    );
-    chmodSync(path, 0o755);
+    const path = fakeNvidiaSmiIn(dir, { FAKE_NVIDIA_SMI_SCENARIO: scenario, FAKE_NVIDIA_SMI_LOG: log });
     const calls = () => (existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean) : []);
     return { path, calls };
   }

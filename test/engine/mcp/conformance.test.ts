@@ -1,17 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync, rmSync } from "node:fs";
-import { join } from "node:path";
-import {
-  type Baseline,
-  type Check,
-  CONFORMANCE_CLI,
-  compareWithBaseline,
-  judgeRun,
-  readResults,
-  runSuite,
-  startTokenProxy,
-  suiteName,
-} from "../../conformance";
+import { rmSync } from "node:fs";
+import { type Baseline, type Check, compareWithBaseline, expectServerScenarios, startTokenProxy } from "../../conformance";
 import { startTestEngine, type TestEngine, tempDir } from "../../helpers";
 
 /**
@@ -24,8 +13,6 @@ import { startTestEngine, type TestEngine, tempDir } from "../../helpers";
  * DNS-rebinding scenario sets them). The running and the comparison are test/conformance.ts,
  * shared with the console's conformance tests. Decisions 268–272.
  */
-
-const BASELINE_FILE = join(import.meta.dir, "conformance-baseline.json");
 
 describe("compareWithBaseline", () => {
   const baseline: Baseline = {
@@ -108,13 +95,6 @@ describe("the MCP conformance suite against /mcp", () => {
   });
 
   test("every server scenario answers what the baseline records", async () => {
-    const baseline = JSON.parse(readFileSync(BASELINE_FILE, "utf8")) as Baseline;
-    expect(baseline.suite).toBe(suiteName(CONFORMANCE_CLI));
-    await runSuite(
-      CONFORMANCE_CLI,
-      ["server", "--url", `http://127.0.0.1:${proxy.port}/mcp`, "--suite", "all", "--output-dir", outputDir],
-      outputDir,
-    );
-    expect(judgeRun(baseline, "test/engine/mcp/conformance-baseline.json", readResults(outputDir, "server"))).toEqual([]);
+    await expectServerScenarios(`http://127.0.0.1:${proxy.port}/mcp`, "test/engine/mcp/conformance-baseline.json", outputDir);
   }, 150_000);
 });

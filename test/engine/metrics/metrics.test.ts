@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, rmSync, writeFileSync } from "node:fs";
+import { rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { MetricsHistory, ServiceRecord } from "../../../src/contract/engine";
-import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir, workloadBun } from "../../helpers";
+import { fakeNvidiaSmiIn } from "../../fixtures/gpu/fake";
+import { createToken, eventually, startTestEngine, type TestEngine, tempDir, workloadBun } from "../../helpers";
 import { parseExposition, promtoolCheck, seriesValue } from "./exposition";
 
 /**
@@ -12,7 +13,6 @@ import { parseExposition, promtoolCheck, seriesValue } from "./exposition";
  * process holds is counted for the service that process belongs to.
  */
 
-const FAKE_NVIDIA_SMI = join(REPO_ROOT, "test", "fixtures", "gpu", "nvidia-smi");
 const GPU0 = "GPU-3f9e1b62-c07a-4d58-e913-6a2b8c4d0f17";
 
 let engine: TestEngine;
@@ -26,12 +26,7 @@ beforeAll(async () => {
   writeFileSync(appsFile, "");
   // The engine runs nvidia-smi as a user would point it at one (ENGINE_NVIDIA_SMI): a wrapper
   // that sets the fake's scenario and where it reads its compute apps from.
-  const wrapper = join(dir, "nvidia-smi");
-  writeFileSync(
-    wrapper,
-    `#!/usr/bin/env bash\nexport FAKE_NVIDIA_SMI_SCENARIO=two-h100\nexport FAKE_NVIDIA_SMI_APPS=${JSON.stringify(appsFile)}\nexec ${JSON.stringify(FAKE_NVIDIA_SMI)} "$@"\n`,
-  );
-  chmodSync(wrapper, 0o755);
+  const wrapper = fakeNvidiaSmiIn(dir, { FAKE_NVIDIA_SMI_SCENARIO: "two-h100", FAKE_NVIDIA_SMI_APPS: appsFile });
   engine = await startTestEngine({ nvidiaSmi: wrapper });
 });
 afterAll(async () => {
