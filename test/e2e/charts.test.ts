@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { fakeNvidiaSmiIn } from "../fixtures/gpu/fake";
-import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir, workloadBun } from "../helpers";
 import { installEngine } from "./binaries";
 import { launchChromium } from "./processes";
 
@@ -41,6 +41,9 @@ async function api(method: string, path: string, body?: unknown) {
 beforeAll(async () => {
   mkdirSync(SCREENSHOTS, { recursive: true });
   workDir = tempDir("engine-e2e-charts-");
+  // The work dir stands in for /var/lib, where a root engine keeps its data: service users must
+  // search it to reach their data dirs (README, "Where data lives").
+  chmodSync(workDir, 0o755);
   binary = await installEngine(workDir);
   const apps = join(workDir, "apps.csv");
   writeFileSync(apps, "");
@@ -50,7 +53,7 @@ beforeAll(async () => {
   // A service that keeps some memory and spends some CPU, and "holds" 40 GiB on GPU 0.
   const busy =
     "const keep = Buffer.alloc(48 * 1024 * 1024, 1); setInterval(() => { let x = 0; for (let i = 0; i < 3e6; i++) x += i; keep[0] = x & 1; }, 100);";
-  const deployed = await api("POST", "/api/services", { name: "trainer", command: [process.execPath, "-e", busy] });
+  const deployed = await api("POST", "/api/services", { name: "trainer", command: [workloadBun(), "-e", busy] });
   expect(deployed.status).toBe(201);
   const pid = await eventually(async () => (await api("GET", "/api/services/trainer")).body.pid as number | null, { timeoutMs: STEP_MS });
   writeFileSync(apps, `${pid}, 40960, ${GPU0}\n`);
