@@ -77,6 +77,9 @@ runOnPostgres("two provisioners on PostgreSQL", () => {
     // The console serves the API only: the two provisioners below are the only ones.
     cloud = await startManagedCloud("postgres", { role: "api", places: { launch: 10 } });
     second = await Database.open(cloud.databaseUrl);
+    // Its pool connected before the race: a first connection made mid-test would let the other
+    // provisioner claim every allocation before this one asked, and prove nothing.
+    await second.sql`SELECT 1`;
     const again = new ManagedService({
       ...cloud.managed.ctx,
       db: second,
@@ -107,7 +110,7 @@ runOnPostgres("two provisioners on PostgreSQL", () => {
     const settle = async (done: (status: string) => boolean) => {
       await eventually(
         async () => {
-          await Promise.all([first.tick(), other.tick(), first.tick(), other.tick()]);
+          await Promise.all([other.tick(), first.tick(), other.tick(), first.tick()]);
           const rows = await cloud.deps.db.sql`SELECT status FROM managed_allocations WHERE id IN ${cloud.deps.db.sql(ids)}`;
           return rows.every((r: { status: string }) => done(r.status));
         },
