@@ -183,7 +183,9 @@ describe("drain restart with no gap", () => {
     let printed = "";
     const reading = (async () => {
       const decoder = new TextDecoder();
-      for await (const chunk of follower.stdout as ReadableStream<Uint8Array>) printed += decoder.decode(chunk, { stream: true });
+      const reader = (follower.stdout as ReadableStream<Uint8Array>).getReader();
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read())
+        printed += decoder.decode(chunk.value, { stream: true });
     })();
 
     // A raw event stream over TCP, reconnected by hand with Last-Event-ID, as an EventSource does.
