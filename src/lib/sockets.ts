@@ -138,6 +138,28 @@ export function ownsPath(name: UnixSocketName): boolean {
   }
 }
 
+/**
+ * removeStaleNames removes the private socket names (`.<letter><pid>`) in `dir` whose process
+ * is gone: a process killed between a bind and its rename, or a killed restart's control socket.
+ */
+export function removeStaleNames(dir: string): void {
+  let entries: string[];
+  try {
+    entries = readdirSync(dir);
+  } catch {
+    return;
+  }
+  for (const entry of entries) {
+    const match = /^\.[a-z](\d+)$/.exec(entry);
+    if (!match) continue;
+    try {
+      process.kill(Number(match[1]), 0);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ESRCH") rmSync(join(dir, entry), { force: true });
+    }
+  }
+}
+
 /** removeIfOwned removes the socket's path unless a successor's socket has taken it over. */
 export function removeIfOwned(name: UnixSocketName): void {
   if (ownsPath(name)) rmSync(name.path, { force: true });

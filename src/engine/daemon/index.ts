@@ -18,6 +18,7 @@ import { SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
 import { pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
+import { removeStaleNames } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl, type UpgradeAccepted } from "../api";
 import { bootstrapAdminToken, LINK_PRINCIPAL, TokenStore } from "../auth";
@@ -379,16 +380,15 @@ function withoutHandover(env: Record<string, string | undefined>): Record<string
   return copy;
 }
 
-/** runningBinary is the path of this process's executable, which an upgrade replaces. */
+/**
+ * runningBinary is the path this process's executable was started from, which an upgrade
+ * replaces. The kernel marks it " (deleted)" once that name was renamed over, even when a
+ * rollback linked the same file back; the previous binary is kept from the running image
+ * itself either way (upgrade.ts keepPrevious).
+ */
 function runningBinary(): string {
   const path = readlinkSync("/proc/self/exe");
-  if (path.endsWith(" (deleted)")) {
-    throw new AppError(
-      "not_supported",
-      `the running binary ${path.slice(0, -" (deleted)".length)} was replaced or removed since this engine started: restart it (\`engine restart\`) before upgrading`,
-    );
-  }
-  return path;
+  return path.endsWith(" (deleted)") ? path.slice(0, -" (deleted)".length) : path;
 }
 
 /** rollBack puts the previous binary back, saying so; a failure is logged, as the engine serves on either way. */
@@ -523,6 +523,7 @@ async function startIn(
   };
 
   try {
+    removeStaleNames(config.dataDir);
     // The shim's notify socket and the API's listeners come first for a successor, which holds
     // the requests that arrive from the switch on until its modules are up (decision 360).
     const supervisor = new Supervisor({
@@ -677,18 +678,30 @@ async function startIn(
       const upgrade = target.upgrade;
       let active: { control: string | null };
       try {
-        const channel = await control.accept(HELLO_TIMEOUT_MS, child.exited);
+        const channel = await control.accept(HELLO_TIMEOUT_MS, child.exited).catch((error: Error) => {
+          throw new HandoverError(error.message, "hello");
+        });
         ({ active } = await handOver(channel, handingOverSide(), {
           deadline,
           drainMs: target.drainTimeoutS * 1000,
           standin: true,
           helloTimeoutMs: HELLO_TIMEOUT_MS,
         }));
-        if (upgrade) await answersHealth(config.socketPath, child.pid, upgrade.staged.facts.cli, upgrade.healthTimeoutS * 1000);
+        if (upgrade) {
+          await answersHealth(config.socketPath, child.pid, upgrade.staged.facts.cli, upgrade.healthTimeoutS * 1000).catch(
+            (error: Error) => {
+              throw new HandoverError(error.message, "active");
+            },
+          );
+        }
       } catch (error) {
         child.kill("SIGKILL");
+        // Reaped before anything else: an execve below would leave it a zombie nobody waits for.
+        await Promise.race([child.exited, Bun.sleep(5000)]);
         control.close();
+        removeStaleNames(config.dataDir);
         if (upgrade) rollBack(upgrade.staged, log);
+        // Anything else than a HandoverError came after this daemon released its work.
         const stage = error instanceof HandoverError ? error.stage : "active";
         const what = upgrade ? `the upgrade to ${upgrade.staged.facts.cli}` : "the restart";
         if (stage === "hello" || stage === "switched") {
@@ -707,12 +720,14 @@ async function startIn(
           { err: (error as Error).message, successor_pid: child.pid },
           `${what} failed after this engine had handed over: starting again in place${upgrade ? " from the previous binary" : ""}`,
         );
+        flush();
         exitIfFailed(reexecSelf(withoutHandover(process.env), upgrade ? upgrade.staged.target : SAME_IMAGE));
         return;
       }
       control.close();
       log.info({ stand_in_pid: child.pid }, "the new process serves; re-executing in place to take the work back from it");
       const env = { ...withoutHandover(process.env), [HANDOVER_ENV.control]: active.control ?? "", [HANDOVER_ENV.peer]: String(child.pid) };
+      flush(); // what was logged goes out before the image is replaced
       exitIfFailed(reexecSelf(env, target.image));
     };
 
@@ -732,7 +747,9 @@ async function startIn(
         if (process.ppid !== parent) orphaned();
       }, 250);
       try {
-        const channel = await control.accept(STANDIN_WAIT_MS, parentGone);
+        const channel = await control.accept(STANDIN_WAIT_MS, parentGone).catch((error: Error) => {
+          throw new HandoverError(error.message, "hello");
+        });
         await handOver(channel, handingOverSide(), {
           deadline: Date.now() + drainMs,
           drainMs,
@@ -741,6 +758,7 @@ async function startIn(
         });
         clearInterval(watch);
         control.close();
+        flush();
         process.exit(0);
       } catch (error) {
         const stage = error instanceof HandoverError ? error.stage : "hello";
@@ -755,6 +773,7 @@ async function startIn(
         clearInterval(watch);
         control.close();
         await runCleanups();
+        flush();
         process.exit(1);
       }
     };
@@ -799,6 +818,7 @@ async function startIn(
             throw new AppError(
               "binary_invalid",
               `cannot put the new binary in place of ${target}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`,
+              { loc: ["body", "binary"] },
             );
           }
         } catch (error) {

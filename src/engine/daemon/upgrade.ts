@@ -23,7 +23,7 @@ const VERSION_TIMEOUT_MS = 30_000;
 
 /** invalid is the one error for a binary that cannot be an upgrade, with the reason. */
 function invalid(path: string, reason: string): AppError {
-  return new AppError("binary_invalid", `${path} cannot be the new engine binary: ${reason}`);
+  return new AppError("binary_invalid", `${path} cannot be the new engine binary: ${reason}`, { loc: ["body", "binary"] });
 }
 
 /**
@@ -83,6 +83,7 @@ export async function stageUpgrade(source: string, target: string, applied: read
       throw new AppError(
         "binary_invalid",
         `cannot copy ${source} beside the running binary in ${dirname(target)} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message})`,
+        { loc: ["body", "binary"] },
       );
     }
   } finally {
@@ -116,6 +117,8 @@ export async function stageUpgrade(source: string, target: string, applied: read
       rmSync(back, { force: true });
       linkOrCopy(previous, back);
       renameSync(back, target);
+      // rename(2) does nothing when both names are links to one file: the spare name is removed.
+      rmSync(back, { force: true });
     },
     discard() {
       rmSync(staged, { force: true });
@@ -174,6 +177,8 @@ function keepPrevious(target: string, previous: string): void {
   else copyFileSync("/proc/self/exe", pending);
   chmodSync(pending, 0o755);
   renameSync(pending, previous);
+  // rename(2) does nothing when both names are links to one file (previous already is it).
+  rmSync(pending, { force: true });
 }
 
 function linkOrCopy(from: string, to: string): void {
