@@ -32,16 +32,19 @@ export const HANDOVER_ENV = {
   control: "ENGINE_HANDOVER",
   /** standin marks a successor that serves only while its parent re-executes itself. */
   standin: "ENGINE_HANDOVER_STANDIN",
-  /** peer is the pid of a stand-in the re-executed daemon takes over from (and must reap). */
-  peer: "ENGINE_HANDOVER_PEER",
+  /**
+   * peers are the pids of the children of the daemon's pid from before its execve (the stand-in,
+   * the proxy processes it retires): the re-executed daemon reaps them, as Bun knows nothing of them.
+   */
+  peers: "ENGINE_HANDOVER_PEERS",
 } as const;
 
 /** SuccessorRole is what a successor learned from its environment. */
 export interface SuccessorRole {
   control: string;
   standin: boolean;
-  /** peerPid is the stand-in's pid when this process took over from its own child. */
-  peerPid: number | null;
+  /** peerPids are the children this process must reap after an execve in place (HANDOVER_ENV.peers). */
+  peerPids: number[];
 }
 
 /**
@@ -51,10 +54,13 @@ export interface SuccessorRole {
 export function takeSuccessorRole(env: Record<string, string | undefined> = process.env): SuccessorRole | null {
   const control = env[HANDOVER_ENV.control];
   const standin = env[HANDOVER_ENV.standin] === "1";
-  const peer = Number(env[HANDOVER_ENV.peer] ?? "");
+  const peers = (env[HANDOVER_ENV.peers] ?? "")
+    .split(",")
+    .map(Number)
+    .filter((pid) => Number.isInteger(pid) && pid > 0);
   for (const key of Object.values(HANDOVER_ENV)) delete env[key];
   if (!control) return null;
-  return { control, standin, peerPid: Number.isInteger(peer) && peer > 0 ? peer : null };
+  return { control, standin, peerPids: peers };
 }
 
 export type ToSuccessor =

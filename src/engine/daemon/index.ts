@@ -355,6 +355,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
 
 /** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
 const HELLO_TIMEOUT_MS = 120_000;
+/** PEER_REAP_MS bounds the wait for the children of the pid before its execve to exit (a proxy process drains for up to 30 s). */
+const PEER_REAP_MS = 120_000;
 /** STANDIN_WAIT_MS is how long a stand-in waits for its re-executed parent to take over. */
 const STANDIN_WAIT_MS = 120_000;
 
@@ -635,6 +637,8 @@ async function startIn(
     // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
     if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
 
+    /** leftChildren are this process's children that outlive its release: the proxy processes the successor retires. */
+    let leftChildren: number[] = [];
     /** handingOverSide is what this daemon does at each step of handing its work to a successor. */
     const handingOverSide = (): HandingOver => ({
       log,
@@ -646,6 +650,11 @@ async function startIn(
       },
       async release() {
         // The proxy processes keep serving; the successor's retire them once its own have bound.
+        try {
+          leftChildren = proxyHolder.controller?.status().respawn.pids ?? [];
+        } catch {
+          leftChildren = [];
+        }
         handingOver = true;
         await runCleanups();
       },
@@ -726,7 +735,11 @@ async function startIn(
       }
       control.close();
       log.info({ stand_in_pid: child.pid }, "the new process serves; re-executing in place to take the work back from it");
-      const env = { ...withoutHandover(process.env), [HANDOVER_ENV.control]: active.control ?? "", [HANDOVER_ENV.peer]: String(child.pid) };
+      const env = {
+        ...withoutHandover(process.env),
+        [HANDOVER_ENV.control]: active.control ?? "",
+        [HANDOVER_ENV.peers]: [child.pid, ...leftChildren].join(","),
+      };
       flush(); // what was logged goes out before the image is replaced
       exitIfFailed(reexecSelf(env, target.image));
     };
@@ -1029,7 +1042,7 @@ async function startIn(
       channel.send({ type: "active", control: standinControl?.path ?? null });
       channel.close();
       if (standinControl) void standIn(standinControl, taking.order.drain_ms);
-      if (role.peerPid) void reapWhenGone(role.peerPid);
+      for (const pid of role.peerPids) void reapWhenGone(pid, PEER_REAP_MS);
     }
 
     let stopped = false;
