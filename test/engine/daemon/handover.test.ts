@@ -7,7 +7,7 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { ENGINE_ENTRY, eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+import { ENGINE_ENTRY, eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -247,5 +247,25 @@ describe("drain restart with no gap", () => {
     expect(raw.every((entry) => entry.id !== null)).toBe(true);
     // Both the stand-in and the engine's own pid ended the stream once: two reconnections.
     expect(reconnections).toBeGreaterThanOrEqual(2);
+  }, 90_000);
+
+  test("`engine upgrade` of an engine run from source is one clear error (501 not_supported), and nothing restarts", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const result = await runCli(["--data-dir", dataDir, "upgrade", "/bin/true"]);
+    expect(result).toMatchObject({
+      code: 1,
+      stderr:
+        "engine: `engine upgrade` replaces the compiled binary, and this engine runs from source (bun cli/engine.ts): update the checkout and run `engine restart` instead [not_supported]\n",
+    });
+    const response = await fetch(`${engine.url}/api/daemon/upgrade`, {
+      method: "POST",
+      headers: adminHeaders(dataDir),
+      body: JSON.stringify({ binary: "/bin/true" }),
+    });
+    expect(response.status).toBe(501);
+    expect(listeningCount(engine)).toBe(1);
+    // A restart can follow: the refusal left nothing under way.
+    await restartAndWait(engine, dataDir);
   }, 90_000);
 });
