@@ -11,6 +11,7 @@ import {
   rmSync,
   statSync,
 } from "node:fs";
+import { getPriority, setPriority } from "node:os";
 import { dirname, join } from "node:path";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
@@ -460,6 +461,9 @@ interface Taking {
 async function startSuccessor(config: EngineConfig, options: DaemonOptions, role: SuccessorRole): Promise<RunningDaemon> {
   checkDataDir(config.dataDir);
   const asRoot = process.getuid?.() === 0;
+  // The start-up work before the switch is CPU the serving engine needs more on a small
+  // machine: it runs at a lower priority, given back at the switch (only root may raise it again).
+  const priority = asRoot ? lowerPriority() : null;
   const prepared = prepareDataDir(config.dataDir, asRoot);
   warmMcpTools();
   let channel: SuccessorChannel;
@@ -475,6 +479,8 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
   } catch (error) {
     channel.close();
     throw new AppError("config_invalid", `the engine to take over from did not hand over: ${(error as Error).message}`);
+  } finally {
+    if (priority !== null) restorePriority(priority);
   }
   try {
     return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order });
@@ -482,6 +488,25 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
     throw error;
+  }
+}
+
+/** lowerPriority lowers this process's CPU priority by 10 and answers the one it had (null if it could not). */
+function lowerPriority(): number | null {
+  try {
+    const priority = getPriority(0);
+    setPriority(0, Math.min(19, priority + 10));
+    return priority;
+  } catch {
+    return null;
+  }
+}
+
+function restorePriority(priority: number): void {
+  try {
+    setPriority(0, priority);
+  } catch {
+    // not permitted: the start goes on at the lower priority
   }
 }
 

@@ -10,11 +10,15 @@ import { bindUnixAt, listeningTcpFd, ownsPath, removeIfOwned, steerToNewest, typ
 export type Handler = (request: Request, server: Server<undefined>) => Response | Promise<Response>;
 
 /**
- * RETIRE_GRACE_MS is how long a retiring listener still accepts after its successor bound: a
- * connection already in its queue, or whose handshake it had begun, is accepted and answered
- * rather than reset when the listener closes. Loopback and LAN round trips fit well inside it.
+ * RETIRE_GRACE_MS is how long a retiring listener still accepts after its successor bound (and
+ * renamed its unix socket over the path). New connections go to the successor from then on;
+ * one already in this listener's queue is accepted and answered on the event loop's next
+ * turns rather than reset when the listener closes, and a TCP handshake this listener had
+ * begun completes within a round trip. Loopback and LAN round trips fit inside it; it is
+ * short because requests wait for it (the successor cannot serve before this daemon has
+ * released its work): measured in bench/restart.ts.
  */
-export const RETIRE_GRACE_MS = 25;
+export const RETIRE_GRACE_MS = 5;
 
 /** IDLE_TIMEOUT_S closes a keep-alive connection that says nothing for this long (SSE streams send keep-alives). */
 const IDLE_TIMEOUT_S = 120;
