@@ -7,15 +7,15 @@
  * - two API pollers send GET /api/health back to back, 1 ms apart (one on a kept-alive
  *   connection, one opening a connection per request): the longest time between two answers
  *   is the longest time the API answered nothing; a failed request is counted;
- * - proxied loops send GET / for web.localhost through the proxy's HTTP port (six on kept-alive
- *   connections, two opening one per request): every failed or wrong answer is counted;
+ * - proxied loops send GET / for web.localhost through the proxy's HTTP port (by default six on
+ *   kept-alive connections, two opening one per request): every failed or wrong answer is counted;
  * - the services' pids are read before and after: they must be kept.
  *
  * Printed per binary: the median of the runs and their spread. The anchor is a bare Bun.serve
  * killed and started again on its port (spawn to first answer), measured in the same process:
  * this machine is small and shared, so the ratios and the zero counts say more than the ms.
  *
- * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--verbose]
+ * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--proxied-loops 8] [--verbose]
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -34,6 +34,8 @@ const DRAIN_TIMEOUT_S = 10;
 const baselineIndex = process.argv.indexOf("--baseline");
 const baseline = baselineIndex >= 0 ? process.argv[baselineIndex + 1] : undefined;
 const verbose = process.argv.includes("--verbose");
+/** proxiedLoopCount is how many clients send through the proxy (three in four on kept-alive connections); 0 measures the API alone. */
+const proxiedLoopCount = process.argv.includes("--proxied-loops") ? Number(process.argv[process.argv.indexOf("--proxied-loops") + 1]) : 8;
 
 const binary = join(root, "dist", "engine");
 if (!existsSync(binary) || process.argv.includes("--rebuild")) {
@@ -64,6 +66,7 @@ class Loop {
   private readonly done: Promise<void>;
 
   constructor(
+    readonly name: string,
     private readonly call: () => Promise<Response>,
     private readonly check: (body: string) => boolean,
     private readonly onAnswer: (now: number) => void = () => undefined,
@@ -177,18 +180,27 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
     const ok = (body: string) => body.includes('"status":"ok"');
     const web = (body: string) => body.includes('"web"');
     const apiLoops = [
-      new Loop(() => fetch(`${base}/api/health`, { signal: AbortSignal.timeout(5000) }), ok, answered),
-      new Loop(() => fetch(`${base}/api/health`, { keepalive: false, signal: AbortSignal.timeout(5000) }), ok, answered),
+      new Loop("API kept-alive", () => fetch(`${base}/api/health`, { signal: AbortSignal.timeout(5000) }), ok, answered),
+      new Loop(
+        "API new connections",
+        () => fetch(`${base}/api/health`, { keepalive: false, signal: AbortSignal.timeout(5000) }),
+        ok,
+        answered,
+      ),
     ];
     const proxied = (keepalive: boolean) =>
       new Loop(
+        keepalive ? "proxied kept-alive" : "proxied new connections",
         () =>
           fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host: "web.localhost" }, keepalive, signal: AbortSignal.timeout(10_000) }),
         web,
         undefined,
         0,
       );
-    const proxiedLoops = [...Array.from({ length: 6 }, () => proxied(true)), proxied(false), proxied(false)];
+    const proxiedLoops = [
+      ...Array.from({ length: Math.ceil((proxiedLoopCount * 3) / 4) }, () => proxied(true)),
+      ...Array.from({ length: Math.floor(proxiedLoopCount / 4) }, () => proxied(false)),
+    ];
     loops.push(...apiLoops, ...proxiedLoops);
     await Bun.sleep(300);
     lastAnswer = performance.now();
@@ -228,7 +240,9 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
     loops.length = 0;
     const after = await servicePids();
     const enginePidAfter = ((await (await fetch(`${base}/api/health`)).json()) as { pid: number }).pid;
-    const errors = [...apiLoops, ...proxiedLoops].flatMap((loop) => [...loop.errors]).map(([reason, count]) => `${count}x ${reason}`);
+    const errors = [...apiLoops, ...proxiedLoops].flatMap((loop) =>
+      [...loop.errors].map(([reason, count]) => `${loop.name}: ${count}x ${reason}`),
+    );
     if (errors.length > 0) console.error(`  failures: ${errors.join("; ")}`);
     return {
       proxiedFailed: proxiedLoops.reduce((sum, loop) => sum + loop.failed, 0),
@@ -285,7 +299,7 @@ const anchorWindows = await measureKillAnchor(5);
 const rows = [...(await measureBinary("this build", binary)), ...(baseline ? await measureBinary("baseline", baseline) : [])];
 const anchorMs = median(anchorWindows);
 printRows(
-  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients`,
+  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; ${proxiedLoopCount} proxied clients`,
   [
     "binary",
     `proxied failed (${restarts} restarts)`,

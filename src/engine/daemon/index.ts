@@ -700,17 +700,31 @@ async function startIn(
       await Bun.sleep(10);
       const deadline = Date.now() + target.drainTimeoutS * 1000;
       await services.drain(deadline);
-      const control = new ControlSocket(config.dataDir);
-      const argv = commandLine();
-      const child = Bun.spawn([target.image, ...argv.slice(1)], {
-        argv0: argv[0],
-        env: { ...process.env, [HANDOVER_ENV.control]: control.path, [HANDOVER_ENV.standin]: "1" },
-        stdin: "ignore",
-        stdout: "inherit",
-        stderr: "inherit",
-      });
       const upgrade = target.upgrade;
+      let control: ControlSocket | null = null;
+      let child: ReturnType<typeof Bun.spawn> | null = null;
       let active: { control: string | null };
+      try {
+        control = new ControlSocket(config.dataDir);
+        const argv = commandLine();
+        child = Bun.spawn([target.image, ...argv.slice(1)], {
+          argv0: argv[0],
+          env: { ...process.env, [HANDOVER_ENV.control]: control.path, [HANDOVER_ENV.standin]: "1" },
+          stdin: "ignore",
+          stdout: "inherit",
+          stderr: "inherit",
+        });
+      } catch (error) {
+        control?.close();
+        if (upgrade) rollBack(upgrade.staged, log);
+        services.resumeAfterDrain();
+        log.error(
+          { err: error },
+          `${upgrade ? "the upgrade" : "the restart"} failed: the new process could not be started; this engine keeps serving`,
+        );
+        restarting = undefined;
+        return;
+      }
       try {
         const channel = await control.accept(HELLO_TIMEOUT_MS, child.exited).catch((error: Error) => {
           throw new HandoverError(error.message, "hello");
@@ -1014,21 +1028,26 @@ async function startIn(
     cleanups.push(() => tunnel.stop());
 
     const port = bound.port;
+    // A stand-in leaves the proxy processes of the engine it stands in for serving their last
+    // routes: the re-executed engine retires them once its own have bound (decision 368).
+    const proxied = taking?.role.standin !== true;
     const acmeConfig = config.proxy.acme;
-    const acme = acmeConfig
-      ? new AcmeIssuer({
-          directoryUrl: acmeConfig.directoryUrl,
-          email: acmeConfig.email,
-          eab: acmeConfig.eab,
-          dir: join(pkiDirectory(config.dataDir), "acme"),
-          directoryCa: acmeConfig.directoryCaFile ? readFileSync(acmeConfig.directoryCaFile, "utf8") : undefined,
-          log,
-          clock,
-          onChallenge: (token, keyAuthorization) => proxyHolder.controller?.setChallenge(token, keyAuthorization),
-          onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
-        })
-      : null;
-    const mdns = config.proxy.enabled && config.proxy.mdns !== "off" ? new MdnsPublisher({ backend: config.proxy.mdns, log }) : null;
+    const acme =
+      acmeConfig && proxied
+        ? new AcmeIssuer({
+            directoryUrl: acmeConfig.directoryUrl,
+            email: acmeConfig.email,
+            eab: acmeConfig.eab,
+            dir: join(pkiDirectory(config.dataDir), "acme"),
+            directoryCa: acmeConfig.directoryCaFile ? readFileSync(acmeConfig.directoryCaFile, "utf8") : undefined,
+            log,
+            clock,
+            onChallenge: (token, keyAuthorization) => proxyHolder.controller?.setChallenge(token, keyAuthorization),
+            onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
+          })
+        : null;
+    const mdns =
+      proxied && config.proxy.enabled && config.proxy.mdns !== "off" ? new MdnsPublisher({ backend: config.proxy.mdns, log }) : null;
     await mdns?.start();
     const proxy = new ProxyController({
       config: config.proxy,
@@ -1049,9 +1068,11 @@ async function startIn(
       mdns,
       command: options.proxyCommand,
     });
-    proxyHolder.controller = proxy;
-    cleanups.push(() => (handingOver ? proxy.handOver() : proxy.stop()));
-    await proxy.start();
+    if (proxied) {
+      proxyHolder.controller = proxy;
+      cleanups.push(() => (handingOver ? proxy.handOver() : proxy.stop()));
+      await proxy.start();
+    }
     const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
     log.info(
       { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length },
