@@ -9,6 +9,10 @@
  *   (src/cloud/ui/client) are bundled here and embedded.
  *
  * Usage: bun build.ts [--outfile dist/engine] [--cloud-outfile dist/engine-cloud] [--only engine|engine-cloud]
+ *                     [--version X.Y.Z]
+ *
+ * --version stamps another version than package.json's into the binaries (`engine version`,
+ * /api/health): the upgrade tests build two of them.
  *
  * Without --cloud-outfile the console is written beside the engine, as `engine-cloud`.
  */
@@ -28,6 +32,11 @@ const flag = (name: string): string | undefined => {
 const outfile = resolve(flag("--outfile") ?? join(root, "dist", "engine"));
 const cloudOutfile = resolve(flag("--cloud-outfile") ?? join(dirname(outfile), "engine-cloud"));
 const only = flag("--only");
+const versionOverride = flag("--version");
+if (versionOverride !== undefined && !/^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$/.test(versionOverride)) {
+  console.error(`--version takes a version such as 1.2.3 or 1.2.3-rc.1 (got ${JSON.stringify(versionOverride)})`);
+  process.exit(2);
+}
 if (only !== undefined && only !== "engine" && only !== "engine-cloud") {
   console.error(`--only takes engine or engine-cloud (got ${JSON.stringify(only)})`);
   process.exit(2);
@@ -43,7 +52,11 @@ async function compile(entry: string, target: string, define: Record<string, str
     sourcemap: "linked",
     // Production mode: the servers also say `development: false`, but nothing bundled in the
     // binary should take a development path (Bun's error page shows cwd, stacks and source).
-    define: { "process.env.NODE_ENV": JSON.stringify("production"), ...define },
+    define: {
+      "process.env.NODE_ENV": JSON.stringify("production"),
+      ...(versionOverride ? { __ENGINE_VERSION__: JSON.stringify(versionOverride) } : {}),
+      ...define,
+    },
   });
   if (!result.success) {
     for (const log of result.logs) console.error(log);

@@ -87,10 +87,15 @@ export class EngineClient {
   /**
    * events reads a text/event-stream from `path` and yields its events until the engine closes
    * the stream or `signal` aborts; comments (keep-alives) are skipped. A non-2xx answer throws
-   * the same CliError that request would.
+   * the same CliError that request would. `lastEventId` resumes a stream after the event with
+   * that id (the Last-Event-ID header of a reconnecting EventSource).
    */
-  async *events(path: string, signal: AbortSignal): AsyncGenerator<ServerSentEvent> {
-    const response = await this.#send("GET", path, { accept: "text/event-stream", signal });
+  async *events(path: string, signal: AbortSignal, lastEventId?: string): AsyncGenerator<ServerSentEvent> {
+    const response = await this.#send("GET", path, {
+      accept: "text/event-stream",
+      signal,
+      headers: lastEventId === undefined ? {} : { "last-event-id": lastEventId },
+    });
     if (!response.ok) {
       const text = await response.text();
       let parsed: unknown;
@@ -117,16 +122,21 @@ export class EngineClient {
       }
     } catch (error) {
       if (signal.aborted) return;
-      throw new CliError(`the event stream from ${this.describe()} broke: ${(error as Error).message}`);
+      throw new CliError(`the event stream from ${this.describe()} broke: ${(error as Error).message}`, "stream_broken");
     }
   }
 
   async #send(
     method: string,
     path: string,
-    { body, accept, signal }: { body?: unknown; accept: string; signal?: AbortSignal },
+    {
+      body,
+      accept,
+      signal,
+      headers: extra = {},
+    }: { body?: unknown; accept: string; signal?: AbortSignal; headers?: Record<string, string> },
   ): Promise<Response> {
-    const headers: Record<string, string> = { accept };
+    const headers: Record<string, string> = { accept, ...extra };
     if (body !== undefined) headers["content-type"] = "application/json";
     const payload = body === undefined ? undefined : JSON.stringify(body);
     try {
@@ -144,15 +154,17 @@ export class EngineClient {
   }
 }
 
-/** ServerSentEvent is one event of a text/event-stream: its name ("message" when unnamed) and data. */
+/** ServerSentEvent is one event of a text/event-stream: its name ("message" when unnamed), data and id, if it has one. */
 export interface ServerSentEvent {
   event: string;
   data: string;
+  id?: string;
 }
 
 /** parseEvent reads one event block; it returns null for a block of comments only. */
 function parseEvent(block: string): ServerSentEvent | null {
   let event = "message";
+  let id: string | undefined;
   const data: string[] = [];
   for (const line of block.split("\n")) {
     if (line === "" || line.startsWith(":")) continue;
@@ -161,8 +173,10 @@ function parseEvent(block: string): ServerSentEvent | null {
     const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
     if (field === "event") event = value;
     else if (field === "data") data.push(value);
+    else if (field === "id" && !value.includes("\0")) id = value;
   }
-  return data.length > 0 ? { event, data: data.join("\n") } : null;
+  if (data.length === 0) return null;
+  return id === undefined ? { event, data: data.join("\n") } : { event, data: data.join("\n"), id };
 }
 
 /** errorOf turns an error answer (the error envelope or a 422 detail list) into a CliError. */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bun
 import { Command, CommanderError } from "commander";
 import { runProxyProcess } from "../src/engine/proxy/main";
+import { STORE_MIGRATIONS } from "../src/engine/store";
 import { isAppError } from "../src/lib/errors";
 import { VERSION } from "../src/lib/version";
 import { CliError, EngineClient } from "./client";
@@ -50,15 +51,25 @@ export function buildProgram(): Command {
 
   program
     .command("version")
-    .description("print the CLI version and, when reachable, the daemon's")
-    .action(async () => {
-      const daemon = await client()
-        .request<{ version: string; pid: number }>("GET", "/api/health")
-        .catch(() => undefined);
-      const value = { cli: VERSION, daemon: daemon?.version ?? null };
-      emit(output(), value, () =>
-        process.stdout.write(`engine ${VERSION}${daemon ? ` (daemon ${daemon.version}, pid ${daemon.pid})` : " (daemon not reachable)"}\n`),
-      );
+    .description("print the CLI version, the store schema it knows and, when reachable, the daemon's version")
+    .option("--no-daemon", "leave the daemon out (what `engine upgrade` asks of a new binary)")
+    .action(async (options: { daemon: boolean }) => {
+      const daemon = options.daemon
+        ? await client()
+            .request<{ version: string; pid: number }>("GET", "/api/health")
+            .catch(() => undefined)
+        : undefined;
+      // The store schema is the newest migration this binary knows; `engine upgrade` refuses a
+      // binary that does not know every migration the data dir has (docs/decisions.md 365).
+      const storeSchema = STORE_MIGRATIONS.at(-1) ?? "";
+      const value = {
+        cli: VERSION,
+        ...(options.daemon ? { daemon: daemon?.version ?? null } : {}),
+        store_schema: storeSchema,
+        store_migrations: [...STORE_MIGRATIONS],
+      };
+      const daemonPart = !options.daemon ? "" : daemon ? ` (daemon ${daemon.version}, pid ${daemon.pid})` : " (daemon not reachable)";
+      emit(output(), value, () => process.stdout.write(`engine ${VERSION}, store schema ${storeSchema}${daemonPart}\n`));
     });
   hintHelpAfterError(program, "engine");
   return program;

@@ -2,7 +2,7 @@ import { existsSync, writeSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { Command } from "commander";
 import { ADMIN_TOKEN_FILE } from "../../src/engine/auth";
-import { type RunningDaemon, startDaemon } from "../../src/engine/daemon";
+import { type RunningDaemon, startDaemon, takeSuccessorRole } from "../../src/engine/daemon";
 import { defaultDataDir, resolveConfig } from "../../src/lib/config";
 
 /** SHOWN_NAMES bounds how many service names the stop line lists before "and N more". */
@@ -80,6 +80,9 @@ export function registerServe(program: Command): void {
         proxy?: boolean;
       }) => {
         const globals = program.opts<{ dataDir?: string }>();
+        // A restart starts this process to take over from the running engine: the variables
+        // that say so are read and removed first, so that no workload inherits them.
+        const successor = takeSuccessorRole(process.env);
         const config = resolveConfig({
           dataDir: globals.dataDir,
           port: options.port,
@@ -90,7 +93,7 @@ export function registerServe(program: Command): void {
           httpPort: options.httpPort,
           proxy: options.proxy === false ? false : undefined,
         });
-        const daemon = await startDaemon(config);
+        const daemon = await startDaemon(config, { successor });
         let apexUrl: string | null = null;
         try {
           const apex = daemon.proxy.status().apex;
@@ -98,7 +101,8 @@ export function registerServe(program: Command): void {
         } catch {
           // the proxy is still starting or off: the API's own URL is enough
         }
-        say(startupLines(daemon, apexUrl));
+        // A stand-in serves for a moment while the engine's own pid restarts: it says nothing.
+        if (!daemon.standin) say(startupLines(daemon, apexUrl));
         let stopping = false;
         const shutdown = async (signal: string) => {
           if (stopping) return;

@@ -508,6 +508,12 @@ async function stopAll(api: EngineClient, out: Output): Promise<void> {
   }
 }
 
+/** RECONNECTABLE are the failures of a followed log after which `engine logs -f` opens the stream again. */
+const RECONNECTABLE = new Set(["daemon_not_running", "stream_broken", "draining"]);
+/** RECONNECT_WINDOW_MS is how long `engine logs -f` keeps trying to take a stream back (a restart takes seconds). */
+const RECONNECT_WINDOW_MS = 60_000;
+const RECONNECT_PAUSE_MS = 200;
+
 export function registerServices(program: Command, client: () => EngineClient, output: () => Output): void {
   const services = program.command("services").description("deploy, list and control services");
 
@@ -700,21 +706,43 @@ export function registerServices(program: Command, client: () => EngineClient, o
       const onSignal = () => stop.abort();
       process.once("SIGINT", onSignal);
       process.once("SIGTERM", onSignal);
+      // A stream the engine ends (a restart or an upgrade hands it over) is opened again with
+      // the id of the last event, and resumes after it: no line is missed or printed twice.
+      let lastEventId: string | undefined;
+      let lostSince: number | null = null;
       try {
-        for await (const event of client().events(servicePath(ident, `/logs?tail=${tail}&follow=true`), stop.signal)) {
-          if (event.event === "line") print(JSON.parse(event.data) as LogLine);
-          // The stream opens with `ready {lines}`: a service that never printed says so at once
-          // instead of leaving an empty terminal (on stderr, so a pipe reads only lines).
-          else if (event.event === "ready" && !json && (tail ?? 0) > 0 && (JSON.parse(event.data) as { lines?: number }).lines === 0)
-            process.stderr.write(`${ident} has printed nothing yet; waiting for output (Ctrl-C to stop)\n`);
+        while (!stop.signal.aborted) {
+          try {
+            for await (const event of client().events(servicePath(ident, `/logs?tail=${tail}&follow=true`), stop.signal, lastEventId)) {
+              lostSince = null;
+              if (event.id !== undefined) lastEventId = event.id;
+              if (event.event === "line") print(JSON.parse(event.data) as LogLine);
+              // The stream opens with `ready {lines}`: a service that never printed says so at once
+              // instead of leaving an empty terminal (on stderr, so a pipe reads only lines).
+              else if (event.event === "ready") {
+                const ready = JSON.parse(event.data) as { lines?: number; resumed?: boolean };
+                if (!json && !ready.resumed && (tail ?? 0) > 0 && ready.lines === 0)
+                  process.stderr.write(`${ident} has printed nothing yet; waiting for output (Ctrl-C to stop)\n`);
+              }
+            }
+          } catch (error) {
+            if (stop.signal.aborted) break;
+            if (!RECONNECTABLE.has((error as CliError).code ?? "")) throw error;
+          }
+          if (stop.signal.aborted) break;
+          lostSince ??= Date.now();
+          if (Date.now() - lostSince > RECONNECT_WINDOW_MS) {
+            throw new CliError(
+              `the engine closed the log stream and did not take it back within ${RECONNECT_WINDOW_MS / 1000} s`,
+              "stream_closed",
+            );
+          }
+          await Bun.sleep(RECONNECT_PAUSE_MS);
         }
-      } catch (error) {
-        if (!stop.signal.aborted) throw error;
       } finally {
         process.off("SIGINT", onSignal);
         process.off("SIGTERM", onSignal);
       }
-      if (!stop.signal.aborted) throw new CliError("the engine closed the log stream (is it restarting?)", "stream_closed");
     });
 
   program

@@ -710,6 +710,36 @@ export const DomainRemovalResult = t.Object(
 );
 
 export const DaemonRestartRequest = t.Object({ drain_timeout_s: t.Integer({ minimum: 0, maximum: 3600 }) });
+export const DaemonUpgradeRequest = t.Object({
+  binary: t.String({
+    minLength: 1,
+    maxLength: 4096,
+    description:
+      "Absolute path, on the engine's machine, of the new engine binary: a regular file, executable, owned by root or the engine's user, not writable by others",
+  }),
+  drain_timeout_s: t.Optional(
+    t.Integer({ minimum: 0, maximum: 3600, description: "How long requests in flight may take to finish (default 30)" }),
+  ),
+  health_timeout_s: t.Optional(
+    t.Integer({
+      minimum: 1,
+      maximum: 600,
+      description: "How long the new binary has to answer /api/health before the old one is put back (default 60)",
+    }),
+  ),
+});
+export type DaemonUpgradeRequest = Static<typeof DaemonUpgradeRequest>;
+export const DaemonUpgradeAccepted = t.Object(
+  {
+    from_version: t.String(),
+    to_version: t.String(),
+    binary: t.String({ description: "The running binary's path, where the new binary now is" }),
+    previous: t.String({ description: "Where the previous binary is kept, for a rollback" }),
+    store_schema: t.String({ description: "The newest store migration the new binary knows" }),
+  },
+  { $id: "DaemonUpgradeAccepted" },
+);
+export type DaemonUpgradeAccepted = Static<typeof DaemonUpgradeAccepted>;
 export const Empty = t.Object({}, { additionalProperties: false });
 
 export const VcsTokenPush = t.Object({

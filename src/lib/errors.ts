@@ -61,6 +61,9 @@ export const EngineErrorCodes = {
   // daemon state
   draining: "draining",
   disk_full: "disk_full",
+  // upgrades: a new binary that cannot be one, or that does not know this data dir's store schema
+  binary_invalid: "binary_invalid",
+  schema_downgrade: "schema_downgrade",
   // configuration and start-up
   config_invalid: "config_invalid",
   data_dir_unwritable: "data_dir_unwritable",

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
+import { STORE_MIGRATIONS } from "../../src/engine/store";
 import { VERSION } from "../../src/lib/version";
 import { REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 
@@ -77,9 +78,24 @@ describe("engine CLI", () => {
     expect(bad).toMatchObject({ code: 1, stderr: "engine: the bearer token is not valid [invalid_token]\n" });
   });
 
-  test("version reports the CLI and the daemon", async () => {
+  test("version reports the CLI, its store schema and the daemon", async () => {
     const version = await cli("--json", "version");
-    expect(JSON.parse(version.stdout)).toEqual({ cli: VERSION, daemon: VERSION });
+    expect(JSON.parse(version.stdout)).toEqual({
+      cli: VERSION,
+      daemon: VERSION,
+      store_schema: STORE_MIGRATIONS.at(-1),
+      store_migrations: [...STORE_MIGRATIONS],
+    });
+    // --no-daemon asks nothing of a daemon: what `engine upgrade` runs on a new binary.
+    const local = await runCli(["--url", "http://127.0.0.1:9", "--json", "version", "--no-daemon"]);
+    expect(local.code).toBe(0);
+    expect(JSON.parse(local.stdout)).toEqual({
+      cli: VERSION,
+      store_schema: STORE_MIGRATIONS.at(-1),
+      store_migrations: [...STORE_MIGRATIONS],
+    });
+    const human = await runCli(["--url", "http://127.0.0.1:9", "version", "--no-daemon"]);
+    expect(human.stdout).toBe(`engine ${VERSION}, store schema ${STORE_MIGRATIONS.at(-1)}\n`);
   });
 
   test.each([

@@ -43,3 +43,34 @@ export async function installEngine(dir: string): Promise<string> {
   Bun.spawnSync(["chmod", "755", binary]);
   return binary;
 }
+
+const versioned = new Map<string, Promise<string>>();
+
+/**
+ * buildEngineVersion compiles another dist/engine stamped with `version` (build.ts --version),
+ * once per process and version, into a temp dir removed when the process exits: the upgrade
+ * tests need two builds that say different versions.
+ */
+export function buildEngineVersion(version: string): Promise<string> {
+  let build = versioned.get(version);
+  if (!build) {
+    build = (async () => {
+      const dir = tempDir("engine-e2e-build-");
+      process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+      const engine = join(dir, "engine");
+      const proc = Bun.spawn(
+        [process.execPath, join(REPO_ROOT, "build.ts"), "--only", "engine", "--outfile", engine, "--version", version],
+        {
+          cwd: REPO_ROOT,
+          stdout: "ignore",
+          stderr: "pipe",
+        },
+      );
+      const [code, stderr] = await Promise.all([proc.exited, new Response(proc.stderr).text()]);
+      if (code !== 0) throw new Error(`build of ${version} failed (${code}): ${stderr}`);
+      return engine;
+    })();
+    versioned.set(version, build);
+  }
+  return build;
+}

@@ -298,9 +298,9 @@ describe("the fuzz suite", () => {
       JSON.parse((await send(engine.port, { method: "GET", target: "/api/openapi.json", headers: [] })).body),
       "engine.json",
     );
-    // Bodies the document accepts are sent except where they would act: a restart would end
-    // this engine, and a deploy would run whatever the case put in `command`.
-    const acting = new Set(["POST /api/daemon/restart", "POST /api/services"]);
+    // Bodies the document accepts are sent except where they would act: a restart (or an
+    // upgrade) would end this engine, and a deploy would run whatever the case put in `command`.
+    const acting = new Set(["POST /api/daemon/restart", "POST /api/daemon/upgrade", "POST /api/services"]);
     const run = await storm("engine", engine.port, doc, (method, path) => ({
       method,
       path,

@@ -70,6 +70,10 @@ const REQUEST_BODIES: Record<"engine" | "console", Record<string, { valid: unkno
     },
     "POST /api/databases/{name}/restore": { valid: [{ dump: "/tmp/pg.dump", timeout_s: 60 }], invalid: [{ dump: "/tmp/pg.dump" }] },
     "POST /api/daemon/restart": { valid: [{ drain_timeout_s: 0 }], invalid: [{ drain_timeout_s: -1 }, {}] },
+    "POST /api/daemon/upgrade": {
+      valid: [{ binary: "/usr/local/bin/engine" }, { binary: "/opt/engine", drain_timeout_s: 0, health_timeout_s: 600 }],
+      invalid: [{}, { binary: "" }, { binary: "/x", health_timeout_s: 0 }, { binary: "/x", drain_timeout_s: 3601 }],
+    },
     "PUT /api/link/vcs-token": {
       valid: [
         {
@@ -149,8 +153,8 @@ describe("every input of both documents has its schema", () => {
     expect(JSON.stringify(doc.document)).not.toContain('"content":{}');
   });
 
-  test("the engine's 8 and the console's 11 body-taking routes", () => {
-    expect(Object.keys(REQUEST_BODIES.engine)).toHaveLength(8);
+  test("the engine's 9 and the console's 11 body-taking routes", () => {
+    expect(Object.keys(REQUEST_BODIES.engine)).toHaveLength(9);
     expect(Object.keys(REQUEST_BODIES.console)).toHaveLength(11);
   });
 

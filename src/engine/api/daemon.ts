@@ -1,9 +1,23 @@
 import { Elysia } from "elysia";
-import { DaemonRestartRequest, Empty, Health, LinkStatus, Ready, VcsTokenPush, VcsTokenPushResult } from "../../contract/engine";
+import {
+  DaemonRestartRequest,
+  DaemonUpgradeAccepted,
+  DaemonUpgradeRequest,
+  Empty,
+  Health,
+  LinkStatus,
+  Ready,
+  VcsTokenPush,
+  VcsTokenPushResult,
+} from "../../contract/engine";
 import type { ApiDeps } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
-/** daemonRoutes serves the daemon's own routes: health, restart, the link's status and its vcs-token push. */
+/** DEFAULT_UPGRADE_DRAIN_S and DEFAULT_UPGRADE_HEALTH_S are an upgrade's timeouts when the body leaves them out. */
+const DEFAULT_UPGRADE_DRAIN_S = 30;
+const DEFAULT_UPGRADE_HEALTH_S = 60;
+
+/** daemonRoutes serves the daemon's own routes: health, restart, upgrade, the link's status and its vcs-token push. */
 export function daemonRoutes(deps: ApiDeps) {
   return new Elysia({ name: "daemon" })
     .get(
@@ -37,6 +51,27 @@ export function daemonRoutes(deps: ApiDeps) {
         body: DaemonRestartRequest,
         response: { 202: Empty, ...errorResponses(...AUTHED, 422, 503) },
         detail: { tags: ["daemon"], summary: "Drain for at most drain_timeout_s, then restart the daemon; answers 202 at once" },
+      },
+    )
+    .post(
+      "/api/daemon/upgrade",
+      async ({ body, set }) => {
+        const accepted = await deps.daemon.requestUpgrade({
+          binary: body.binary,
+          drain_timeout_s: body.drain_timeout_s ?? DEFAULT_UPGRADE_DRAIN_S,
+          health_timeout_s: body.health_timeout_s ?? DEFAULT_UPGRADE_HEALTH_S,
+        });
+        set.status = 202;
+        return accepted;
+      },
+      {
+        body: DaemonUpgradeRequest,
+        response: { 202: DaemonUpgradeAccepted, ...errorResponses(...AUTHED, 409, 422, 501, 503) },
+        detail: {
+          tags: ["daemon"],
+          summary:
+            "Check a new engine binary (it runs, and knows this data dir's store schema: 409 schema_downgrade if not), put it in place of the running one (keeping <path>.previous), then drain and restart into it; answers 202 once the binary is in place, and puts the previous one back if the new one does not answer /api/health within health_timeout_s. Compiled binary only (501 from source).",
+        },
       },
     )
     .get(

@@ -1,4 +1,4 @@
-import type { Ready } from "../../contract/engine";
+import type { DaemonUpgradeAccepted, Ready } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import type { Principal, TokenStore } from "../auth";
 import type { NodeIdentity, TunnelStatus, VcsTokenStore } from "../link";
@@ -11,7 +11,14 @@ import type { TemplateCatalog } from "../templates";
 export interface DaemonControl {
   /** requestRestart starts a drain-and-restart in the background and returns at once. */
   requestRestart(drainTimeoutS: number): void;
+  /**
+   * requestUpgrade checks a new binary, puts it in place of the running one, and starts the
+   * same drain-and-restart into it; it resolves once the binary is in place (not when it serves).
+   */
+  requestUpgrade(request: { binary: string; drain_timeout_s: number; health_timeout_s: number }): Promise<UpgradeAccepted>;
 }
+
+export type UpgradeAccepted = DaemonUpgradeAccepted;
 
 /** ApiDeps are the modules the HTTP API calls. Handlers are thin: validate, call, answer. */
 export interface ApiDeps {
@@ -32,6 +39,8 @@ export interface ApiDeps {
   baseUrl?: () => string | undefined;
   /** metrics answers GET /metrics and the history; unset: both answer empty. */
   metrics?: Pick<EngineMetrics, "render" | "history">;
+  /** closing aborts when the daemon hands over to a successor: event streams end, and their clients reconnect there. */
+  closing?: AbortSignal;
   /** ready checks the database and the data dir for GET /api/ready; unset: ready by definition. */
   ready?: () => Ready;
 }

@@ -39,6 +39,8 @@ export const STATUS_BY_CODE: Record<EngineErrorCode, number> = {
   draining: 503,
   // RFC 4918 §11.5 (507 Insufficient Storage): the server cannot store what the request needs.
   disk_full: 507,
+  binary_invalid: 422,
+  schema_downgrade: 409,
   config_invalid: 500,
   data_dir_unwritable: 500,
   port_in_use: 500,

@@ -14,7 +14,7 @@ import { templateRoutes } from "./templates";
 import { tokenRoutes } from "./tokens";
 import { workloadRoutes } from "./workloads";
 
-export type { ApiDeps, DaemonControl } from "./deps";
+export type { ApiDeps, DaemonControl, UpgradeAccepted } from "./deps";
 
 interface CompiledRoute {
   method: string;

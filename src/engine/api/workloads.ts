@@ -12,6 +12,7 @@ import {
   ServiceStatsRecord,
 } from "../../contract/engine";
 import { assertServiceInScope } from "../auth";
+import { formatCursor, type LogCursor, type LogRecord, parseCursor } from "../services";
 import type { ApiDeps, RequestContext } from "./deps";
 import { AUTHED, errorResponses } from "./responses";
 
@@ -19,6 +20,8 @@ import { AUTHED, errorResponses } from "./responses";
 const DEFAULT_LOG_TAIL = 100;
 /** SSE_HEARTBEAT_MS keeps idle log streams alive through proxies that close silent connections. */
 const SSE_HEARTBEAT_MS = 15_000;
+/** SSE_RETRY_MS is how soon a browser's EventSource reconnects after a stream ends (a daemon restart ends it). */
+const SSE_RETRY_MS = 500;
 
 /** recordShape checks each listed record against the schema the list answers with. */
 const recordShape = TypeCompiler.Compile(ServiceRecord);
@@ -137,9 +140,15 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
       ({ params, query, request }) => {
         inScope(request, params.ident);
         const tail = query.tail === undefined ? DEFAULT_LOG_TAIL : Number(query.tail);
-        const lines = deps.services.logs(params.ident, tail);
-        if (query.follow !== "true" && query.follow !== "1") return lines;
-        return sseStream(lines, (signal) => deps.services.followLogs(params.ident, signal), request.signal);
+        if (query.follow !== "true" && query.follow !== "1") return deps.services.logs(params.ident, tail);
+        // A reconnecting client names the last record it got: the stream resumes after it,
+        // without the tail (decision 366). Any other id is ignored, and the tail is sent.
+        const after = parseCursor(request.headers.get("last-event-id"));
+        const start = after ? { records: [], end: after } : deps.services.logRecords(params.ident, tail);
+        return sseStream(start, after !== null, (signal, from) => deps.services.followLogs(params.ident, signal, from), [
+          request.signal,
+          deps.closing,
+        ]);
       },
       {
         params: ServiceIdentParams,
@@ -148,7 +157,7 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
         detail: {
           tags: ["services"],
           summary:
-            "The service's latest log lines; with follow=true a text/event-stream: a `ready` event at once ({lines: the tail's count}), then a `line` event for each line, the tail first",
+            "The service's latest log lines; with follow=true a text/event-stream: a `ready` event at once ({lines: the tail's count, resumed}), then a `line` event for each line, the tail first. Every event has an id (a place in the log); a client that reconnects with Last-Event-ID gets the lines after it instead of the tail, so a stream the daemon ends as it restarts resumes without a gap",
         },
       },
     )
@@ -168,11 +177,23 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
 
 /**
  * sseStream sends a `ready` event, the tail, then each new line, as server-sent events until
- * the client leaves.
+ * the client leaves or one of `endWhen` aborts (the daemon handing over to its successor).
+ * Each event's id is the log cursor after it (`ready`'s: where the stream starts), so the
+ * client's reconnection resumes exactly there.
  */
-function sseStream(initial: LogLine[], follow: (signal: AbortSignal) => AsyncGenerator<LogLine>, clientSignal: AbortSignal): Response {
+function sseStream(
+  start: { records: LogRecord[]; end: LogCursor },
+  resumed: boolean,
+  follow: (signal: AbortSignal, from: LogCursor) => AsyncGenerator<LogRecord>,
+  endWhen: (AbortSignal | undefined)[],
+): Response {
   const controller = new AbortController();
-  clientSignal.addEventListener("abort", () => controller.abort(), { once: true });
+  const abort = () => controller.abort();
+  const signals = endWhen.filter((signal): signal is AbortSignal => signal !== undefined);
+  for (const signal of signals) {
+    if (signal.aborted) controller.abort();
+    else signal.addEventListener("abort", abort, { once: true });
+  }
   const encoder = new TextEncoder();
   const stream = new ReadableStream<Uint8Array>({
     async start(sink) {
@@ -183,15 +204,21 @@ function sseStream(initial: LogLine[], follow: (signal: AbortSignal) => AsyncGen
           controller.abort();
         }
       };
+      const line = (record: LogRecord) => send(`event: line\nid: ${formatCursor(record.cursor)}\ndata: ${JSON.stringify(record.line)}\n\n`);
       // The headers and a first event go out at once, even for a service that never printed:
       // a client (the UI's log panel) learns the stream is live and how many lines the tail had.
-      send(`event: ready\ndata: ${JSON.stringify({ lines: initial.length })}\n\n`);
-      for (const line of initial) send(`event: line\ndata: ${JSON.stringify(line)}\n\n`);
+      // `ready` carries the starting cursor only when no tail follows it: a client cut off
+      // between `ready` and the tail's lines then reconnects for the tail again, losing nothing.
+      const ready = { lines: start.records.length, resumed };
+      const readyId = start.records.length > 0 ? "" : `id: ${formatCursor(start.end)}\n`;
+      send(`retry: ${SSE_RETRY_MS}\nevent: ready\n${readyId}data: ${JSON.stringify(ready)}\n\n`);
+      for (const record of start.records) line(record);
       const heartbeat = setInterval(() => send(": keep-alive\n\n"), SSE_HEARTBEAT_MS);
       try {
-        for await (const line of follow(controller.signal)) send(`event: line\ndata: ${JSON.stringify(line)}\n\n`);
+        for await (const record of follow(controller.signal, start.end)) line(record);
       } finally {
         clearInterval(heartbeat);
+        for (const signal of signals) signal.removeEventListener("abort", abort);
         try {
           sink.close();
         } catch {

@@ -51,6 +51,7 @@ export const ROUTE_ACCESS: Readonly<Record<string, Access>> = {
   "DELETE /api/services/:name/domains/:domain": "write",
   "POST /api/databases/:name/restore": "write",
   "POST /api/daemon/restart": "admin",
+  "POST /api/daemon/upgrade": "admin",
   "PUT /api/link/vcs-token": "admin",
   "GET /api/link/status": "read",
   // The web UI (src/engine/ui): its page and files are public; it then calls the routes above

@@ -1,15 +1,27 @@
 import { X509Certificate } from "node:crypto";
-import { accessSync, chmodSync, constants, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import {
+  accessSync,
+  chmodSync,
+  constants,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+} from "node:fs";
+import { getPriority, setPriority } from "node:os";
 import { dirname, join } from "node:path";
-import type { Server } from "bun";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
 import { SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
-import { lastResortResponse, pathOf } from "../../lib/http";
+import { pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
+import { removeStaleNames } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
-import { createApi, type DaemonControl } from "../api";
+import { createApi, type DaemonControl, type UpgradeAccepted } from "../api";
 import { bootstrapAdminToken, LINK_PRINCIPAL, TokenStore } from "../auth";
 import { firstUnreachable, lookupUser } from "../databases";
 import { GpuInventory } from "../gpu";
@@ -23,13 +35,13 @@ import {
   type TunnelClientOptions,
   VcsTokenStore,
 } from "../link";
-import { McpEndpoint } from "../mcp";
+import { McpEndpoint, warmMcpTools } from "../mcp";
 import { MdnsPublisher } from "../mdns";
 import { EngineMetrics } from "../metrics";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
-import { openStore } from "../store";
-import { Supervisor } from "../supervisor";
+import { appliedMigrations, openStore } from "../store";
+import { readProcessStat, Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
 import {
@@ -42,8 +54,24 @@ import {
   secureDataDir,
   tightened,
 } from "../users";
+import {
+  ControlSocket,
+  connectPredecessor,
+  HANDOVER_ENV,
+  type HandingOver,
+  HandoverError,
+  handOver,
+  type SuccessorChannel,
+  type SuccessorRole,
+  type ToSuccessor,
+} from "./handover";
+import { ApiListeners } from "./listeners";
 import { checkReady } from "./ready";
-import { reexecSelf } from "./reexec";
+import { commandLine, reapWhenGone, reexecSelf, SAME_IMAGE } from "./reexec";
+import { runsCompiled, type StagedUpgrade, stageUpgrade } from "./upgrade";
+
+export { HANDOVER_ENV, type SuccessorRole, takeSuccessorRole } from "./handover";
+export { runsCompiled } from "./upgrade";
 
 /** LISTING is the assertion the tunnel lists the MCP tools under: read-only, and it calls no route. */
 const LISTING = {
@@ -58,10 +86,12 @@ const LISTING = {
 export interface DaemonOptions {
   clock?: Clock;
   /**
-   * restart replaces the process after a drain; the default re-executes it in place and
-   * returns only an Error, on failure. Tests pass their own.
+   * restart replaces the process after a drain, instead of handing over to a new process
+   * (tests that run the daemon inside the test process: it returns only an Error, on failure).
    */
   restart?: () => Error | undefined;
+  /** successor makes this start take over from a running engine (takeSuccessorRole, set by a restart). */
+  successor?: SuccessorRole | null;
   /** decorateServices lets tests wrap the service directory (to inject a fault, say). */
   decorateServices?: (services: ServiceDirectory) => ServiceDirectory;
   /** proxyCommand starts a proxy process instead of the engine's own (tests). */
@@ -88,6 +118,8 @@ export interface RunningDaemon {
   readonly keptRunning: readonly string[];
   /** restarted resolves when a requested restart has drained and closed everything. */
   readonly restarting: Promise<void> | undefined;
+  /** standin is true for a successor that serves only until its parent, re-executed, takes over. */
+  readonly standin: boolean;
 }
 
 /**
@@ -307,44 +339,177 @@ async function refuseSecondEngine(socketPath: string): Promise<void> {
 }
 
 /**
- * serveSafety gives the Bun.serve options both of the engine's listeners take: never Bun's
- * development error page (it shows the working directory, stack frames and source lines),
- * and an error that escapes the app answers the error envelope (decision 142).
- */
-function serveSafety(log: Logger) {
-  return { development: false, error: (error: Error) => lastResortResponse(log, error) } as const;
-}
-
-function listen(config: EngineConfig, log: Logger, fetchHandler: (request: Request) => Response | Promise<Response>): Server<undefined> {
-  try {
-    return Bun.serve({ hostname: config.host, port: config.port, fetch: fetchHandler, idleTimeout: 120, ...serveSafety(log) });
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    if (code === "EADDRINUSE") {
-      throw new AppError(
-        "port_in_use",
-        `port ${config.port} on ${config.host} is already in use (another engine?): choose another with --port or ENGINE_PORT`,
-      );
-    }
-    throw new AppError("config_invalid", `cannot listen on ${config.host}:${config.port}: ${(error as Error).message}`);
-  }
-}
-
-/**
  * startDaemon is the engine's composition root: it starts every module in order and returns
  * a handle whose stop() undoes them in reverse, also after a partial start.
  */
 export async function startDaemon(config: EngineConfig, options: DaemonOptions = {}): Promise<RunningDaemon> {
+  if (options.successor) return startSuccessor(config, options, options.successor);
   await preflight(config);
   const asRoot = process.getuid?.() === 0;
   const prepared = prepareDataDir(config.dataDir, asRoot);
   try {
-    return await startIn(config, options, asRoot, prepared.modesBefore);
+    return await startIn(config, options, asRoot, prepared.modesBefore, null);
   } catch (error) {
     // A first start that fails all the same (a port taken since the preflight, say) leaves no
     // data dir behind: what it wrote there (admin token, database, PKI) would belong to no one.
     if (prepared.created) rmSync(prepared.created, { recursive: true, force: true });
     throw error;
+  }
+}
+
+/** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
+const HELLO_TIMEOUT_MS = 120_000;
+/** PEER_REAP_MS bounds the wait for the children of the pid before its execve to exit (a proxy process drains for up to 30 s). */
+const PEER_REAP_MS = 120_000;
+/** STANDIN_WAIT_MS is how long a stand-in waits for its re-executed parent to take over. */
+const STANDIN_WAIT_MS = 120_000;
+
+/** RestartTarget is what a restart runs next: the same image, or an upgrade's staged binary. */
+interface RestartTarget {
+  drainTimeoutS: number;
+  /** image is the executable the stand-in runs and this pid re-executes. */
+  image: string;
+  upgrade: { staged: StagedUpgrade; healthTimeoutS: number } | null;
+}
+
+/** exitIfFailed ends the process with 75 (EX_TEMPFAIL) when an execve failed, for a supervisor to start it again. */
+function exitIfFailed(failure: Error | undefined): void {
+  if (!failure) return;
+  console.error(`engine: restart failed: ${failure.message}; exiting with 75 so a supervisor restarts the engine`);
+  process.exit(75);
+}
+
+/** withoutHandover is an environment without the hand-over variables. */
+function withoutHandover(env: Record<string, string | undefined>): Record<string, string | undefined> {
+  const copy = { ...env };
+  for (const key of Object.values(HANDOVER_ENV)) delete copy[key];
+  return copy;
+}
+
+/**
+ * runningBinary is the path this process's executable was started from, which an upgrade
+ * replaces. The kernel marks it " (deleted)" once that name was renamed over, even when a
+ * rollback linked the same file back; the previous binary is kept from the running image
+ * itself either way (upgrade.ts keepPrevious).
+ */
+function runningBinary(): string {
+  const path = readlinkSync("/proc/self/exe");
+  return path.endsWith(" (deleted)") ? path.slice(0, -" (deleted)".length) : path;
+}
+
+/** rollBack puts the previous binary back, saying so; a failure is logged, as the engine serves on either way. */
+function rollBack(staged: StagedUpgrade, log: Logger): void {
+  try {
+    staged.rollback();
+    log.warn({ binary: staged.target, previous: staged.previous }, "rolled the binary back to the previous one");
+  } catch (error) {
+    log.error({ err: error, binary: staged.target, previous: staged.previous }, "could not roll the binary back");
+  }
+}
+
+/**
+ * answersHealth waits until GET /api/health on the unix socket answers from process `pid` with
+ * `version`, or throws after `timeoutMs`: an upgrade's new binary must serve before it stays.
+ */
+async function answersHealth(socketPath: string, pid: number, version: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last = "no answer";
+  while (Date.now() < deadline) {
+    try {
+      const response = await fetch("http://engine/api/health", { unix: socketPath, signal: AbortSignal.timeout(2000) });
+      const health = (await response.json()) as { pid?: number; version?: string };
+      if (response.ok && health.pid === pid && health.version === version) return;
+      last = `answered ${response.status} from pid ${health.pid} version ${health.version}`;
+    } catch (error) {
+      last = (error as Error).message;
+    }
+    await Bun.sleep(50);
+  }
+  throw new Error(`the new binary did not answer /api/health within ${Math.round(timeoutMs / 1000)} s (${last})`);
+}
+
+/** RELEASE_MARGIN_MS is how long past the drain deadline a successor waits for its predecessor to release its work. */
+const RELEASE_MARGIN_MS = 60_000;
+
+/**
+ * awaitRelease waits for the predecessor's `released`. A predecessor that went away without
+ * saying it (killed) released everything by dying, and the successor goes on; one that is
+ * alive and silent fails the start.
+ */
+async function awaitRelease(taking: Taking, log: Logger): Promise<void> {
+  try {
+    await taking.channel.next("released", Math.max(0, taking.order.deadline - Date.now()) + RELEASE_MARGIN_MS);
+  } catch (error) {
+    const state = readProcessStat(taking.order.pid)?.state;
+    if (state !== undefined && state !== "Z" && state !== "X") throw error;
+    log.warn({ predecessor_pid: taking.order.pid }, "the previous engine went away during the hand-over: taking over all the same");
+  }
+}
+
+/** Taking is a successor's hand-over, from the control connection to the predecessor's switch. */
+interface Taking {
+  role: SuccessorRole;
+  channel: SuccessorChannel;
+  order: Extract<ToSuccessor, { type: "switch" }>;
+}
+
+/**
+ * startSuccessor starts an engine that takes over from the running one (docs/decisions.md
+ * 360-363): it checks the data dir, does the slow work that needs nothing exclusive (the MCP
+ * tool validators), says hello on the predecessor's control socket, and waits to be told to
+ * switch; startIn then binds the listeners, waits for the predecessor to release its modules,
+ * and starts its own. The predecessor answers the API meanwhile; no port probe or
+ * second-engine check applies, as the predecessor holds both on purpose.
+ */
+async function startSuccessor(config: EngineConfig, options: DaemonOptions, role: SuccessorRole): Promise<RunningDaemon> {
+  checkDataDir(config.dataDir);
+  const asRoot = process.getuid?.() === 0;
+  // The start-up work before the switch is CPU the serving engine needs more on a small
+  // machine: it runs at a lower priority, given back at the switch (only root may raise it again).
+  const priority = asRoot ? lowerPriority() : null;
+  const prepared = prepareDataDir(config.dataDir, asRoot);
+  warmMcpTools();
+  let channel: SuccessorChannel;
+  try {
+    channel = await connectPredecessor(role.control);
+  } catch (error) {
+    throw new AppError("config_invalid", `cannot reach the engine to take over from at ${role.control}: ${(error as Error).message}`);
+  }
+  channel.send({ type: "hello", pid: process.pid, version: VERSION });
+  let order: Extract<ToSuccessor, { type: "switch" }>;
+  try {
+    order = await channel.next("switch", HELLO_TIMEOUT_MS);
+  } catch (error) {
+    channel.close();
+    throw new AppError("config_invalid", `the engine to take over from did not hand over: ${(error as Error).message}`);
+  } finally {
+    if (priority !== null) restorePriority(priority);
+  }
+  try {
+    return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order });
+  } catch (error) {
+    channel.send({ type: "failed", message: (error as Error).message });
+    channel.close();
+    throw error;
+  }
+}
+
+/** lowerPriority lowers this process's CPU priority by 10 and answers the one it had (null if it could not). */
+function lowerPriority(): number | null {
+  try {
+    const priority = getPriority(0);
+    setPriority(0, Math.min(19, priority + 10));
+    return priority;
+  } catch {
+    return null;
+  }
+}
+
+function restorePriority(priority: number): void {
+  try {
+    setPriority(0, priority);
+  } catch {
+    // not permitted: the start goes on at the lower priority
   }
 }
 
@@ -354,6 +519,7 @@ async function startIn(
   options: DaemonOptions,
   asRoot: boolean,
   modesBefore: Map<string, number>,
+  taking: Taking | null,
 ): Promise<RunningDaemon> {
   const clock = options.clock ?? systemClock;
   const startedAt = Date.now();
@@ -387,8 +553,30 @@ async function startIn(
   };
 
   try {
-    // The preflight found no engine answering on the socket: one still there is a crash's.
-    rmSync(config.socketPath, { force: true });
+    removeStaleNames(config.dataDir);
+    // The shim's notify socket and the API's listeners come first for a successor, which holds
+    // the requests that arrive from the switch on until its modules are up (decision 360).
+    const supervisor = new Supervisor({
+      dataDir: config.dataDir,
+      log,
+      shimPath: config.shimPath,
+      logMaxBytes: config.serviceLogMaxBytes,
+      logMaxFiles: config.serviceLogMaxFiles,
+      cgroups: config.cgroups,
+    });
+    // The local CA exists from the first start, so `engine ca` and the status always have a root.
+    // Reading whether the system trusts it runs certutil: a successor starts it before the switch.
+    const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
+    const rootPem = ca.rootPem();
+    const trustReading = trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
+    let listeners: ApiListeners | null = null;
+    if (taking) {
+      listeners = ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log });
+      cleanups.push(() => listeners?.close());
+      supervisor.bindNotify();
+      taking.channel.send({ type: "switched" });
+      await awaitRelease(taking, log);
+    }
     const db = openStore(join(config.dataDir, "engine.db"));
     cleanups.push(() => db.close());
 
@@ -404,14 +592,6 @@ async function startIn(
     const secretKey = loadSecretKey(config.dataDir);
     const vcs = new VcsTokenStore(db, secretKey, clock);
 
-    const supervisor = new Supervisor({
-      dataDir: config.dataDir,
-      log,
-      shimPath: config.shimPath,
-      logMaxBytes: config.serviceLogMaxBytes,
-      logMaxFiles: config.serviceLogMaxFiles,
-      cgroups: config.cgroups,
-    });
     if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
     supervisor.start();
     cleanups.push(() => supervisor.stop());
@@ -458,17 +638,15 @@ async function startIn(
     });
     isolateWorkloads(config.dataDir, log, modesBefore);
     await manager.start();
+    supervisor.replayEarlyNotices();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
     // Sampling starts once the services are adopted, and stops before they are handed over.
     metrics.start(manager);
     cleanups.push(() => metrics.stop());
 
-    // The local CA exists from the first start, so `engine ca` and the status always have a root.
-    const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
-    const rootPem = ca.rootPem();
     localCaPem = rootPem;
     const rootSubject = new X509Certificate(rootPem).subject.replaceAll("\n", ", ");
-    let trust = await trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
+    let trust = await trustReading;
     let trustReadAt = Date.now();
     const describeCa = (): CaDescription => {
       // Reading NSS runs certutil: the status answers with the last reading and refreshes it
@@ -494,24 +672,251 @@ async function startIn(
     };
     let handingOver = false;
 
+    /** closing ends the API's event streams when this daemon hands over: their clients reconnect to the successor. */
+    const closing = new AbortController();
     let restarting: Promise<void> | undefined;
+    // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
+    if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
+
+    /** leftChildren are this process's children that outlive its release: the proxy processes the successor retires. */
+    let leftChildren: number[] = [];
+    /** handingOverSide is what this daemon does at each step of handing its work to a successor. */
+    const handingOverSide = (): HandingOver => ({
+      log,
+      port: (listeners as ApiListeners).port,
+      async retire(deadline) {
+        closing.abort();
+        await relayed.mcp?.stop();
+        await (listeners as ApiListeners).retire(deadline);
+      },
+      async release() {
+        // The proxy processes keep serving; the successor's retire them once its own have bound.
+        try {
+          leftChildren = proxyHolder.controller?.status().respawn.pids ?? [];
+        } catch {
+          leftChildren = [];
+        }
+        handingOver = true;
+        await runCleanups();
+      },
+    });
+
+    /**
+     * restartByHandover is a drain restart without a gap (decisions 360-363): drain, start a
+     * new process (the same image, or an upgrade's binary) that takes the listeners and the
+     * work over as a stand-in, then re-execute this pid in place and take them back from it,
+     * so that whoever supervises the pid keeps the right one. A stand-in that never says hello
+     * or cannot bind leaves this daemon serving (an upgrade rolls its binary back); one that
+     * fails after this daemon released its work (or, for an upgrade, does not answer
+     * /api/health in time) is killed and this daemon starts again in place, from the previous
+     * binary for an upgrade.
+     */
+    const restartByHandover = async (target: RestartTarget): Promise<void> => {
+      // Let the 202 reach the client first.
+      await Bun.sleep(10);
+      const deadline = Date.now() + target.drainTimeoutS * 1000;
+      await services.drain(deadline);
+      const upgrade = target.upgrade;
+      let control: ControlSocket | null = null;
+      let child: ReturnType<typeof Bun.spawn> | null = null;
+      let active: { control: string | null };
+      try {
+        control = new ControlSocket(config.dataDir);
+        const argv = commandLine();
+        child = Bun.spawn([target.image, ...argv.slice(1)], {
+          argv0: argv[0],
+          env: { ...process.env, [HANDOVER_ENV.control]: control.path, [HANDOVER_ENV.standin]: "1" },
+          stdin: "ignore",
+          stdout: "inherit",
+          stderr: "inherit",
+        });
+      } catch (error) {
+        control?.close();
+        if (upgrade) rollBack(upgrade.staged, log);
+        services.resumeAfterDrain();
+        log.error(
+          { err: error },
+          `${upgrade ? "the upgrade" : "the restart"} failed: the new process could not be started; this engine keeps serving`,
+        );
+        restarting = undefined;
+        return;
+      }
+      try {
+        const channel = await control.accept(HELLO_TIMEOUT_MS, child.exited).catch((error: Error) => {
+          throw new HandoverError(error.message, "hello");
+        });
+        ({ active } = await handOver(channel, handingOverSide(), {
+          deadline,
+          drainMs: target.drainTimeoutS * 1000,
+          standin: true,
+          helloTimeoutMs: HELLO_TIMEOUT_MS,
+        }));
+        if (upgrade) {
+          await answersHealth(config.socketPath, child.pid, upgrade.staged.facts.cli, upgrade.healthTimeoutS * 1000).catch(
+            (error: Error) => {
+              throw new HandoverError(error.message, "active");
+            },
+          );
+        }
+      } catch (error) {
+        child.kill("SIGKILL");
+        // Reaped before anything else: an execve below would leave it a zombie nobody waits for.
+        await Promise.race([child.exited, Bun.sleep(5000)]);
+        control.close();
+        removeStaleNames(config.dataDir);
+        if (upgrade) rollBack(upgrade.staged, log);
+        // Anything else than a HandoverError came after this daemon released its work.
+        const stage = error instanceof HandoverError ? error.stage : "active";
+        const what = upgrade ? `the upgrade to ${upgrade.staged.facts.cli}` : "the restart";
+        if (stage === "hello" || stage === "switched") {
+          // Nothing was handed over: this daemon takes back any socket the new process renamed, and serves on.
+          (listeners as ApiListeners).reclaim();
+          supervisor.reclaimNotify();
+          services.resumeAfterDrain();
+          log.error(
+            { err: (error as Error).message, successor_pid: child.pid },
+            `${what} failed: the new process did not take over; this engine keeps serving`,
+          );
+          restarting = undefined;
+          return;
+        }
+        log.error(
+          { err: (error as Error).message, successor_pid: child.pid },
+          `${what} failed after this engine had handed over: starting again in place${upgrade ? " from the previous binary" : ""}`,
+        );
+        flush();
+        exitIfFailed(reexecSelf(withoutHandover(process.env), upgrade ? upgrade.staged.target : SAME_IMAGE));
+        return;
+      }
+      control.close();
+      log.info({ stand_in_pid: child.pid }, "the new process serves; re-executing in place to take the work back from it");
+      const env = {
+        ...withoutHandover(process.env),
+        [HANDOVER_ENV.control]: active.control ?? "",
+        [HANDOVER_ENV.peers]: [child.pid, ...leftChildren].join(","),
+      };
+      flush(); // what was logged goes out before the image is replaced
+      exitIfFailed(reexecSelf(env, target.image));
+    };
+
+    /**
+     * standIn is a stand-in's wait for its parent, re-executed in place, to take the work back.
+     * It then exits. If the parent goes away instead (its new image failed to start), the
+     * stand-in stops too, leaving the workloads running, so that whatever supervises the
+     * engine's pid starts it afresh rather than finding the ports held by an orphan.
+     */
+    const standIn = async (control: ControlSocket, drainMs: number): Promise<void> => {
+      const parent = process.ppid;
+      let orphaned!: () => void;
+      const parentGone = new Promise<void>((resolve) => {
+        orphaned = resolve;
+      });
+      const watch = setInterval(() => {
+        if (process.ppid !== parent) orphaned();
+      }, 250);
+      try {
+        const channel = await control.accept(STANDIN_WAIT_MS, parentGone).catch((error: Error) => {
+          throw new HandoverError(error.message, "hello");
+        });
+        await handOver(channel, handingOverSide(), {
+          deadline: Date.now() + drainMs,
+          drainMs,
+          standin: false,
+          helloTimeoutMs: HELLO_TIMEOUT_MS,
+        });
+        clearInterval(watch);
+        control.close();
+        flush();
+        process.exit(0);
+      } catch (error) {
+        const stage = error instanceof HandoverError ? error.stage : "hello";
+        if (stage === "hello" || stage === "switched") {
+          (listeners as ApiListeners).reclaim();
+          supervisor.reclaimNotify();
+        }
+        log.error(
+          { err: (error as Error).message, stage },
+          "the re-executed engine did not take over from this stand-in: stopping, so that the engine's supervisor starts it afresh",
+        );
+        clearInterval(watch);
+        control.close();
+        await runCleanups();
+        flush();
+        process.exit(1);
+      }
+    };
+
+    /** legacyRestart is the restart of a daemon run inside a test process (options.restart): drain, stop, call it. */
+    const legacyRestart = async (drainTimeoutS: number, restart: () => Error | undefined): Promise<void> => {
+      await Bun.sleep(10);
+      await services.drain(Date.now() + drainTimeoutS * 1000);
+      handingOver = true;
+      await runCleanups();
+      exitIfFailed(restart());
+    };
+
     const daemon: DaemonControl = {
       requestRestart(drainTimeoutS) {
         if (restarting) throw new AppError("draining", "a restart is already under way");
         log.info({ drain_timeout_s: drainTimeoutS }, "restart requested: draining");
-        restarting = (async () => {
-          // Let the 202 reach the client before the listener goes away.
-          await Bun.sleep(10);
-          await services.drain(Date.now() + drainTimeoutS * 1000);
-          // The proxy processes keep serving through the re-exec; the next daemon retires them.
-          handingOver = true;
-          await runCleanups();
-          const failure = (options.restart ?? reexecSelf)();
-          if (failure) {
-            console.error(`engine: restart failed: ${failure.message}; exiting with 75 so a supervisor restarts the engine`);
-            process.exit(75);
+        restarting = options.restart
+          ? legacyRestart(drainTimeoutS, options.restart)
+          : restartByHandover({ drainTimeoutS, image: SAME_IMAGE, upgrade: null });
+      },
+      async requestUpgrade(request): Promise<UpgradeAccepted> {
+        if (restarting) throw new AppError("draining", "a restart or an upgrade is already under way");
+        if (options.restart || !runsCompiled()) {
+          throw new AppError(
+            "not_supported",
+            "`engine upgrade` replaces the compiled binary, and this engine runs from source (bun cli/engine.ts): update the checkout and run `engine restart` instead",
+          );
+        }
+        let staging!: () => void;
+        restarting = new Promise<void>((resolve) => {
+          staging = resolve;
+        });
+        let staged: StagedUpgrade;
+        try {
+          const target = runningBinary();
+          staged = await stageUpgrade(request.binary, target, appliedMigrations(db));
+          try {
+            staged.swap();
+          } catch (error) {
+            staged.discard();
+            throw new AppError(
+              "binary_invalid",
+              `cannot put the new binary in place of ${target}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`,
+              { loc: ["body", "binary"] },
+            );
           }
-        })();
+        } catch (error) {
+          restarting = undefined;
+          staging();
+          throw error;
+        }
+        log.info(
+          {
+            from_version: VERSION,
+            to_version: staged.facts.cli,
+            binary: staged.target,
+            previous: staged.previous,
+            drain_timeout_s: request.drain_timeout_s,
+          },
+          "upgrade requested: the new binary is in place; draining",
+        );
+        restarting = restartByHandover({
+          drainTimeoutS: request.drain_timeout_s,
+          image: staged.target,
+          upgrade: { staged, healthTimeoutS: request.health_timeout_s },
+        });
+        staging();
+        return {
+          from_version: VERSION,
+          to_version: staged.facts.cli,
+          binary: staged.target,
+          previous: staged.previous,
+          store_schema: staged.facts.store_schema,
+        };
       },
     };
 
@@ -594,6 +999,7 @@ async function startIn(
       services,
       daemon,
       metrics,
+      closing: closing.signal,
       ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
     });
 
@@ -616,34 +1022,19 @@ async function startIn(
     cleanups.push(() => mcp.stop());
     relayed.mcp = mcp;
     relayed.api = api;
-    const tcp = listen(config, log, (request) =>
-      mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request)),
+    listeners ??= ApiListeners.bind({ host: config.host, port: config.port, socketPath: config.socketPath, log });
+    const bound = listeners;
+    cleanups.push(() => bound.close());
+    bound.serve(
+      (request) => (mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request))),
+      (raw) => {
+        const request = withRoutableUrl(raw);
+        api.markLocal(request);
+        return api.app.handle(request);
+      },
     );
     const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
-    browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${tcp.port ?? config.port}`;
-    cleanups.push(() => tcp.stop(true));
-    // The socket counts as admin and the data dir may be 0711 (root): a umask of 077 makes it
-    // private from the moment it exists, before the chmod that states its mode.
-    const umask = process.umask(0o077);
-    let unix: Server<undefined>;
-    try {
-      unix = Bun.serve({
-        unix: config.socketPath,
-        ...serveSafety(log),
-        fetch(raw) {
-          const request = withRoutableUrl(raw);
-          api.markLocal(request);
-          return api.app.handle(request);
-        },
-      });
-    } finally {
-      process.umask(umask);
-    }
-    chmodSync(config.socketPath, 0o600);
-    cleanups.push(() => {
-      unix.stop(true);
-      rmSync(config.socketPath, { force: true });
-    });
+    browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${bound.port}`;
 
     // A linked engine keeps its hosted base domain current; unlinked, the refresher does nothing.
     const linkMetadata = new MetadataRefresher({ identity: new IdentityStore(config.dataDir, clock), log });
@@ -653,22 +1044,27 @@ async function startIn(
     tunnel.start();
     cleanups.push(() => tunnel.stop());
 
-    const port = tcp.port ?? config.port;
+    const port = bound.port;
+    // A stand-in leaves the proxy processes of the engine it stands in for serving their last
+    // routes: the re-executed engine retires them once its own have bound (decision 368).
+    const proxied = taking?.role.standin !== true;
     const acmeConfig = config.proxy.acme;
-    const acme = acmeConfig
-      ? new AcmeIssuer({
-          directoryUrl: acmeConfig.directoryUrl,
-          email: acmeConfig.email,
-          eab: acmeConfig.eab,
-          dir: join(pkiDirectory(config.dataDir), "acme"),
-          directoryCa: acmeConfig.directoryCaFile ? readFileSync(acmeConfig.directoryCaFile, "utf8") : undefined,
-          log,
-          clock,
-          onChallenge: (token, keyAuthorization) => proxyHolder.controller?.setChallenge(token, keyAuthorization),
-          onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
-        })
-      : null;
-    const mdns = config.proxy.enabled && config.proxy.mdns !== "off" ? new MdnsPublisher({ backend: config.proxy.mdns, log }) : null;
+    const acme =
+      acmeConfig && proxied
+        ? new AcmeIssuer({
+            directoryUrl: acmeConfig.directoryUrl,
+            email: acmeConfig.email,
+            eab: acmeConfig.eab,
+            dir: join(pkiDirectory(config.dataDir), "acme"),
+            directoryCa: acmeConfig.directoryCaFile ? readFileSync(acmeConfig.directoryCaFile, "utf8") : undefined,
+            log,
+            clock,
+            onChallenge: (token, keyAuthorization) => proxyHolder.controller?.setChallenge(token, keyAuthorization),
+            onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
+          })
+        : null;
+    const mdns =
+      proxied && config.proxy.enabled && config.proxy.mdns !== "off" ? new MdnsPublisher({ backend: config.proxy.mdns, log }) : null;
     await mdns?.start();
     const proxy = new ProxyController({
       config: config.proxy,
@@ -689,14 +1085,28 @@ async function startIn(
       mdns,
       command: options.proxyCommand,
     });
-    proxyHolder.controller = proxy;
-    cleanups.push(() => (handingOver ? proxy.handOver() : proxy.stop()));
-    await proxy.start();
+    if (proxied) {
+      proxyHolder.controller = proxy;
+      cleanups.push(() => (handingOver ? proxy.handOver() : proxy.stop()));
+      await proxy.start();
+    }
     const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
     log.info(
       { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length },
       "listening",
     );
+
+    // A successor tells its predecessor it serves; a stand-in then waits for its parent,
+    // re-executed in place, to take the work back (decision 361).
+    let standinControl: ControlSocket | null = null;
+    if (taking) {
+      const { role, channel } = taking;
+      if (role.standin) standinControl = new ControlSocket(config.dataDir);
+      channel.send({ type: "active", control: standinControl?.path ?? null });
+      channel.close();
+      if (standinControl) void standIn(standinControl, taking.order.drain_ms);
+      for (const pid of role.peerPids) void reapWhenGone(pid, PEER_REAP_MS);
+    }
 
     let stopped = false;
     return {
@@ -714,10 +1124,12 @@ async function startIn(
       get keptRunning() {
         return keptRunning;
       },
+      standin: standinControl !== null,
       async stop() {
         if (stopped) return;
         stopped = true;
         await runCleanups();
+        standinControl?.close();
       },
     };
   } catch (error) {

@@ -11,28 +11,63 @@ function cStrings(values: string[]): { pointers: BigUint64Array; keep: Buffer[] 
   return { pointers, keep };
 }
 
+/** commandLine is this process's argv, as the kernel has it (/proc/self/cmdline). */
+export function commandLine(): string[] {
+  const argv = readFileSync("/proc/self/cmdline", "utf8").split("\0");
+  if (argv.at(-1) === "") argv.pop();
+  return argv;
+}
+
+/** SAME_IMAGE is the executable a restart runs again: this process's own, even if its file was replaced since. */
+export const SAME_IMAGE = "/proc/self/exe";
+
 /**
- * reexecSelf replaces this process with a fresh copy of itself through execve(2): the same
- * executable (/proc/self/exe), the same argv (/proc/self/cmdline), the same environment and
- * working directory, and the same pid — so npm, a shell or systemd (Type=simple) that
- * started the daemon keeps watching the right process. It returns only if execve failed.
- * Callers close listeners and databases first; descriptors opened with O_CLOEXEC close on exec.
+ * reexecSelf replaces this process with a fresh copy of itself through execve(2): the
+ * executable `path` (this process's own image by default; an upgrade names the new binary's
+ * path), the same argv (/proc/self/cmdline), the given environment, the same working
+ * directory, and the same pid — so npm, a shell or systemd (Type=simple) that started the
+ * daemon keeps watching the right process. It returns only if execve failed. Callers close
+ * listeners and databases first; descriptors opened with O_CLOEXEC close on exec.
  */
-export function reexecSelf(env: Record<string, string | undefined> = process.env): Error {
+export function reexecSelf(env: Record<string, string | undefined> = process.env, path: string = SAME_IMAGE): Error {
   try {
-    const argv = readFileSync("/proc/self/cmdline", "utf8").split("\0");
-    if (argv.at(-1) === "") argv.pop();
+    const argv = commandLine();
     const envp = Object.entries(env)
       .filter((entry): entry is [string, string] => entry[1] !== undefined)
       .map(([key, value]) => `${key}=${value}`);
     const libc = dlopen("libc.so.6", { execve: { args: [FFIType.cstring, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 } });
-    const path = Buffer.from("/proc/self/exe\0");
+    const file = Buffer.from(`${path}\0`);
     const args = cStrings(argv);
     const environment = cStrings(envp);
-    libc.symbols.execve(ptr(path), ptr(args.pointers), ptr(environment.pointers));
+    libc.symbols.execve(ptr(file), ptr(args.pointers), ptr(environment.pointers));
     // Reaching this line means execve failed; the buffers above stayed alive until here.
-    return new Error(`execve(/proc/self/exe) failed (kept ${args.keep.length} args, ${environment.keep.length} env)`);
+    return new Error(`execve(${path}) failed (kept ${args.keep.length} args, ${environment.keep.length} env)`);
   } catch (error) {
     return error as Error;
+  }
+}
+
+let waitpid: ((pid: number, status: null, options: number) => number) | null | undefined;
+
+/**
+ * reapWhenGone waits (polling, at most `timeoutMs`) for a child this process did not spawn
+ * through Bun to exit, and reaps it so that it leaves no zombie: the stand-in of a restart is
+ * the child of the daemon's pid from before its execve, which the new image knows nothing of.
+ */
+export async function reapWhenGone(pid: number, timeoutMs = 60_000): Promise<void> {
+  if (waitpid === undefined) {
+    try {
+      waitpid = dlopen("libc.so.6", { waitpid: { args: [FFIType.i32, FFIType.ptr, FFIType.i32], returns: FFIType.i32 } }).symbols
+        .waitpid as never;
+    } catch {
+      waitpid = null;
+    }
+  }
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    // WNOHANG: the pid once it has exited, 0 while it runs, -1 when it is not a child (gone).
+    const reaped = waitpid?.(pid, null, 1) ?? -1;
+    if (reaped !== 0) return;
+    await Bun.sleep(50);
   }
 }

@@ -37,6 +37,14 @@ export const CONNECT_TIMEOUT_MS = 10_000;
  * has come, a response may stay quiet for as long as it likes (SSE, token streams).
  */
 export const HEADER_TIMEOUT_MS = 300_000;
+/**
+ * STOPPING_IDLE_MS is how long a kept-alive connection may sit idle once its proxy process is
+ * retired (a restart's new processes serve the port). Closing an idle connection at once races
+ * a client that sends its next request on it at that moment, which then fails; meanwhile the
+ * next request is answered with `Connection: close` instead, and the client's following one
+ * opens a connection to a new process (docs/decisions.md 367).
+ */
+const STOPPING_IDLE_MS = 1000;
 /** SWEEP_MS is the resolution of the timeouts above. */
 const SWEEP_MS = 1000;
 
@@ -78,6 +86,8 @@ export class Forwarder {
   /** now is a clock that ticks with the sweeper: timeouts need seconds, not a syscall per event. */
   now = Date.now();
   stopping = false;
+  /** stoppingSince is when a graceful stop began: idle connections get STOPPING_IDLE_MS from then. */
+  stoppingSince = 0;
 
   constructor(readonly options: ForwarderOptions) {
     this.sweeper = setInterval(() => this.sweep(), SWEEP_MS);
@@ -96,8 +106,8 @@ export class Forwarder {
       open: (socket) => {
         const client = new ClientConnection(socket, this, scheme);
         socket.data = client;
+        // One accepted while stopping (it was in the listener's queue) is served, and closed after its response.
         this.clients.add(client);
-        if (this.stopping) client.closeAfterFlush();
       },
       data: (socket, data) => socket.data.onData(data),
       drain: (socket) => socket.data.onDrain(),
@@ -193,20 +203,20 @@ export class Forwarder {
   }
 
   /**
-   * stop ends every client connection. Graceful: idle keep-alive connections close now, those
-   * with a request in flight close once its response is written, tunnels (websockets) run on
-   * until the process's own deadline; the promise resolves when none is left. Otherwise every
-   * connection is closed at once.
+   * stop ends every client connection. Graceful: each request from now on is answered with
+   * `Connection: close` and its connection closed after the response, a connection idle for
+   * STOPPING_IDLE_MS closes, tunnels (websockets) run on until the process's own deadline; the
+   * promise resolves when none is left. Otherwise every connection is closed at once.
    */
   stop(graceful: boolean): Promise<void> {
     this.stopping = true;
-    clearInterval(this.sweeper);
+    this.stoppingSince = Date.now();
     if (!graceful) {
+      clearInterval(this.sweeper);
       for (const client of [...this.clients]) client.destroy();
       this.pool.closeAll();
       return Promise.resolve();
     }
-    for (const client of [...this.clients]) if (client.idle) client.closeAfterFlush();
     this.pool.drain();
     if (this.clients.size === 0) return Promise.resolve();
     return new Promise((resolve) => {
@@ -435,6 +445,13 @@ export class ClientConnection {
       if (!exchange.requestDone && !this.paused && now - this.lastActive > CLIENT_IDLE_MS) this.destroy();
       else exchange.checkTimeouts(now);
     } else if (this.tunnel === null && now - this.lastActive > CLIENT_IDLE_MS) this.closeAfterFlush();
+    else if (
+      this.tunnel === null &&
+      this.forwarder.stopping &&
+      now - Math.max(this.lastActive, this.forwarder.stoppingSince) > STOPPING_IDLE_MS
+    ) {
+      this.closeAfterFlush();
+    }
   }
 }
 

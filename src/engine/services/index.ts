@@ -9,8 +9,9 @@ import type {
   ServiceStatsRecord,
 } from "../../contract/engine";
 import type { Principal } from "../auth";
+import type { LogCursor, LogRecord } from "./logs";
 
-export { followLog, parseLogLine, tailLog } from "./logs";
+export { followLog, formatCursor, type LogCursor, type LogRecord, parseCursor, parseLogLine, tailLog, tailRecords } from "./logs";
 export { describeExit, type ManagerOptions, ServiceManager } from "./manager";
 export { decideAfterExit, defaultRestartPolicy, type RestartPolicy, type RestartState } from "./restart-policy";
 export { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
@@ -33,7 +34,10 @@ export interface ServiceDirectory {
   control(ident: string, action: ServiceAction): Promise<ServiceRecord>;
   remove(ident: string): Promise<void>;
   logs(ident: string, tail: number): LogLine[];
-  followLogs(ident: string, signal: AbortSignal): AsyncGenerator<LogLine>;
+  /** logRecords answers a service's last `tail` log records with their cursors, and the cursor a follow starts from. */
+  logRecords(ident: string, tail: number): { records: LogRecord[]; end: LogCursor };
+  /** followLogs yields a service's log records after `from`, across rotations, until the signal aborts. */
+  followLogs(ident: string, signal: AbortSignal, from: LogCursor): AsyncGenerator<LogRecord>;
   diagnose(ident: string): Diagnosis;
   /** serviceName resolves a name or id to the service's name, for scope checks. */
   serviceName(ident: string): string;
@@ -47,6 +51,8 @@ export interface ServiceDirectory {
   ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }>;
   /** drain refuses deploys and waits, at most until the deadline, for batch jobs to finish. */
   drain(deadline: number): Promise<void>;
+  /** resumeAfterDrain takes deploys again after a restart that did not go through. */
+  resumeAfterDrain(): void;
   /** subscribe calls `listener` with a service's id after every change of its record, its deletion included. */
   subscribe(listener: (serviceId: string) => void): () => void;
   /** handOver stops in-process work and leaves workloads running for the next daemon. */

@@ -48,7 +48,7 @@ import type { TemplateCatalog } from "../templates";
 import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceDirectory } from "./index";
-import { followLog, tailLog } from "./logs";
+import { followLog, type LogCursor, type LogRecord, tailLog, tailRecords } from "./logs";
 import { decideAfterExit, EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 import {
@@ -287,6 +287,12 @@ export class ServiceManager implements ServiceDirectory {
       runtime.build?.abort();
       runtime.setup?.abort();
     }
+  }
+
+  /** resumeAfterDrain takes deploys again after a restart that did not go through. */
+  resumeAfterDrain(): void {
+    this.draining = false;
+    this.schedule(); // what queued meanwhile
   }
 
   /** drain refuses new deploys and waits, until the deadline, for batch jobs to finish. */
@@ -647,9 +653,14 @@ export class ServiceManager implements ServiceDirectory {
     return tailLog(this.logFile(service.id), tail, this.o.logMaxFiles);
   }
 
-  followLogs(ident: string, signal: AbortSignal): AsyncGenerator<LogLine> {
+  logRecords(ident: string, tail: number): { records: LogRecord[]; end: LogCursor } {
     const service = this.find(ident);
-    return followLog(this.logFile(service.id), signal);
+    return tailRecords(this.logFile(service.id), tail, this.o.logMaxFiles);
+  }
+
+  followLogs(ident: string, signal: AbortSignal, from: LogCursor): AsyncGenerator<LogRecord> {
+    const service = this.find(ident);
+    return followLog(this.logFile(service.id), signal, { from, maxFiles: this.o.logMaxFiles });
   }
 
   gpuInventory(): GpuInventoryRecord {

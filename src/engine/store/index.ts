@@ -50,6 +50,17 @@ function keepPrivate(path: string): void {
   for (const file of [path, `${path}-wal`, `${path}-shm`]) if (existsSync(file)) chmodSync(file, 0o600);
 }
 
+/** STORE_MIGRATIONS are the ids of the migrations this engine knows, oldest first: its store schema. */
+export const STORE_MIGRATIONS: readonly string[] = MIGRATIONS.map((migration) => migration.id);
+
+/** appliedMigrations lists the ids of the migrations a database has, in the order they sort (dated ids). */
+export function appliedMigrations(db: Database): string[] {
+  return db
+    .query<{ id: string }, []>("SELECT id FROM schema_migrations ORDER BY id")
+    .all()
+    .map((row) => row.id);
+}
+
 /** migrate applies, in order and each in its own transaction, the migrations not yet recorded. */
 export function migrate(db: Database, migrations: readonly Migration[]): string[] {
   db.exec("CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)");

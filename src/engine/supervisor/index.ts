@@ -1,6 +1,7 @@
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmdirSync, unlinkSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../../lib/logger";
+import { bindUnixAt, ownsPath, removeIfOwned, type UnixSocketName } from "../../lib/sockets";
 import { credentialsArg, type WorkloadUser } from "../users";
 import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
 import { isSameProcess, readProcessStat } from "./procfs";
@@ -82,6 +83,9 @@ export class Supervisor {
   private readonly byRunDir = new Map<string, string>();
   private readonly earlyExits = new Set<string>();
   private listener: ReturnType<typeof Bun.listen> | null = null;
+  private notifyName: UnixSocketName | null = null;
+  /** early holds the exit notices that arrived before start(): a successor binds the socket first. */
+  private early: string[] | null = [];
   private timer: ReturnType<typeof setInterval> | null = null;
   private exitHandler: (handle: RunHandle, exit: ExitRecord) => void = () => undefined;
 
@@ -103,23 +107,53 @@ export class Supervisor {
     this.exitHandler = handler;
   }
 
-  start(): void {
-    if (existsSync(this.notifySocket)) unlinkSync(this.notifySocket);
+  /**
+   * bindNotify binds the notify socket (shim.sock) at a private name and renames it over the
+   * path, so the path names a listening socket at every moment, also while a restart hands it
+   * from one daemon to the next (docs/decisions.md 360). Notices that arrive before start()
+   * wait for replayEarlyNotices().
+   */
+  bindNotify(): void {
+    if (this.listener) return;
     // Only the shims (the engine's user) may report exits: a line from anyone else would end a
     // run that is still alive. A umask of 077 makes the socket private from the moment it exists.
     const umask = process.umask(0o077);
     try {
-      this.listen();
+      const bound = bindUnixAt(this.notifySocket, (privatePath) => {
+        const listener = this.listen(privatePath);
+        chmodSync(privatePath, 0o600);
+        return listener;
+      });
+      this.listener = bound.server;
+      this.notifyName = bound.name;
     } finally {
       process.umask(umask);
     }
-    chmodSync(this.notifySocket, 0o600);
+  }
+
+  /** reclaimNotify binds the notify socket again when a successor that took it over went away. */
+  reclaimNotify(): void {
+    if (!this.notifyName || ownsPath(this.notifyName)) return;
+    this.listener?.stop(true);
+    this.listener = null;
+    this.bindNotify();
+  }
+
+  start(): void {
+    this.bindNotify();
     this.timer = setInterval(() => this.sweep(), this.options.livenessIntervalMs ?? 1000);
   }
 
-  private listen(): void {
-    this.listener = Bun.listen<{ buffer: string }>({
-      unix: this.notifySocket,
+  /** replayEarlyNotices handles the notices that came before start(), once the runs are adopted. */
+  replayEarlyNotices(): void {
+    const early = this.early ?? [];
+    this.early = null;
+    for (const runDir of early) this.noticeExit(runDir);
+  }
+
+  private listen(path: string): ReturnType<typeof Bun.listen> {
+    return Bun.listen<{ buffer: string }>({
+      unix: path,
       socket: {
         open: (socket) => {
           socket.data = { buffer: "" };
@@ -130,7 +164,10 @@ export class Supervisor {
           while (newline >= 0) {
             const line = socket.data.buffer.slice(0, newline);
             socket.data.buffer = socket.data.buffer.slice(newline + 1);
-            if (line.startsWith("exit ")) this.noticeExit(line.slice(5));
+            if (line.startsWith("exit ")) {
+              if (this.early) this.early.push(line.slice(5));
+              else this.noticeExit(line.slice(5));
+            }
             newline = socket.data.buffer.indexOf("\n");
           }
         },
@@ -143,11 +180,8 @@ export class Supervisor {
     this.timer = null;
     this.listener?.stop(true);
     this.listener = null;
-    try {
-      unlinkSync(this.notifySocket);
-    } catch {
-      // already gone
-    }
+    // After a hand-over the path names the successor's socket: it is left alone.
+    if (this.notifyName) removeIfOwned(this.notifyName);
     try {
       // Succeeds only when no run's cgroup is left under it, i.e. nothing is running.
       if (this.cgroup) rmdirSync(this.cgroup.parent);

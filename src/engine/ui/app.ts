@@ -715,9 +715,9 @@ async function renderService(name: string): Promise<void> {
   // Live logs: the API's SSE stream, sent with the session cookie (a GET needs no CSRF token).
   const source = new EventSource(`/api/services/${encodeURIComponent(name)}/logs?follow=true&tail=200`);
   const noOutput = h("span", { class: "muted" }, "No output yet.");
+  // A reconnection (the engine restarted) sends Last-Event-ID, and the stream resumes after the
+  // last line shown: the view keeps its lines and gets only the new ones (docs/decisions.md 366).
   source.addEventListener("open", () => {
-    // A (re)connected stream starts with the tail again: start the view over with it.
-    logs.replaceChildren();
     logState.textContent = "live";
   });
   source.addEventListener("ready", (event) => {

@@ -77,6 +77,14 @@ export function sampleRequests(tokenIdToRevoke: () => string, uniqueName: () => 
       mutates: true,
     },
     {
+      // The test engine runs from source: an admin's upgrade is refused as not supported (501).
+      key: "POST /api/daemon/upgrade",
+      method: "POST",
+      path: "/api/daemon/upgrade",
+      body: { binary: "/usr/local/bin/engine-next" },
+      adminStatus: 501,
+    },
+    {
       key: "PUT /api/link/vcs-token",
       method: "PUT",
       path: "/api/link/vcs-token",

@@ -78,13 +78,12 @@ describe("daemon process", () => {
     expect(engine.output()).not.toContain(secret);
   });
 
-  test("POST /api/daemon/restart answers 202, drains and re-executes in place: same pid, new process image", async () => {
+  test("POST /api/daemon/restart answers 202, hands over to a stand-in and re-executes in place: same pid and port, new process image", async () => {
     const dir = scratch();
     const engine = await started(dir, { args: [] });
     const token = (await Bun.file(join(dir, "admin.token")).text()).trim();
     const auth = { authorization: `Bearer ${token}`, "content-type": "application/json" };
     const before = (await (await fetch(`${engine.url}/api/health`)).json()) as { pid: number; uptime_s: number };
-    // --port 0 picks a new port after the re-exec, so find it from the new "listening" line.
     const linesBefore = engine.output().split('"msg":"listening"').length;
     const response = await fetch(`${engine.url}/api/daemon/restart`, {
       method: "POST",
@@ -93,12 +92,19 @@ describe("daemon process", () => {
     });
     expect(response.status).toBe(202);
     expect(await response.json()).toEqual({});
-    await eventually(() => engine.output().split('"msg":"listening"').length > linesBefore, { timeoutMs: 15000 });
-    const port = Number(/"port":(\d+)/.exec(engine.output().slice(engine.output().lastIndexOf('"port":')))?.[1]);
-    const after = (await (await fetch(`http://127.0.0.1:${port}/api/health`)).json()) as { pid: number; uptime_s: number };
+    // Two starts: the stand-in's, then this pid's own after its execve; both keep the port
+    // (--port 0 picked it), and the stand-in is gone once the pid took the work back.
+    await eventually(() => engine.output().split('"msg":"listening"').length >= linesBefore + 2, { timeoutMs: 30000 });
+    const listening = jsonLines(engine.output()).filter((line) => line.msg === "listening");
+    const standIn = listening.at(-2)?.pid as number;
+    expect(standIn).not.toBe(before.pid);
+    expect(listening.at(-1)?.pid).toBe(before.pid);
+    expect(listening.slice(-2).map((line) => line.port)).toEqual([engine.port, engine.port]);
+    const after = (await (await fetch(`${engine.url}/api/health`)).json()) as { pid: number; uptime_s: number };
     expect(after.pid).toBe(before.pid);
     expect(engine.proc.exitCode).toBeNull();
-    expect((await fetch(`http://127.0.0.1:${port}/api/tokens`, { headers: auth })).status).toBe(200);
+    expect((await fetch(`${engine.url}/api/tokens`, { headers: auth })).status).toBe(200);
+    await eventually(() => !existsSync(`/proc/${standIn}`), { timeoutMs: 10000 });
   });
 
   test("a port in use is one clear error and exit 1", async () => {

@@ -74,7 +74,8 @@ test("the proxy keeps serving through a drain restart: the new daemon binds befo
   expect((await api(engine.port, "/api/daemon/restart", { method: "POST", body: JSON.stringify({ drain_timeout_s: 2 }) })).status).toBe(
     202,
   );
-  await eventually(() => (engine?.output().split('"msg":"listening"').length ?? 0) > linesBefore, { timeoutMs: 20000 });
+  // Two starts: the stand-in's, then the engine's own pid again after its execve (decision 361).
+  await eventually(() => (engine?.output().split('"msg":"listening"').length ?? 0) >= linesBefore + 2, { timeoutMs: 30000 });
   const port = Number(/"port":(\d+)/.exec(engine.output().slice(engine.output().lastIndexOf('"msg":"listening"') - 400))?.[1]);
   engine = { ...engine, port, url: `http://127.0.0.1:${port}` };
   const after = await eventually(

@@ -1,0 +1,185 @@
+import { chmodSync } from "node:fs";
+import type { Server } from "bun";
+import { randomId } from "../../lib/crypto";
+import { AppError } from "../../lib/errors";
+import { errorResponse, lastResortResponse } from "../../lib/http";
+import type { Logger } from "../../lib/logger";
+import { bindUnixAt, listeningTcpFd, ownsPath, removeIfOwned, steerToNewest, type UnixSocketName } from "../../lib/sockets";
+
+/** Handler answers one request of a listener. */
+export type Handler = (request: Request, server: Server<undefined>) => Response | Promise<Response>;
+
+/**
+ * RETIRE_GRACE_MS is how long a retiring listener still accepts after its successor bound (and
+ * renamed its unix socket over the path). New connections go to the successor from then on;
+ * one already in this listener's queue is accepted and answered on the event loop's next
+ * turns rather than reset when the listener closes, and a TCP handshake this listener had
+ * begun completes within a round trip. Loopback and LAN round trips fit inside it; it is
+ * short because requests wait for it (the successor cannot serve before this daemon has
+ * released its work): measured in bench/restart.ts.
+ */
+export const RETIRE_GRACE_MS = 5;
+
+/** IDLE_TIMEOUT_S closes a keep-alive connection that says nothing for this long (SSE streams send keep-alives). */
+const IDLE_TIMEOUT_S = 120;
+
+export interface ApiListenerOptions {
+  host: string;
+  port: number;
+  socketPath: string;
+  log: Logger;
+}
+
+/**
+ * ApiListeners are the daemon's two API listeners: TCP (the API, the web UI and MCP) and the
+ * unix socket (the local CLI, counted as admin). They bind before the daemon can answer and
+ * hold requests until `serve` gives them their handlers, so a successor can take the ports
+ * over from its predecessor while that one finishes its work: new connections wait in this
+ * process for the moment its modules are up instead of finding no one listening.
+ */
+export class ApiListeners {
+  readonly tcp: Server<undefined>;
+  private unix: Server<undefined>;
+  readonly port: number;
+  /** steered says whether new connections go to a successor the moment it binds (sockets.ts). */
+  readonly steered: boolean;
+  private unixName: UnixSocketName;
+  private readonly options: ApiListenerOptions;
+  private handlers: { tcp: Handler; unix: Handler } | null = null;
+  private waiting: (() => void)[] = [];
+  private closed = false;
+
+  private constructor(options: ApiListenerOptions) {
+    this.options = options;
+    this.tcp = bindTcp(options, {
+      ...this.safety(),
+      idleTimeout: IDLE_TIMEOUT_S,
+      fetch: (request, server) => this.dispatch("tcp", request, server),
+    });
+    this.port = this.tcp.port ?? options.port;
+    const fd = listeningTcpFd(this.port);
+    this.steered = fd !== null && steerToNewest(fd);
+    if (!this.steered) {
+      options.log.warn(
+        { port: this.port },
+        "cannot steer the API port's new connections to a successor (no SO_ATTACH_REUSEPORT_CBPF): a restart may reset a connection that arrives as it hands over",
+      );
+    }
+    try {
+      const bound = this.bindUnix();
+      this.unix = bound.server;
+      this.unixName = bound.name;
+    } catch (error) {
+      this.tcp.stop(true);
+      throw error;
+    }
+  }
+
+  /** safety are the options both listeners take: never Bun's development error page, and the error envelope for what escapes the app (decision 142). */
+  private safety() {
+    return { development: false, error: (error: Error) => lastResortResponse(this.options.log, error) } as const;
+  }
+
+  private bindUnix(): { server: Server<undefined>; name: UnixSocketName } {
+    // The socket counts as admin and the data dir may be 0711 (root): a umask of 077 makes it
+    // private from the moment it exists, before the chmod that states its mode.
+    const umask = process.umask(0o077);
+    try {
+      return bindUnixAt(this.options.socketPath, (privatePath) => {
+        const server = Bun.serve({ ...this.safety(), unix: privatePath, fetch: (request, srv) => this.dispatch("unix", request, srv) });
+        chmodSync(privatePath, 0o600);
+        return server as Server<undefined>;
+      });
+    } finally {
+      process.umask(umask);
+    }
+  }
+
+  /**
+   * reclaim binds the unix socket again when a successor renamed its own over the path and then
+   * went away (a restart that did not go through): the path names this process's socket again.
+   */
+  reclaim(): void {
+    if (this.closed || ownsPath(this.unixName)) return;
+    const bound = this.bindUnix();
+    this.unix.stop(true);
+    this.unix = bound.server;
+    this.unixName = bound.name;
+  }
+
+  /** bind opens both listeners; a TCP port another program holds is `port_in_use`. */
+  static bind(options: ApiListenerOptions): ApiListeners {
+    return new ApiListeners(options);
+  }
+
+  /** serve gives the listeners their handlers; requests that waited for them go on now. */
+  serve(tcp: Handler, unix: Handler): void {
+    this.handlers = { tcp, unix };
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const resume of waiting) resume();
+  }
+
+  private async dispatch(which: "tcp" | "unix", request: Request, server: Server<undefined>): Promise<Response> {
+    if (!this.handlers) {
+      if (this.closed) return notServing();
+      await new Promise<void>((resume) => this.waiting.push(resume));
+      if (!this.handlers) return notServing();
+    }
+    return (this.handlers as { tcp: Handler; unix: Handler })[which](request, server);
+  }
+
+  /** inFlight counts the requests both listeners are still answering. */
+  inFlight(): number {
+    return this.tcp.pendingRequests + this.unix.pendingRequests;
+  }
+
+  /**
+   * retire hands the ports to a successor that has bound them: it keeps accepting for
+   * RETIRE_GRACE_MS (what was already queued), stops accepting, and waits for the requests in
+   * flight until `deadline` (ms since the epoch), then closes what is left. The unix path is
+   * the successor's by then and is left alone.
+   */
+  async retire(deadline: number): Promise<void> {
+    await Bun.sleep(RETIRE_GRACE_MS);
+    this.tcp.stop(false);
+    this.unix.stop(false);
+    while (this.inFlight() > 0 && Date.now() < deadline) await Bun.sleep(5);
+    this.close();
+  }
+
+  /** close stops both listeners at once and removes the unix path while it is still this process's. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.tcp.stop(true);
+    this.unix.stop(true);
+    removeIfOwned(this.unixName);
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const resume of waiting) resume();
+  }
+}
+
+/** notServing answers a request that reached a listener whose daemon never got going. */
+function notServing(): Response {
+  return errorResponse(503, "draining", "the engine is restarting; try again in a moment", `req_${randomId("x").slice(2, 14)}`);
+}
+
+/** bindTcp binds the API's TCP port with SO_REUSEPORT, so that a successor can bind it beside this one. */
+function bindTcp(options: ApiListenerOptions, serve: Omit<Parameters<typeof Bun.serve>[0], "port" | "hostname">): Server<undefined> {
+  try {
+    return Bun.serve({ ...(serve as object), hostname: options.host, port: options.port, reusePort: true } as Parameters<
+      typeof Bun.serve
+    >[0]) as Server<undefined>;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "EADDRINUSE") {
+      throw new AppError(
+        "port_in_use",
+        `port ${options.port} on ${options.host} is already in use (another engine?): choose another with --port or ENGINE_PORT`,
+      );
+    }
+    throw new AppError("config_invalid", `cannot listen on ${options.host}:${options.port}: ${(error as Error).message}`);
+  }
+}

@@ -1,0 +1,166 @@
+import { dlopen, FFIType, ptr } from "bun:ffi";
+import { readdirSync, readlinkSync, renameSync, rmSync, statSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
+
+/**
+ * The listening sockets of a drain restart change hands without a moment where nothing
+ * listens (docs/decisions.md 360). Bun.serve cannot serve on a descriptor it did not open
+ * (`Bun.serve({fd})` is ignored; only the raw `Bun.listen` takes one), so the API's TCP port
+ * is shared with SO_REUSEPORT and the unix sockets are swapped by rename(2):
+ *
+ * - TCP: every engine binds its port with SO_REUSEPORT and attaches a classic BPF program to
+ *   the port's reuseport group that picks socket 1, the newest of two. While one engine holds
+ *   the port the index is out of range and the kernel falls back to its hash (that one
+ *   socket); the moment a successor binds, every new connection goes to the successor. The
+ *   predecessor accepts what is already in its queue and only then closes, so no connection
+ *   meets a closed queue (the kernel resets those; measured in bench/handover.ts).
+ * - unix: a socket is bound at a name of its own (`.<letter><pid>` beside it) and renamed over the real
+ *   path, which thus always names a listening socket. Bun unlinks the name a socket was bound
+ *   at when it stops, which is the private one, already gone; the real path is removed at a
+ *   stop only while it still names this process's socket.
+ */
+
+interface Libc {
+  getsockname(fd: number, addr: unknown, len: unknown): number;
+  getsockopt(fd: number, level: number, name: number, value: unknown, len: unknown): number;
+  setsockopt(fd: number, level: number, name: number, value: unknown, len: number): number;
+}
+
+let libc: Libc | null | undefined;
+
+function loadLibc(): Libc | null {
+  if (libc !== undefined) return libc;
+  try {
+    libc = dlopen("libc.so.6", {
+      getsockname: { args: [FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
+      getsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
+      setsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
+    }).symbols as unknown as Libc;
+  } catch {
+    libc = null;
+  }
+  return libc;
+}
+
+const SOL_SOCKET = 1;
+const SO_ACCEPTCONN = 30;
+const SO_ATTACH_REUSEPORT_CBPF = 51;
+const AF_INET = 2;
+const AF_INET6 = 10;
+
+/**
+ * listeningTcpFd finds this process's listening TCP socket on `port` among its descriptors
+ * (Bun does not expose the descriptor of a server it opened). Null when none is found.
+ */
+export function listeningTcpFd(port: number): number | null {
+  const c = loadLibc();
+  if (!c) return null;
+  let entries: string[];
+  try {
+    entries = readdirSync("/proc/self/fd");
+  } catch {
+    return null;
+  }
+  const address = Buffer.alloc(128);
+  const length = new Uint32Array(1);
+  const value = new Int32Array(1);
+  const valueLength = new Uint32Array(1);
+  for (const entry of entries) {
+    let target: string;
+    try {
+      target = readlinkSync(`/proc/self/fd/${entry}`);
+    } catch {
+      continue;
+    }
+    if (!target.startsWith("socket:")) continue;
+    const fd = Number(entry);
+    length[0] = address.length;
+    if (c.getsockname(fd, ptr(address), ptr(length)) !== 0) continue;
+    const family = address.readUInt16LE(0);
+    if ((family !== AF_INET && family !== AF_INET6) || address.readUInt16BE(2) !== port) continue;
+    valueLength[0] = 4;
+    if (c.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, ptr(value), ptr(valueLength)) !== 0 || value[0] !== 1) continue;
+    return fd;
+  }
+  return null;
+}
+
+/**
+ * steerToNewest attaches to the reuseport group of the listening socket `fd` the classic BPF
+ * program `ret #1`: a new connection goes to the group's second socket, the successor's,
+ * when there is one, and by hash to the only socket otherwise (an index out of range falls
+ * back to the hash). The program belongs to the group, so it survives the socket that
+ * attached it. Answers whether the kernel took it.
+ */
+export function steerToNewest(fd: number): boolean {
+  const c = loadLibc();
+  if (!c) return false;
+  // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k } — BPF_RET|BPF_K (0x06), k = 1.
+  const program = Buffer.alloc(8);
+  program.writeUInt16LE(0x06, 0);
+  program.writeUInt32LE(1, 4);
+  // struct sock_fprog { u16 len; struct sock_filter *filter } (padded to 16 bytes on 64-bit).
+  const fprog = Buffer.alloc(16);
+  fprog.writeUInt16LE(1, 0);
+  fprog.writeBigUInt64LE(BigInt(ptr(program)), 8);
+  return c.setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, ptr(fprog), fprog.length) === 0;
+}
+
+/** UnixSocketName is a unix socket bound at a private name and renamed over its real path. */
+export interface UnixSocketName {
+  path: string;
+  /** inode of the socket this process bound: the path is this process's while it names that inode. */
+  inode: number;
+}
+
+/**
+ * bindUnixAt binds a unix socket through `bind(privatePath)` and renames it over `path`, so
+ * that `path` names a listening socket at every moment: the previous engine's until the
+ * rename, this one's after it.
+ */
+export function bindUnixAt<T>(path: string, bind: (privatePath: string) => T): { server: T; name: UnixSocketName } {
+  // Short, as a unix socket's path is (at most 107 bytes; the data dir's is checked for
+  // engine.sock): the first letter of the name and the pid, hidden beside it.
+  const privatePath = join(dirname(path), `.${basename(path).slice(0, 1)}${process.pid}`);
+  rmSync(privatePath, { force: true });
+  const server = bind(privatePath);
+  const inode = statSync(privatePath).ino;
+  renameSync(privatePath, path);
+  return { server, name: { path, inode } };
+}
+
+/** ownsPath says whether `name.path` still names the socket this process bound. */
+export function ownsPath(name: UnixSocketName): boolean {
+  try {
+    return statSync(name.path).ino === name.inode;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * removeStaleNames removes the private socket names (`.<letter><pid>`) in `dir` whose process
+ * is gone: a process killed between a bind and its rename, or a killed restart's control socket.
+ */
+export function removeStaleNames(dir: string): void {
+  let entries: string[];
+  try {
+    entries = readdirSync(dir);
+  } catch {
+    return;
+  }
+  for (const entry of entries) {
+    const match = /^\.[a-z](\d+)$/.exec(entry);
+    if (!match) continue;
+    try {
+      process.kill(Number(match[1]), 0);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ESRCH") rmSync(join(dir, entry), { force: true });
+    }
+  }
+}
+
+/** removeIfOwned removes the socket's path unless a successor's socket has taken it over. */
+export function removeIfOwned(name: UnixSocketName): void {
+  if (ownsPath(name)) rmSync(name.path, { force: true });
+}

@@ -1,0 +1,271 @@
+/**
+ * A drain restart without a gap (docs/decisions.md 360-363): the daemon hands its listeners
+ * and its work to a stand-in, re-executes its own pid and takes them back. Requests sent all
+ * along — over TCP and over the unix socket — all get answers; the workloads keep their pids;
+ * a log follower resumes with Last-Event-ID and misses no line; nothing is left running.
+ */
+import { afterEach, describe, expect, test } from "bun:test";
+import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { ENGINE_ENTRY, eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  let failure: unknown;
+  while (cleanups.length > 0) {
+    try {
+      await cleanups.pop()?.();
+    } catch (error) {
+      failure ??= error;
+    }
+  }
+  if (failure) throw failure;
+});
+
+function scratch(): string {
+  const dir = tempDir("engine-handover-");
+  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+  cleanups.push(() => reapWorkloads(dir));
+  return dir;
+}
+
+async function started(dataDir: string): Promise<SpawnedEngine> {
+  const engine = await spawnEngine(dataDir);
+  cleanups.push(() => engine.stop());
+  return engine;
+}
+
+const listeningCount = (engine: SpawnedEngine) => engine.output().split('"msg":"listening"').length - 1;
+
+/** adminHeaders reads the admin token the engine wrote. */
+function adminHeaders(dataDir: string): Record<string, string> {
+  return { authorization: `Bearer ${readFileSync(join(dataDir, "admin.token"), "utf8").trim()}`, "content-type": "application/json" };
+}
+
+/** restartAndWait asks for a drain restart and waits until the engine's own pid serves again (two starts). */
+async function restartAndWait(engine: SpawnedEngine, dataDir: string): Promise<void> {
+  const before = listeningCount(engine);
+  const response = await fetch(`${engine.url}/api/daemon/restart`, {
+    method: "POST",
+    headers: adminHeaders(dataDir),
+    body: JSON.stringify({ drain_timeout_s: 10 }),
+  });
+  expect(response.status).toBe(202);
+  await eventually(() => listeningCount(engine) >= before + 2, { timeoutMs: 40_000 });
+  await eventually(async () => ((await (await fetch(`${engine.url}/api/health`)).json()) as { pid: number }).pid === engine.proc.pid, {
+    timeoutMs: 10_000,
+  });
+}
+
+interface Loop {
+  answered: number;
+  failures: string[];
+  /** pids are the engine pids that answered /api/health, in order of first answer. */
+  pids: number[];
+}
+
+/** apiLoop calls `call` back to back until stopped, counting answers and failures. */
+function apiLoop(call: () => Promise<Response>, loop: Loop, running: () => boolean): Promise<void> {
+  return (async () => {
+    while (running()) {
+      try {
+        const response = await call();
+        const body = await response.text();
+        if (response.status !== 200) loop.failures.push(`${response.status} ${body.slice(0, 120)}`);
+        else {
+          loop.answered += 1;
+          const pid = (JSON.parse(body) as { pid?: number }).pid;
+          if (pid !== undefined && !loop.pids.includes(pid)) loop.pids.push(pid);
+        }
+      } catch (error) {
+        loop.failures.push((error as Error).message);
+      }
+      await Bun.sleep(2);
+    }
+  })();
+}
+
+describe("drain restart with no gap", () => {
+  test("API calls over TCP and the unix socket all get answers across a restart; workloads keep their pids; the stand-in is gone after", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const headers = adminHeaders(dataDir);
+    const deploy = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ name: "sleeper", command: "exec sleep 300" }),
+    });
+    expect(deploy.status).toBe(201);
+    const running = async () => {
+      const record = (await (await fetch(`${engine.url}/api/services/sleeper`, { headers })).json()) as {
+        status: string;
+        pid: number | null;
+      };
+      return record.status === "running" && record.pid !== null ? record.pid : null;
+    };
+    const workloadPid = await eventually(running, { timeoutMs: 15_000 });
+
+    const loop: Loop = { answered: 0, failures: [], pids: [] };
+    let go = true;
+    const socket = join(dataDir, "engine.sock");
+    const loops = [
+      apiLoop(
+        () => fetch(`${engine.url}/api/health`),
+        loop,
+        () => go,
+      ),
+      apiLoop(
+        () => fetch(`${engine.url}/api/health`, { keepalive: false }),
+        loop,
+        () => go,
+      ),
+      apiLoop(
+        () => fetch(`${engine.url}/api/tokens`, { headers }),
+        loop,
+        () => go,
+      ),
+      apiLoop(
+        () => fetch("http://engine/api/health", { unix: socket }),
+        loop,
+        () => go,
+      ),
+      apiLoop(
+        () => fetch("http://engine/api/services", { unix: socket }),
+        loop,
+        () => go,
+      ),
+    ];
+    try {
+      await eventually(() => loop.answered > 20);
+      await restartAndWait(engine, dataDir);
+      const answeredAfter = loop.answered;
+      await eventually(() => loop.answered > answeredAfter + 20);
+    } finally {
+      go = false;
+      await Promise.all(loops);
+    }
+
+    expect(loop.failures).toEqual([]);
+    // The stand-in answered between the two: its pid shows up, then the engine's own again.
+    expect(loop.pids[0]).toBe(engine.proc.pid);
+    expect(loop.pids.length).toBe(2);
+    const standIn = loop.pids[1] as number;
+    expect(standIn).not.toBe(engine.proc.pid);
+    expect(((await (await fetch(`${engine.url}/api/health`)).json()) as { pid: number }).pid).toBe(engine.proc.pid);
+    expect(await running()).toBe(workloadPid);
+    await eventually(() => !existsSync(`/proc/${standIn}`), { timeoutMs: 10_000 });
+    // No control socket or private socket name is left in the data dir.
+    expect(readdirSync(dataDir).filter((entry) => entry.startsWith("."))).toEqual([]);
+  }, 90_000);
+
+  test("`engine logs -f` and a raw event stream resume with Last-Event-ID across a restart and miss no line", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const headers = adminHeaders(dataDir);
+    const deploy = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ name: "counter", command: 'i=0; while true; do echo "n=$i"; i=$((i+1)); sleep 0.01; done' }),
+    });
+    expect(deploy.status).toBe(201);
+    await eventually(
+      async () => ((await (await fetch(`${engine.url}/api/services/counter/logs?tail=1`, { headers })).json()) as unknown[]).length > 0,
+      { timeoutMs: 15_000 },
+    );
+
+    // The CLI follows over the unix socket and reconnects by itself.
+    const follower = Bun.spawn([...ENGINE_ENTRY, "--data-dir", dataDir, "logs", "-f", "--raw", "--tail", "5", "counter"], {
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/tmp" },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    cleanups.push(() => follower.kill("SIGKILL"));
+    let printed = "";
+    const reading = (async () => {
+      const decoder = new TextDecoder();
+      const reader = (follower.stdout as ReadableStream<Uint8Array>).getReader();
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read())
+        printed += decoder.decode(chunk.value, { stream: true });
+    })();
+
+    // A raw event stream over TCP, reconnected by hand with Last-Event-ID, as an EventSource does.
+    const raw: { id: string | null; line: string }[] = [];
+    let reconnections = 0;
+    let go = true;
+    const rawReader = (async () => {
+      let lastId: string | null = null;
+      while (go) {
+        try {
+          const response = await fetch(`${engine.url}/api/services/counter/logs?tail=5&follow=true`, {
+            headers: { ...headers, ...(lastId ? { "last-event-id": lastId } : {}) },
+          });
+          if (lastId) reconnections += 1;
+          const reader = (response.body as ReadableStream<Uint8Array>).getReader();
+          const decoder = new TextDecoder();
+          let buffer = "";
+          for (let chunk = await reader.read(); !chunk.done && go; chunk = await reader.read()) {
+            buffer += decoder.decode(chunk.value, { stream: true });
+            for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
+              const block = buffer.slice(0, end);
+              buffer = buffer.slice(end + 2);
+              const fields = Object.fromEntries(
+                block
+                  .split("\n")
+                  .filter((line) => !line.startsWith(":") && line.includes(":"))
+                  .map((line) => [line.slice(0, line.indexOf(":")), line.slice(line.indexOf(":") + 1).trim()]),
+              );
+              if (fields.id) lastId = fields.id;
+              if (fields.event === "line")
+                raw.push({ id: fields.id ?? null, line: (JSON.parse(fields.data ?? "{}") as { line: string }).line });
+            }
+          }
+          reader.cancel().catch(() => undefined);
+        } catch {
+          // the engine is between processes: try again
+        }
+        await Bun.sleep(20);
+      }
+    })();
+
+    await eventually(() => printed.split("\n").length > 10 && raw.length > 10, { timeoutMs: 15_000 });
+    await restartAndWait(engine, dataDir);
+    const countAfter = raw.length;
+    await eventually(() => raw.length > countAfter + 30, { timeoutMs: 15_000 });
+    follower.kill("SIGINT");
+    expect(await follower.exited).toBe(0);
+    await reading;
+    go = false;
+    await rawReader;
+
+    const numbers = (lines: string[]) => lines.filter((line) => line.startsWith("n=")).map((line) => Number(line.slice(2)));
+    const contiguous = (values: number[]) => values.every((value, index) => index === 0 || value === (values[index - 1] as number) + 1);
+    const cli = numbers(printed.split("\n"));
+    expect(cli.length).toBeGreaterThan(40);
+    expect(contiguous(cli)).toBe(true);
+    const streamed = numbers(raw.map((entry) => entry.line));
+    expect(contiguous(streamed)).toBe(true);
+    expect(raw.every((entry) => entry.id !== null)).toBe(true);
+    // Both the stand-in and the engine's own pid ended the stream once: two reconnections.
+    expect(reconnections).toBeGreaterThanOrEqual(2);
+  }, 90_000);
+
+  test("`engine upgrade` of an engine run from source is one clear error (501 not_supported), and nothing restarts", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const result = await runCli(["--data-dir", dataDir, "upgrade", "/bin/true"]);
+    expect(result).toMatchObject({
+      code: 1,
+      stderr:
+        "engine: `engine upgrade` replaces the compiled binary, and this engine runs from source (bun cli/engine.ts): update the checkout and run `engine restart` instead [not_supported]\n",
+    });
+    const response = await fetch(`${engine.url}/api/daemon/upgrade`, {
+      method: "POST",
+      headers: adminHeaders(dataDir),
+      body: JSON.stringify({ binary: "/bin/true" }),
+    });
+    expect(response.status).toBe(501);
+    expect(listeningCount(engine)).toBe(1);
+    // A restart can follow: the refusal left nothing under way.
+    await restartAndWait(engine, dataDir);
+  }, 90_000);
+});
