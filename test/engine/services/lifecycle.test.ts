@@ -85,7 +85,7 @@ describe("statuses", () => {
         return text.includes(needle);
       };
       expect(await readUntil("event: ready")).toBe(true);
-      expect(text).toContain('data: {"lines":0}');
+      expect(text).toContain('data: {"lines":0,"resumed":false}');
       expect(text).not.toContain("event: line");
       writeFileSync(flag, "");
       expect(await readUntil("at last")).toBe(true);
