@@ -78,7 +78,7 @@ describe("engine top in a terminal (compiled engine, tmux)", () => {
     expect(first).toMatch(/^engine top {2}\d\d:\d\d:\d\d {2}2\/2 running {2}every 0\.5s, q quits/m);
     expect(term.state(shell)).toMatchObject({ alternateScreen: true, cursorVisible: false });
     // From the second sample on, the CPU and memory of each live workload, and trainer's GPU.
-    await frame(/^trainer +running +\d+\.\d% +[\d.]+[KMG] +80G gpu0 +0 +\d+ +service/m);
+    await frame(/^trainer +running +\d+\.\d% +[\d.]+[KMG] +(?:[\d.]+[KMG]?\/)?80G gpu0 +0 +\d+ +service/m);
 
     expect((await cli("services", "stop", "web")).code).toBe(0);
     const changed = await frame(/^web +stopped +- +- +- +0 +-/m);
