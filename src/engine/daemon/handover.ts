@@ -37,6 +37,8 @@ export const HANDOVER_ENV = {
    * the proxy processes it retires): the re-executed daemon reaps them, as Bun knows nothing of them.
    */
   peers: "ENGINE_HANDOVER_PEERS",
+  /** priority is the CPU priority a successor started lower gives itself back at the switch (decision 368). */
+  priority: "ENGINE_HANDOVER_PRIORITY",
 } as const;
 
 /** SuccessorRole is what a successor learned from its environment. */
@@ -45,6 +47,8 @@ export interface SuccessorRole {
   standin: boolean;
   /** peerPids are the children this process must reap after an execve in place (HANDOVER_ENV.peers). */
   peerPids: number[];
+  /** priority is the CPU priority to take back at the switch; null to leave it as it is. */
+  priority: number | null;
 }
 
 /**
@@ -58,9 +62,10 @@ export function takeSuccessorRole(env: Record<string, string | undefined> = proc
     .split(",")
     .map(Number)
     .filter((pid) => Number.isInteger(pid) && pid > 0);
+  const priority = env[HANDOVER_ENV.priority] === undefined ? Number.NaN : Number(env[HANDOVER_ENV.priority]);
   for (const key of Object.values(HANDOVER_ENV)) delete env[key];
   if (!control) return null;
-  return { control, standin, peerPids: peers };
+  return { control, standin, peerPids: peers, priority: Number.isInteger(priority) && priority >= -20 && priority <= 19 ? priority : null };
 }
 
 export type ToSuccessor =

@@ -11,7 +11,7 @@ import {
   rmSync,
   statSync,
 } from "node:fs";
-import { getPriority, setPriority } from "node:os";
+import { getPriority } from "node:os";
 import { dirname, join } from "node:path";
 import { type Clock, systemClock } from "../../lib/clock";
 import type { EngineConfig } from "../../lib/config";
@@ -19,6 +19,7 @@ import { SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
 import { pathOf } from "../../lib/http";
 import { createLogger, type Logger } from "../../lib/logger";
+import { lowerWhileStarting, restorePriority } from "../../lib/priority";
 import { removeStaleNames } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
 import { createApi, type DaemonControl, type UpgradeAccepted } from "../api";
@@ -372,6 +373,15 @@ interface RestartTarget {
   upgrade: { staged: StagedUpgrade; healthTimeoutS: number } | null;
 }
 
+/** getOwnPriority is this process's CPU priority, which a successor started lower is given back at its switch. */
+function getOwnPriority(): number | null {
+  try {
+    return process.getuid?.() === 0 ? getPriority(0) : null;
+  } catch {
+    return null;
+  }
+}
+
 /** exitIfFailed ends the process with 75 (EX_TEMPFAIL) when an execve failed, for a supervisor to start it again. */
 function exitIfFailed(failure: Error | undefined): void {
   if (!failure) return;
@@ -464,9 +474,6 @@ interface Taking {
 async function startSuccessor(config: EngineConfig, options: DaemonOptions, role: SuccessorRole): Promise<RunningDaemon> {
   checkDataDir(config.dataDir);
   const asRoot = process.getuid?.() === 0;
-  // The start-up work before the switch is CPU the serving engine needs more on a small
-  // machine: it runs at a lower priority, given back at the switch (only root may raise it again).
-  const priority = asRoot ? lowerPriority() : null;
   const prepared = prepareDataDir(config.dataDir, asRoot);
   warmMcpTools();
   let channel: SuccessorChannel;
@@ -483,7 +490,9 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
     channel.close();
     throw new AppError("config_invalid", `the engine to take over from did not hand over: ${(error as Error).message}`);
   } finally {
-    if (priority !== null) restorePriority(priority);
+    // The predecessor started this process at a lower priority (decision 368): it is given back
+    // now, as requests wait for this process from the switch on.
+    if (role.priority !== null) restorePriority(0, role.priority);
   }
   try {
     return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order });
@@ -491,25 +500,6 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
     throw error;
-  }
-}
-
-/** lowerPriority lowers this process's CPU priority by 10 and answers the one it had (null if it could not). */
-function lowerPriority(): number | null {
-  try {
-    const priority = getPriority(0);
-    setPriority(0, Math.min(19, priority + 10));
-    return priority;
-  } catch {
-    return null;
-  }
-}
-
-function restorePriority(priority: number): void {
-  try {
-    setPriority(0, priority);
-  } catch {
-    // not permitted: the start goes on at the lower priority
   }
 }
 
@@ -723,13 +713,20 @@ async function startIn(
       try {
         control = new ControlSocket(config.dataDir);
         const argv = commandLine();
+        const priority = getOwnPriority();
         child = Bun.spawn([target.image, ...argv.slice(1)], {
           argv0: argv[0],
-          env: { ...process.env, [HANDOVER_ENV.control]: control.path, [HANDOVER_ENV.standin]: "1" },
+          env: {
+            ...process.env,
+            [HANDOVER_ENV.control]: control.path,
+            [HANDOVER_ENV.standin]: "1",
+            ...(priority === null ? {} : { [HANDOVER_ENV.priority]: String(priority) }),
+          },
           stdin: "ignore",
           stdout: "inherit",
           stderr: "inherit",
         });
+        lowerWhileStarting(child.pid);
       } catch (error) {
         control?.close();
         if (upgrade) rollBack(upgrade.staged, log);
@@ -790,10 +787,13 @@ async function startIn(
       }
       control.close();
       log.info({ stand_in_pid: child.pid }, "the new process serves; re-executing in place to take the work back from it");
+      // The new image starts at a lower priority too, beside the stand-in that serves.
+      const priority = lowerWhileStarting(0);
       const env = {
         ...withoutHandover(process.env),
         [HANDOVER_ENV.control]: active.control ?? "",
         [HANDOVER_ENV.peers]: [child.pid, ...leftChildren].join(","),
+        ...(priority === null ? {} : { [HANDOVER_ENV.priority]: String(priority) }),
       };
       flush(); // what was logged goes out before the image is replaced
       exitIfFailed(reexecSelf(env, target.image));

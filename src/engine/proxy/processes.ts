@@ -3,6 +3,7 @@ import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import type { Logger } from "../../lib/logger";
+import { lowerWhileStarting, restorePriority } from "../../lib/priority";
 import { isSameProcess } from "../supervisor";
 import { ProxyTotals, type RouteCounts } from "./meter";
 import type { FromProxy, ListenerConfig, ProxyPidRecord, ProxySnapshot, ToProxy } from "./snapshot";
@@ -137,6 +138,7 @@ export class ProxyProcesses {
     return new Promise((resolve, reject) => {
       let settled = false;
       const member: Member = { proc: undefined as unknown as Subprocess, ready: false, stopping: false, applied: -1 };
+      let restoreTo: number | null = null;
       member.proc = Bun.spawn(this.options.command ?? proxyCommand(), {
         stdin: "ignore",
         stdout: "inherit",
@@ -146,6 +148,7 @@ export class ProxyProcesses {
         ipc: (raw) => {
           const message = raw as FromProxy;
           if (message.type === "ready") {
+            if (restoreTo !== null) restorePriority(member.proc.pid, restoreTo);
             member.ready = true;
             member.applied = message.generation;
             this.notifyApplied();
@@ -183,6 +186,8 @@ export class ProxyProcesses {
           this.respawnLater(reason);
         },
       });
+      // It starts beside an engine that serves: at a lower priority until it is ready (decision 368).
+      restoreTo = lowerWhileStarting(member.proc.pid);
       this.members.push(member);
       this.send(member, { type: "start", config, snapshot: this.snapshot as ProxySnapshot });
     });

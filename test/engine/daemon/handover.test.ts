@@ -268,4 +268,43 @@ describe("drain restart with no gap", () => {
     // A restart can follow: the refusal left nothing under way.
     await restartAndWait(engine, dataDir);
   }, 90_000);
+
+  test("a request in flight at the switch finishes on the old process, which releases its work only after it", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const headers = adminHeaders(dataDir);
+    const before = listeningCount(engine);
+    // A token request whose body arrives slowly: it is in flight when the restart switches.
+    const encoder = new TextEncoder();
+    let finishBody!: () => void;
+    const bodyDone = new Promise<void>((resolve) => {
+      finishBody = resolve;
+    });
+    const body = new ReadableStream<Uint8Array>({
+      async start(controller) {
+        controller.enqueue(encoder.encode('{"name": "slow-'));
+        await bodyDone;
+        controller.enqueue(encoder.encode('one", "role": "readonly"}'));
+        controller.close();
+      },
+    });
+    const slow = fetch(`${engine.url}/api/tokens`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
+    await Bun.sleep(200);
+    const restart = await fetch(`${engine.url}/api/daemon/restart`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ drain_timeout_s: 30 }),
+    });
+    expect(restart.status).toBe(202);
+    // The stand-in has switched (it holds new requests) but cannot start: the old process waits for its request.
+    await eventually(() => engine.output().includes('"msg":"handing over to the new process"'), { timeoutMs: 30_000 });
+    await Bun.sleep(500);
+    expect(listeningCount(engine)).toBe(before);
+    finishBody();
+    const answer = await slow;
+    expect(answer.status).toBe(201);
+    await eventually(() => listeningCount(engine) >= before + 2, { timeoutMs: 40_000 });
+    const tokens = (await (await fetch(`${engine.url}/api/tokens`, { headers })).json()) as { name: string }[];
+    expect(tokens.map((token) => token.name)).toContain("slow-one");
+  }, 90_000);
 });

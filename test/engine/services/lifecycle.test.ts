@@ -86,6 +86,9 @@ describe("statuses", () => {
       };
       expect(await readUntil("event: ready")).toBe(true);
       expect(text).toContain('data: {"lines":0,"resumed":false}');
+
+      // It carries the cursor where the stream starts: a reconnection resumes there (decision 366).
+      expect(text).toMatch(/event: ready\nid: \d+-\d+\n/);
       expect(text).not.toContain("event: line");
       writeFileSync(flag, "");
       expect(await readUntil("at last")).toBe(true);
