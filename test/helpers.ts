@@ -15,7 +15,7 @@ import { basename, join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
 import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
-import { SERVICE_USER_COMMENT, SERVICE_USER_PREFIX, serviceUserName } from "../src/engine/users";
+import { removeServiceUsersOf } from "../src/engine/users";
 import type { Clock } from "../src/lib/clock";
 import { type ConfigInput, resolveConfig } from "../src/lib/config";
 
@@ -74,24 +74,8 @@ export function reapWorkloads(dataDir: string): void {
  * reuses, may stay: it is harmless and reused.
  */
 export function removeServiceUsers(dataDir: string, only?: string[]): void {
-  if (process.geteuid?.() !== 0) return;
-  let passwd = "";
-  try {
-    passwd = readFileSync("/etc/passwd", "utf8");
-  } catch {
-    return;
-  }
-  for (const line of passwd.split("\n")) {
-    const [name, , , , comment, home] = line.split(":");
-    if (!name?.startsWith(SERVICE_USER_PREFIX) || !comment?.startsWith(SERVICE_USER_COMMENT)) continue;
-    if (!home?.startsWith(`${join(dataDir, "data")}/`)) continue;
-    if (only && !only.some((service) => serviceUserName(service) === name)) continue;
-    // userdel refuses (exit 8) while a process of the user lives: the SIGKILLs above take a moment (up to 2 s).
-    for (let attempt = 0; attempt < 100; attempt++) {
-      if (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode !== 8) break;
-      Bun.sleepSync(20);
-    }
-  }
+  // The SIGKILLs of reapWorkloads take a moment (up to 2 s) to end the users' processes.
+  removeServiceUsersOf(dataDir, { only, waitMs: 2000 });
 }
 
 /** stopGently ends a spawned process with SIGTERM, and SIGKILL if it is still there 10 s later. */

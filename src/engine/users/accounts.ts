@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { AppError } from "../../lib/errors";
 
 /**
@@ -263,6 +264,33 @@ export class ServiceUsers {
         continue;
       }
       throw new AppError("internal", `useradd could not make the service's user ${name} (exit ${code}): ${stderr.trim().slice(0, 300)}`);
+    }
+  }
+}
+
+/**
+ * removeServiceUsersOf deletes the system users a root engine made for the services of
+ * `dataDir` (the engine's comment, a home under its `data/`), so a data dir thrown away leaves
+ * no users behind; `only` limits it to the users of those service names. userdel refuses while
+ * a process of the user lives: it is tried again for up to `waitMs`, then the user stays (it is
+ * harmless, and reused by a service of that name).
+ */
+export function removeServiceUsersOf(dataDir: string, options: { only?: readonly string[]; waitMs?: number } = {}): void {
+  if (process.geteuid?.() !== 0) return;
+  let passwd = "";
+  try {
+    passwd = readFileSync("/etc/passwd", "utf8");
+  } catch {
+    return;
+  }
+  const homes = `${join(dataDir, "data")}/`;
+  for (const line of passwd.split("\n")) {
+    const [name, , , , comment, home] = line.split(":");
+    if (!name?.startsWith(SERVICE_USER_PREFIX) || !comment?.startsWith(SERVICE_USER_COMMENT) || !home?.startsWith(homes)) continue;
+    if (options.only && !options.only.some((service) => serviceUserName(service) === name)) continue;
+    const deadline = Date.now() + (options.waitMs ?? 0);
+    while (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode === 8 && Date.now() < deadline) {
+      Bun.sleepSync(20);
     }
   }
 }

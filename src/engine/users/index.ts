@@ -1,6 +1,7 @@
 export {
   canSwitchUsers,
   type RecordedUser,
+  removeServiceUsersOf,
   SERVICE_USER_COMMENT,
   SERVICE_USER_PREFIX,
   ServiceUsers,

@@ -17,6 +17,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { dirname, join } from "node:path";
+import { removeServiceUsersOf } from "../../../engine/users";
 import { AppError } from "../../../lib/errors";
 import type { Logger } from "../../../lib/logger";
 import type { BackupInfo, BoxEndpoint, BoxProvider, BoxSpec, BoxState, BoxStatus, DestroyResult } from "./provider";
@@ -27,8 +28,6 @@ const BOX_ID = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 const SOCKET_PATH_MAX = 107;
 /** STOP_GRACE_MS is how long an engine or a workload gets after SIGTERM before SIGKILL. */
 const STOP_GRACE_MS = 10_000;
-/** SERVICE_USER_PREFIX is the prefix of the system users a root engine makes for its services (src/engine/users). */
-const SERVICE_USER_PREFIX = "eng-";
 
 /** LocalProviderOptions configure the local provider: where boxes and backups live, and which engine each release runs. */
 export interface LocalProviderOptions {
@@ -436,7 +435,8 @@ export class LocalProvider implements BoxProvider {
       if (!existsSync(dir)) return "done";
       await this.#stopNow(id);
       if (this.enginePids(id).length > 0) return "pending";
-      removeServiceUsers(this.dataDir(id));
+      // The users a root box engine made for its services go with the box (a user still running stays).
+      removeServiceUsersOf(this.dataDir(id));
       rmSync(dir, { recursive: true, force: true });
       rmSync(`${dir}.partial`, { recursive: true, force: true });
       return existsSync(dir) ? "pending" : "done";
@@ -508,24 +508,4 @@ function treeSize(dir: string): number {
   };
   walk(dir);
   return total;
-}
-
-/**
- * removeServiceUsers deletes the system users a root box engine made for its services (their
- * home is under the box's `data/`), so a destroyed box leaves no users behind. A user whose
- * processes still run stays; it is harmless.
- */
-function removeServiceUsers(dataDir: string): void {
-  if (process.geteuid?.() !== 0) return;
-  let passwd = "";
-  try {
-    passwd = readFileSync("/etc/passwd", "utf8");
-  } catch {
-    return;
-  }
-  for (const line of passwd.split("\n")) {
-    const [name, , , , , home] = line.split(":");
-    if (!name?.startsWith(SERVICE_USER_PREFIX) || !home?.startsWith(`${join(dataDir, "data")}/`)) continue;
-    Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" });
-  }
 }
