@@ -1,3 +1,4 @@
+import { afterEach } from "bun:test";
 import {
   chmodSync,
   copyFileSync,
@@ -341,4 +342,41 @@ export async function runCli(args: string[], env: Record<string, string> = {}, c
   });
   const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   return { code, stdout, stderr };
+}
+
+/**
+ * engineScratch gives a test file data dirs and spawned engines that are cleaned up after each
+ * test, in reverse order, every step even when one fails (so a failed stop never leaks
+ * workloads): `scratch()` a data dir (workloads reaped, then removed), `started(dir)` an
+ * `engine serve` on it (stopped), `defer(fn)` anything else.
+ */
+export function engineScratch(prefix: string) {
+  const cleanups: (() => unknown)[] = [];
+  afterEach(async () => {
+    let failure: unknown;
+    while (cleanups.length > 0) {
+      try {
+        await cleanups.pop()?.();
+      } catch (error) {
+        failure ??= error;
+      }
+    }
+    if (failure) throw failure;
+  });
+  return {
+    defer(cleanup: () => unknown): void {
+      cleanups.push(cleanup);
+    },
+    scratch(): string {
+      const dir = tempDir(prefix);
+      cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+      cleanups.push(() => reapWorkloads(dir));
+      return dir;
+    },
+    async started(dataDir: string): Promise<SpawnedEngine> {
+      const engine = await spawnEngine(dataDir);
+      cleanups.push(() => engine.stop());
+      return engine;
+    },
+  };
 }

@@ -4,36 +4,12 @@
  * along — over TCP and over the unix socket — all get answers; the workloads keep their pids;
  * a log follower resumes with Last-Event-ID and misses no line; nothing is left running.
  */
-import { afterEach, describe, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { describe, expect, test } from "bun:test";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { ENGINE_ENTRY, eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+import { ENGINE_ENTRY, engineScratch, eventually, runCli, type SpawnedEngine } from "../../helpers";
 
-const cleanups: (() => unknown)[] = [];
-afterEach(async () => {
-  let failure: unknown;
-  while (cleanups.length > 0) {
-    try {
-      await cleanups.pop()?.();
-    } catch (error) {
-      failure ??= error;
-    }
-  }
-  if (failure) throw failure;
-});
-
-function scratch(): string {
-  const dir = tempDir("engine-handover-");
-  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-  cleanups.push(() => reapWorkloads(dir));
-  return dir;
-}
-
-async function started(dataDir: string): Promise<SpawnedEngine> {
-  const engine = await spawnEngine(dataDir);
-  cleanups.push(() => engine.stop());
-  return engine;
-}
+const { defer, scratch, started } = engineScratch("engine-handover-");
 
 const listeningCount = (engine: SpawnedEngine) => engine.output().split('"msg":"listening"').length - 1;
 
@@ -179,7 +155,7 @@ describe("drain restart with no gap", () => {
       stdout: "pipe",
       stderr: "pipe",
     });
-    cleanups.push(() => follower.kill("SIGKILL"));
+    defer(() => follower.kill("SIGKILL"));
     let printed = "";
     const reading = (async () => {
       const decoder = new TextDecoder();

@@ -5,11 +5,11 @@
  * shim's exit.json, and never adopt a recorded pid that now names another process.
  */
 import { Database } from "bun:sqlite";
-import { afterEach, describe, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { describe, expect, test } from "bun:test";
+import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ServiceRecord } from "../../../src/contract/engine";
-import { eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+import { engineScratch, eventually, type SpawnedEngine } from "../../helpers";
 import { processExists, ServiceClient } from "./harness";
 
 /** TEST_TIMEOUT_MS covers two engine start-ups on a loaded machine; each test takes 0.5 to 2 s here. */
@@ -17,33 +17,7 @@ const TEST_TIMEOUT_MS = 20_000;
 /** RESTART_TEST_TIMEOUT_MS covers a drain restart's two start-ups (a stand-in's, then the engine's own pid's) besides the first. */
 const RESTART_TEST_TIMEOUT_MS = 45_000;
 
-const cleanups: (() => unknown)[] = [];
-afterEach(async () => {
-  // Every cleanup runs even when one fails, so that a failed stop never leaks workloads.
-  let failure: unknown;
-  while (cleanups.length > 0) {
-    try {
-      await cleanups.pop()?.();
-    } catch (error) {
-      failure ??= error;
-    }
-  }
-  if (failure) throw failure;
-});
-
-/** scratch makes a data dir whose workloads are reaped and which is removed after the test. */
-function scratch(): string {
-  const dir = tempDir("engine-adopt-");
-  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-  cleanups.push(() => reapWorkloads(dir));
-  return dir;
-}
-
-async function started(dataDir: string): Promise<SpawnedEngine> {
-  const engine = await spawnEngine(dataDir);
-  cleanups.push(() => engine.stop());
-  return engine;
-}
+const { defer, scratch, started } = engineScratch("engine-adopt-");
 
 /**
  * Client talks to a spawned engine at the port of its latest "listening" line: with
@@ -229,7 +203,7 @@ describe("adoption of workloads across daemon restarts", () => {
       process.kill(-(workloadPid ?? 0), "SIGKILL");
       await eventually(() => !processExists(shimPid ?? -1) && !processExists(workloadPid ?? -1), { timeoutMs: 5000 });
       const impostor = Bun.spawn(["sleep", "300"], { stdout: "ignore", stderr: "ignore" });
-      cleanups.push(() => impostor.kill("SIGKILL"));
+      defer(() => impostor.kill("SIGKILL"));
       const db = new Database(join(dataDir, "engine.db"));
       db.query("UPDATE runs SET shim_pid = ?, pid = ? WHERE id = ?").run(impostor.pid, impostor.pid, runId);
       db.close();
