@@ -30,7 +30,7 @@ import {
   type RunAs,
   type ServerControl,
 } from "../databases";
-import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "../diagnose";
+import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
 import {
   checkPossible,
   describeAllocation,

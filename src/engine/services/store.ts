@@ -1,6 +1,6 @@
 import type { Database } from "bun:sqlite";
 import type { LastDump } from "../databases";
-import type { LogCause } from "../diagnose";
+import type { LogCause } from "./diagnose";
 import type { ExitRecord, RunHandle } from "../supervisor";
 import type { RecordedUser } from "../users";
 import { EMPTY_RESTART_STATE, type RestartState } from "./restart-policy";

@@ -2,8 +2,8 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
-import { eventually, freePort, runCli, startTestEngine, type TestEngine, workloadPath } from "../../helpers";
-import { ServiceClient } from "../services/harness";
+import { eventually, freePort, runCli, startTestEngine, type TestEngine, workloadPath } from "../../../helpers";
+import { ServiceClient } from "../harness";
 
 /**
  * Diagnosis names the line that matters: real workloads fail (a port another service holds, a

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { explainPortClash, findPortHolder, freePortNear, type LogCause } from "../../../src/engine/diagnose";
-import { parseProcNetTcp } from "../../../src/engine/diagnose/ports";
-import { tempDir } from "../../helpers";
+import { explainPortClash, findPortHolder, freePortNear, type LogCause } from "../../../../src/engine/services/diagnose";
+import { parseProcNetTcp } from "../../../../src/engine/services/diagnose/ports";
+import { tempDir } from "../../../helpers";
 
 // /proc/net/tcp of a host with sshd on 22 (LISTEN, 0A), one established connection and 8000 on loopback.
 const PROC_NET_TCP = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

@@ -1,8 +1,8 @@
-import type { Diagnosis, LogLine } from "../../contract/engine";
-import type { LastDump } from "../databases";
-import type { HealthState } from "../health";
-import { restartsInWindow } from "../services/restart-policy";
-import type { Forensics, RunRow, ServiceRow, VersionRow } from "../services/store";
+import type { Diagnosis, LogLine } from "../../../contract/engine";
+import type { LastDump } from "../../databases";
+import type { HealthState } from "../../health";
+import { restartsInWindow } from "../restart-policy";
+import type { Forensics, RunRow, ServiceRow, VersionRow } from "../store";
 import { causeRule } from "./causes";
 
 export {

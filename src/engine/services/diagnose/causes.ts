@@ -1,4 +1,4 @@
-import type { LogLine } from "../../contract/engine";
+import type { LogLine } from "../../../contract/engine";
 
 /**
  * Causes reads the last run's output for the line that matters, the key line, and names the

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import type { LogLine } from "../../../src/contract/engine";
+import type { LogLine } from "../../../../src/contract/engine";
 import {
   causeRule,
   findLogCause,
@@ -9,8 +9,8 @@ import {
   type LogCause,
   portsInArgs,
   redactor,
-} from "../../../src/engine/diagnose";
-import { portsIn } from "../../../src/engine/diagnose/causes";
+} from "../../../../src/engine/services/diagnose";
+import { portsIn } from "../../../../src/engine/services/diagnose/causes";
 
 /** output turns a block of text into log lines of one stream, as the shim records them. */
 function output(text: string, stream = "stderr"): LogLine[] {
