@@ -30,22 +30,14 @@ import {
   type RunAs,
   type ServerControl,
 } from "../databases";
-import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
-import {
-  checkPossible,
-  describeAllocation,
-  findGpuOom,
-  findPermissionDenied,
-  type GpuAllocation,
-  type GpuInventory,
-  type GpuRequest,
-  planPlacement,
-} from "../gpu";
+import { checkPossible, findGpuOom, findPermissionDenied, type GpuInventory, type GpuRequest } from "../gpu";
 import { HealthMonitor, type HealthState } from "../health";
 import type { VcsTokenStore } from "../link";
+import { type Holding, type PendingService, planLaunches } from "../scheduler/plan";
 import { type ExitRecord, processTreeUsage, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
 import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
+import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceDirectory } from "./index";
 import { followLog, type LogCursor, type LogRecord, tailLog, tailRecords } from "./logs";
@@ -1146,96 +1138,43 @@ export class ServiceManager implements ServiceDirectory {
     });
   }
 
+  /** placementPass gathers what a pass needs from the store and the runtimes, plans it (scheduler/plan.ts) and applies the plan. */
   private placementPass(): void {
     // Settled services (stopped, failed, completed, cancelled) hold nothing: leave them out.
     const services = this.o.store.listUnsettledServices();
-    const pending = services
-      .filter((service) => service.desired_state === "running" && service.status === "pending" && !this.runtime(service.id).launching)
-      .map((service) => ({ service, spec: this.currentSpec(service).spec }))
-      .sort(
-        (a, b) =>
-          b.spec.priority - a.spec.priority ||
-          Date.parse(a.service.submitted_at) - Date.parse(b.service.submitted_at) ||
-          (a.service.id < b.service.id ? -1 : 1),
-      );
-    if (pending.length === 0) return;
-
-    const allocations: GpuAllocation[] = [];
-    const activeByOwner = new Map<string, { jobs: number; gpus: number }>();
+    const byId = new Map(services.map((service) => [service.id, service]));
+    const pending: PendingService[] = [];
+    const holdings: Holding[] = [];
     for (const service of services) {
       const runtime = this.runtimes.get(service.id);
-      if (runtime?.gpuHold) {
-        allocations.push({
-          request_id: service.id,
-          device_uuids: runtime.gpuHold.device_uuids,
-          whole: runtime.gpuHold.whole,
-          memory_mb: runtime.gpuHold.memory_mb,
-        });
-      }
-      if (LIVE_STATUSES.has(service.status) || runtime?.launching) {
-        const key = ownerKey(service);
-        const usage = activeByOwner.get(key) ?? { jobs: 0, gpus: 0 };
-        usage.jobs += 1;
-        usage.gpus += runtime?.gpuHold?.whole ? runtime.gpuHold.device_uuids.length : 0;
-        activeByOwner.set(key, usage);
-      }
-    }
-
-    const ready: { service: ServiceRow; spec: ServiceSpec }[] = [];
-    for (const entry of pending) {
-      const { service, spec } = entry;
-      const runtime = this.runtime(service.id);
+      holdings.push({
+        id: service.id,
+        owner: ownerKey(service),
+        active: LIVE_STATUSES.has(service.status) || Boolean(runtime?.launching),
+        hold: runtime?.gpuHold ?? null,
+      });
+      if (service.desired_state !== "running" || service.status !== "pending" || runtime?.launching) continue;
+      const { spec } = this.currentSpec(service);
       const waiting = this.bindingWait(spec);
-      runtime.bindingMessages = waiting.messages;
-      runtime.pendingEnvKeys = waiting.pendingKeys;
-      if (waiting.messages.length > 0) {
-        this.setWaiting(service, waiting.messages.join("; "));
-        continue;
-      }
-      const usage = activeByOwner.get(ownerKey(service)) ?? { jobs: 0, gpus: 0 };
-      if (service.owner.max_concurrent_jobs !== null && usage.jobs >= service.owner.max_concurrent_jobs) {
-        this.setWaiting(
-          service,
-          `waiting for the token cap: ${usage.jobs} of max_concurrent_jobs ${service.owner.max_concurrent_jobs} running`,
-        );
-        continue;
-      }
-      if (service.owner.max_gpus !== null && usage.gpus + spec.gpus > service.owner.max_gpus) {
-        this.setWaiting(service, `waiting for the token cap: ${usage.gpus} GPUs held, max_gpus ${service.owner.max_gpus}`);
-        continue;
-      }
-      usage.jobs += 1;
-      usage.gpus += spec.gpus;
-      activeByOwner.set(ownerKey(service), usage);
-      ready.push(entry);
+      const pendingRuntime = this.runtime(service.id);
+      pendingRuntime.bindingMessages = waiting.messages;
+      pendingRuntime.pendingEnvKeys = waiting.pendingKeys;
+      pending.push({
+        ...this.gpuRequest(service.id, spec, Date.parse(service.submitted_at)),
+        owner: ownerKey(service),
+        caps: { max_concurrent_jobs: service.owner.max_concurrent_jobs, max_gpus: service.owner.max_gpus },
+        bindingWaits: waiting.messages,
+      });
     }
-
-    const devices = this.o.gpus.snapshot().devices;
-    const gpuRequests = ready
-      .filter(({ spec }) => spec.gpus > 0 || spec.gpu_memory_mb > 0)
-      .map(({ service, spec }) => this.gpuRequest(service.id, spec, Date.parse(service.submitted_at)));
-    const plan = gpuRequests.length > 0 ? planPlacement(devices, allocations, gpuRequests) : { placed: [], waiting: [] };
-    const placed = new Map(plan.placed.map((allocation) => [allocation.request_id, allocation]));
-    const waitingGpu = new Map(plan.waiting.map((waiting) => [waiting.request_id, waiting.message]));
-    for (const { service, spec } of ready) {
-      const needsGpu = spec.gpus > 0 || spec.gpu_memory_mb > 0;
-      const allocation = placed.get(service.id) ?? null;
-      if (needsGpu && !allocation) {
-        this.setWaiting(service, waitingGpu.get(service.id) ?? "waiting for GPUs");
-        continue;
-      }
-      let hold: GpuHold | null = null;
-      if (allocation) {
-        const visible = describeAllocation(devices, allocation).CUDA_VISIBLE_DEVICES;
-        hold = {
-          device_uuids: allocation.device_uuids,
-          visible_ids: visible.split(","),
-          whole: allocation.whole,
-          memory_mb: allocation.memory_mb,
-        };
-      }
-      const runtime = this.runtime(service.id);
-      const launched = this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
+    if (pending.length === 0) return;
+    const plan = planLaunches(pending, holdings, this.o.gpus.snapshot().devices);
+    for (const { id, message } of plan.waiting) {
+      const service = byId.get(id);
+      if (service) this.setWaiting(service, message);
+    }
+    for (const { id, hold } of plan.launch) {
+      const runtime = this.runtime(id);
+      const launched = this.launch(id, hold).catch((error) => this.launchFailed(id, error));
       runtime.launched = launched;
       void launched.finally(() => {
         if (runtime.launched === launched) runtime.launched = null;
