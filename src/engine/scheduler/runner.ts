@@ -54,56 +54,101 @@ export interface RunnerContext {
  * (ServiceManager) decides when; the runner does, and writes every change to the store first.
  */
 export class ServiceRunner {
-  handle: RunHandle | null = null;
-  gpuHold: GpuHold | null = null;
+  private run: RunHandle | null = null;
+  private hold: GpuHold | null = null;
   /** user is who the live run (and so its exec probes) runs as; null: the engine's own user. */
-  user: WorkloadUser | null = null;
-  /** healthState is the monitor's last reported state; it outlives the monitor (bindings read it). */
-  healthState: HealthState | null = null;
-  /** bindingMessages and pendingEnvKeys say what a pending service's bindings wait for (Diagnosis). */
-  bindingMessages: string[] = [];
-  pendingEnvKeys: string[] = [];
-  envSource = "none";
-  launching = false;
-  /** launched settles when the launch under way has started its process (or failed): a stop waits for it. */
-  launched: Promise<void> | null = null;
-  /** build aborts the version build under way (the coordinator runs builds; a requeue or delete cancels them). */
-  build: AbortController | null = null;
+  private user: WorkloadUser | null = null;
   private health: HealthMonitor | null = null;
+  /** lastHealth is the monitor's last reported state; it outlives the monitor (bindings read it). */
+  private lastHealth: HealthState | null = null;
   private healthKill = false;
+  /** waits say what a pending service's bindings wait for, and which variables they will give (Diagnosis). */
+  private waits: { messages: string[]; pendingKeys: string[] } = { messages: [], pendingKeys: [] };
+  private envSource = "none";
+  private launchingNow = false;
+  /** launchUnderWay settles when the launch under way has started its process (or failed): a stop waits for it. */
+  private launchUnderWay: Promise<void> | null = null;
+  private setup: AbortController | null = null;
+  /** build aborts the version build under way (the coordinator runs builds; a requeue or delete cancels them). */
+  private build: AbortController | null = null;
   private retryTimer: ReturnType<typeof setTimeout> | null = null;
   /** stopping is set while a user's stop, restart, redeploy or delete ends the run on purpose. */
   private stopping = false;
   private readonly exitWaiters: (() => void)[] = [];
   private forcedKill = false;
   private stopMethod: string | null = null;
-  private setup: AbortController | null = null;
 
   constructor(
     readonly serviceId: string,
     private readonly ctx: RunnerContext,
   ) {}
 
+  /** handle is the live run's process handle; null when no process runs. */
+  get handle(): RunHandle | null {
+    return this.run;
+  }
+
+  /** gpuHold is what the live (or launching) run holds of the GPUs. */
+  get gpuHold(): GpuHold | null {
+    return this.hold;
+  }
+
+  /** healthState is the health monitor's last reported state. */
+  get healthState(): HealthState | null {
+    return this.lastHealth;
+  }
+
+  /** launching is true from a launch's start until its process is known (or the launch failed). */
+  get launching(): boolean {
+    return this.launchingNow;
+  }
+
+  /** launched settles when the launch under way, if any, has started its process or failed. */
+  get launched(): Promise<void> | null {
+    return this.launchUnderWay;
+  }
+
+  /** diagnosisInputs is what Diagnosis reads of the runner: what the bindings wait for, the env's sources. */
+  diagnosisInputs(): { bindingMessages: string[]; pendingEnvKeys: string[]; envSource: string } {
+    return { bindingMessages: this.waits.messages, pendingEnvKeys: this.waits.pendingKeys, envSource: this.envSource };
+  }
+
+  /** waitingOn records what the service's bindings wait for, from the latest placement pass. */
+  waitingOn(messages: string[], pendingKeys: string[]): void {
+    this.waits = { messages, pendingKeys };
+  }
+
+  /** beginBuild aborts the build under way and returns the controller of the next; endBuild forgets it if still current. */
+  beginBuild(): AbortController {
+    this.build?.abort();
+    this.build = new AbortController();
+    return this.build;
+  }
+
+  endBuild(controller: AbortController): void {
+    if (this.build === controller) this.build = null;
+  }
+
   /** healthNow is the live monitor's state, or the last one reported while the service is live. */
   healthNow(live: boolean): HealthState | null {
-    return this.health ? this.health.state() : live ? this.healthState : null;
+    return this.health ? this.health.state() : live ? this.lastHealth : null;
   }
 
   /** start launches the service now with `hold`; a launch that throws is tried again a moment later. */
   start(hold: GpuHold | null): void {
-    const launched = this.launch(hold).catch((error) => this.launchFailed(error));
-    this.launched = launched;
+    const launched = this.launchWith(hold).catch((error) => this.launchFailed(error));
+    this.launchUnderWay = launched;
     void launched.finally(() => {
-      if (this.launched === launched) this.launched = null;
+      if (this.launchUnderWay === launched) this.launchUnderWay = null;
     });
   }
 
-  private async launch(hold: GpuHold | null): Promise<void> {
+  private async launchWith(hold: GpuHold | null): Promise<void> {
     const { store, supervisor, host } = this.ctx;
     const service = store.getService(this.serviceId);
     if (!service) return;
-    this.launching = true;
-    this.gpuHold = hold;
+    this.launchingNow = true;
+    this.hold = hold;
     const version = this.versionOf(service);
     const { spec } = version;
     const runId = randomId("run");
@@ -130,7 +175,7 @@ export class ServiceRunner {
     };
     for (const hook of PREPARE_HOOKS) hook.run(launch, host);
     this.envSource = launch.envSource;
-    this.pendingEnvKeys = [];
+    this.waits = { ...this.waits, pendingKeys: [] };
     // The run is on record before its shim exists: a daemon that dies while the shim starts
     // finds the run on start and recovers it from its directory, never starting a second copy.
     store.transaction(() => {
@@ -174,7 +219,7 @@ export class ServiceRunner {
       this.setup = null;
       this.user = launch.user;
     }
-    this.launching = false;
+    this.launchingNow = false;
     if (this.ctx.handedOver()) return; // the next daemon recovers the run from its directory
     if (!store.getService(this.serviceId)) {
       if (result.ok) supervisor.signal(result.handle, "SIGKILL");
@@ -191,7 +236,7 @@ export class ServiceRunner {
       if (database) this.update({ status_message: `waiting for ${database.adapter.label} to accept connections` });
       else this.update({ status: "running", status_message: null });
     });
-    this.handle = handle;
+    this.run = handle;
     this.ctx.log.info(
       { service: service.name, workload_pid: handle.pid, run: runId },
       database ? "database server started" : "service started",
@@ -207,7 +252,7 @@ export class ServiceRunner {
    * The service stays pending and is scheduled again a moment later.
    */
   private launchFailed(error: unknown): void {
-    this.launching = false;
+    this.launchingNow = false;
     this.ctx.log.error({ err: error, service: this.serviceId, disk_full: isDiskFull(error) }, "launch failed: trying again");
     if (!this.retryTimer) this.scheduleSoon();
   }
@@ -217,8 +262,8 @@ export class ServiceRunner {
    * A database still starting is running once it accepts connections, as at launch.
    */
   adopt(service: ServiceRow, run: RunRow, handle: RunHandle, user: WorkloadUser | null): void {
-    this.handle = handle;
-    this.gpuHold = run.gpus;
+    this.run = handle;
+    this.hold = run.gpus;
     this.user = user;
     this.ctx.log.info({ service: service.name, workload_pid: handle.pid }, "adopted a running service");
     const database = this.ctx.host.database(service);
@@ -239,7 +284,7 @@ export class ServiceRunner {
     const { host, log } = this.ctx;
     let delay = READY_POLL_MS.first;
     let lastDetail = "";
-    const live = () => !this.ctx.handedOver() && this.handle?.runId === runId && this.ctx.supervisor.isWatching(runId);
+    const live = () => !this.ctx.handedOver() && this.run?.runId === runId && this.ctx.supervisor.isWatching(runId);
     const note = (line: string) => host.appendLog(this.serviceId, line);
     while (live()) {
       const result = await adapter
@@ -285,7 +330,7 @@ export class ServiceRunner {
    */
   async stop(reason: string): Promise<void> {
     const { supervisor, host, log } = this.ctx;
-    const handle = this.handle;
+    const handle = this.run;
     if (!handle || !supervisor.isWatching(handle.runId)) return;
     const service = this.ctx.store.getService(this.serviceId);
     const timeoutS = service ? this.versionOf(service).spec.stop_timeout_s : 10;
@@ -336,14 +381,14 @@ export class ServiceRunner {
 
   /** pause stops the live process with SIGSTOP and its health checks; false when there is no live process. */
   pause(): boolean {
-    if (!this.handle || !this.ctx.supervisor.signal(this.handle, "SIGSTOP")) return false;
+    if (!this.run || !this.ctx.supervisor.signal(this.run, "SIGSTOP")) return false;
     this.stopHealth();
     return true;
   }
 
   /** resume continues a paused process and its health checks. */
   resume(): void {
-    if (this.handle) this.ctx.supervisor.signal(this.handle, "SIGCONT");
+    if (this.run) this.ctx.supervisor.signal(this.run, "SIGCONT");
     this.startHealth();
   }
 
@@ -380,8 +425,8 @@ export class ServiceRunner {
     // Stored: now the process's own state follows.
     for (const dir of pruned) rmSync(dir, { recursive: true, force: true });
     this.forcedKill = false;
-    this.handle = null;
-    this.gpuHold = null;
+    this.run = null;
+    this.hold = null;
     this.stopHealth();
     this.healthKill = false;
     this.ctx.changed(this.serviceId);
@@ -468,7 +513,7 @@ export class ServiceRunner {
       { now: () => this.ctx.clock.now().getTime(), startedAt: Number.isFinite(startedAt) ? startedAt : undefined },
     );
     this.health = monitor;
-    this.healthState = null;
+    this.lastHealth = null;
     monitor.start();
   }
 
@@ -479,7 +524,7 @@ export class ServiceRunner {
 
   private onHealth(monitor: HealthMonitor, state: HealthState): void {
     if (this.health !== monitor) return;
-    this.healthState = state;
+    this.lastHealth = state;
     const service = this.ctx.store.getService(this.serviceId);
     if (!service) return;
     if (state.healthy === true && service.status === "degraded") {
@@ -489,14 +534,14 @@ export class ServiceRunner {
     }
     if (state.healthy === true) this.ctx.schedule(); // dependents may be waiting on this
     const { spec } = this.versionOf(service);
-    if (!state.threshold_reached || spec.restart.policy === "never" || !this.handle) return;
+    if (!state.threshold_reached || spec.restart.policy === "never" || !this.run) return;
     this.ctx.log.warn(
       { service: service.name, failures: state.consecutive_failures },
       "health check failed past its threshold: restarting",
     );
     this.healthKill = true;
     this.stopHealth();
-    const handle = this.handle;
+    const handle = this.run;
     this.ctx.supervisor.signal(handle, "SIGTERM");
     setTimeout(() => this.ctx.supervisor.signal(handle, "SIGKILL"), spec.stop_timeout_s * 1000);
   }

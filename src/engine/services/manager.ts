@@ -353,9 +353,7 @@ export class ServiceManager implements ServiceDirectory {
       runs: this.o.store.lastRuns(service.id, 1),
       // The monitor's own state is the latest; the runner's healthState is its last reported change.
       healthState: runner.healthNow(LIVE_STATUSES.has(service.status)),
-      bindingMessages: runner.bindingMessages,
-      pendingEnvKeys: runner.pendingEnvKeys,
-      envSource: runner.envSource,
+      ...runner.diagnosisInputs(),
       logs: tailLog(this.logFile(service.id), DIAGNOSIS_LOG_LINES, this.o.logMaxFiles),
       nowMs: this.now().getTime(),
       lastDump: this.o.store.getLastDump(service.id),
@@ -828,9 +826,7 @@ export class ServiceManager implements ServiceDirectory {
     const service = this.o.store.getService(serviceId);
     if (!row?.spec.build || !service) return;
     const runner = this.runner(serviceId);
-    runner.build?.abort();
-    const controller = new AbortController();
-    runner.build = controller;
+    const controller = runner.beginBuild();
     const buildsDir = this.buildsDir(serviceId);
     const workDir = join(buildsDir, String(version));
     rmSync(workDir, { recursive: true, force: true });
@@ -865,7 +861,7 @@ export class ServiceManager implements ServiceDirectory {
         log_tail: [],
       };
     }
-    if (runner.build === controller) runner.build = null;
+    runner.endBuild(controller);
     if (controller.signal.aborted || this.stopped) return;
     this.o.store.updateBuild(serviceId, version, {
       build_result: result.ok ? "succeeded" : "failed",
@@ -1010,9 +1006,7 @@ export class ServiceManager implements ServiceDirectory {
       if (service.desired_state !== "running" || service.status !== "pending" || runner?.launching) continue;
       const { spec } = this.currentSpec(service);
       const waiting = this.bindingWait(spec);
-      const pendingRunner = this.runner(service.id);
-      pendingRunner.bindingMessages = waiting.messages;
-      pendingRunner.pendingEnvKeys = waiting.pendingKeys;
+      this.runner(service.id).waitingOn(waiting.messages, waiting.pendingKeys);
       pending.push({
         ...this.gpuRequest(service.id, spec, Date.parse(service.submitted_at)),
         owner: ownerKey(service),
