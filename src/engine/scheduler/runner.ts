@@ -1,5 +1,5 @@
 import { rmSync } from "node:fs";
-import { basename, join } from "node:path";
+import { join } from "node:path";
 import type { LogLine } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
 import { randomId } from "../../lib/crypto";
@@ -12,6 +12,7 @@ import type { ExitRecord, LaunchResult, RunHandle, Supervisor } from "../supervi
 import type { WorkloadUser } from "../users";
 import { planExit } from "./exit";
 import { type HookHost, type Launch, type ManagedDatabase, PREPARE_HOOKS, PRESTART_HOOKS, userEnv } from "./hooks";
+import { describeStopCommand, runStopCommand, stopCommandOf } from "./stop";
 
 /** RETRY_SOON_MS is how soon a launch or a requeue the disk refused is tried again. */
 export const RETRY_SOON_MS = 1000;
@@ -202,19 +203,21 @@ export class ServiceRunner {
         user,
       });
     } catch (error) {
-      // A run directory or data dir refused for lack of space is the disk's fault, not the
-      // service's: the exit plan queues it again instead of failing it.
-      const execError = isDiskFull(error) ? "ENOSPC" : "ESETUP";
-      const exit = {
-        exitCode: null,
-        signal: null,
-        endedAt: iso(this.ctx.clock.now()),
-        execError,
-        execStage: "setup",
-        oomKilled: false,
-        lost: false,
+      result = {
+        ok: false,
+        exit: {
+          exitCode: null,
+          signal: null,
+          endedAt: iso(this.ctx.clock.now()),
+          // A run directory or data dir refused for lack of space is the disk's fault, not the
+          // service's: the exit plan queues it again instead of failing it.
+          execError: isDiskFull(error) ? "ENOSPC" : "ESETUP",
+          execStage: "setup",
+          execMessage: (error as Error).message,
+          oomKilled: false,
+          lost: false,
+        },
       };
-      result = { ok: false, exit: { ...exit, execMessage: (error as Error).message } };
     } finally {
       this.setup = null;
       this.user = launch.user;
@@ -338,7 +341,7 @@ export class ServiceRunner {
     this.stopHealth();
     const ended = new Promise<void>((resolve) => this.exitWaiters.push(resolve));
     const database = service ? host.database(service) : null;
-    const stopArgv = database ? safely(() => database.adapter.stopCommand(database.instance)) : null;
+    const stopArgv = database ? stopCommandOf(database) : null;
     this.forcedKill = false;
     this.stopMethod = stopArgv ? describeStopCommand(stopArgv) : "SIGTERM";
     log.info({ service: service?.name, reason, method: this.stopMethod }, "stopping the service's process group");
@@ -346,7 +349,7 @@ export class ServiceRunner {
     supervisor.signal(handle, "SIGCONT");
     if (stopArgv && database) {
       host.appendLog(this.serviceId, `stop: ${this.stopMethod}`);
-      void this.runStopCommand(stopArgv, database.instance.env, handle);
+      void this.cleanStop(stopArgv, database.instance.env, handle);
     } else {
       supervisor.signal(handle, "SIGTERM");
     }
@@ -364,19 +367,10 @@ export class ServiceRunner {
     this.stopping = false;
   }
 
-  /** runStopCommand runs a database's own clean stop (`pg_ctl stop -m fast`, ...); when it fails, SIGTERM is sent instead. */
-  private async runStopCommand(argv: string[], env: Record<string, string>, handle: RunHandle): Promise<void> {
-    const note = (line: string) => this.ctx.host.appendLog(this.serviceId, line);
-    try {
-      const proc = Bun.spawn(argv, { env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-      const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
-      if (code === 0) return;
-      const why = `${out}\n${err}`.trim().split("\n").slice(-2).join(" | ");
-      note(`stop: ${describeStopCommand(argv)} failed (exit ${code}: ${why}); sending SIGTERM`);
-    } catch (error) {
-      note(`stop: could not run the stop command (${(error as Error).message}); sending SIGTERM`);
-    }
-    this.ctx.supervisor.signal(handle, "SIGTERM");
+  /** cleanStop runs a database's own clean stop; when it fails, SIGTERM is sent instead. */
+  private async cleanStop(argv: string[], env: Record<string, string>, handle: RunHandle): Promise<void> {
+    const stopped = await runStopCommand(argv, env, (line) => this.ctx.host.appendLog(this.serviceId, line));
+    if (!stopped) this.ctx.supervisor.signal(handle, "SIGTERM");
   }
 
   /** pause stops the live process with SIGSTOP and its health checks; false when there is no live process. */
@@ -580,33 +574,4 @@ function newRun(launch: Launch, startedAt: string): RunRow {
     ...{ id, service_id: service.id, version: service.version, run_dir, gpus, env_keys, started_at: startedAt },
     ...{ shim_pid: null, shim_start: null, pid: null, pid_start: null, cgroup_dir: null, ended_at: null, exit: null, end_reason: null },
   };
-}
-
-/** describeStopCommand names a stop command for logs and Diagnosis: "pg_ctl stop -m fast", without paths or the setpriv prefix. */
-function describeStopCommand(argv: string[]): string {
-  const start = argv.indexOf("--") >= 0 && basename(argv[0] ?? "") === "setpriv" ? argv.indexOf("--") + 1 : 0;
-  let words = argv.slice(start);
-  // `sh -c <script> <file> <tool> ...` hands the tool a secret from a file (Redis's REDISCLI_AUTH): describe the tool.
-  if (basename(words[0] ?? "") === "sh" && words[1] === "-c") words = words.slice(4);
-  const program = basename(words[0] ?? "");
-  // Keep the verbs and flags, not the paths nor the long options that say how to connect: "pg_ctl stop -m fast", "mariadb-admin shutdown".
-  const rest: string[] = [];
-  for (let index = 1; index < words.length; index++) {
-    const word = words[index] as string;
-    if (word === "-D") {
-      index++;
-      continue;
-    }
-    if (word === "-W" || word.startsWith("/") || word.startsWith("--")) continue;
-    rest.push(word);
-  }
-  return [program, ...rest].join(" ");
-}
-
-function safely<T>(fn: () => T): T | null {
-  try {
-    return fn();
-  } catch {
-    return null;
-  }
 }
