@@ -12,6 +12,7 @@ import { AccountStore } from "../accounts";
 import { AuditLog } from "../audit";
 import { SessionStore } from "../auth/sessions";
 import type { CloudConfig } from "../config";
+import type { CloudDeps, CloudRoutes } from "../context";
 import { Database } from "../db";
 import {
   type BoxProvider,
@@ -28,12 +29,10 @@ import { createAccessTokenVerifier, sweepAssistantRows } from "../oauth";
 import type { AccessTokenVerifier } from "../oauth/grant";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
 import { ConsoleMcpEndpoint, RelayHub, type RelayHubOptions, type TunnelSocketData } from "../relay";
-import { buildCloudApp, type CloudRoutes } from "./app";
-import type { CloudDeps } from "./deps";
+import { buildCloudApp } from "./app";
 import { API_MODULES } from "./modules";
 
-export type { CloudRoutes } from "./app";
-export type { CloudDeps } from "./deps";
+export type { CloudDeps, CloudRoutes } from "../context";
 
 /** SWEEP_INTERVAL_MS is how often the worker role deletes what has expired. */
 const SWEEP_INTERVAL_MS = 60_000;
