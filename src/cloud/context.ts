@@ -68,6 +68,13 @@ export interface CloudDeps {
 /** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
 export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
 
+/**
+ * CloudSweep is a module's own cleanup of the rows it owns that have expired, run by the
+ * worker role each round: it deletes what `now` has made dead and answers how many rows of
+ * each kind went.
+ */
+export type CloudSweep = (deps: CloudDeps, now: number) => Promise<Record<string, number>>;
+
 /** STATUS_BY_CODE maps every console error code to its HTTP status: the one place that does. */
 export const STATUS_BY_CODE: Record<CloudErrorCode, number> = {
   unauthenticated: 401,
