@@ -1,6 +1,6 @@
 import { AppError } from "../../lib/errors";
 import { cookieValue } from "../../lib/http";
-import { SESSION_COOKIE } from "../auth/sessions";
+import { SESSION_COOKIE } from "./sessions";
 
 /** CSRF_HEADER is the header the console's pages send on every state-changing call. */
 export const CSRF_HEADER = "x-engine-csrf";
