@@ -287,11 +287,19 @@ try {
     await until(`the proxy over HTTP (${http})`, () => answers(http));
     await until(`the proxy over HTTPS (${https})`, () => answers(https));
     const processes = current.respawn?.processes ?? 0;
+    const purge = (() => {
+      try {
+        const environ = readFileSync(`/proc/${current.respawn?.pids?.[0]}/environ`, "utf8").split("\0");
+        return environ.find((entry) => entry.startsWith("MIMALLOC_PURGE_DELAY=")) ?? "MIMALLOC_PURGE_DELAY unset";
+      } catch {
+        return "environment unreadable";
+      }
+    })();
     engineTarget = {
       name: "engine",
       config:
         `${processes} proxy process${processes === 1 ? "" : "es"} (${PROXY_PROCESSES > 0 ? "--proxy-processes" : "the default: one per core"}), ` +
-        "SO_REUSEPORT, keep-alive pool to the upstream (256 idle connections at most), X-Forwarded-For/-Proto/-Host, X-Real-IP",
+        `${purge}, SO_REUSEPORT, keep-alive pool to the upstream (256 idle connections at most), X-Forwarded-For/-Proto/-Host, X-Real-IP`,
       http,
       https,
       pids: () => current.respawn?.pids ?? [],
@@ -461,7 +469,7 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
       ? "n/a"
       : `${fmt(median(values), digits)} (${fmt(Math.min(...values), digits)}–${fmt(Math.max(...values), digits)})`;
   /** ratios pairs run i of `key` with run i of nginx: the two met the same moment of the box. */
-  const ratios = (key: string, scheme: string, field: "rps" | "p99Ms") => {
+  const ratios = (key: string, scheme: string, field: "rps" | "p99Ms" | "cpuUsPerRequest") => {
     const mine = results.get(key) ?? [];
     const theirs = results.get(`nginx ${scheme}`) ?? [];
     return mine.flatMap((result, i) => (theirs[i] ? [result[field] / (theirs[i] as WrkResult)[field]] : []));
@@ -508,10 +516,11 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
   ] as const) {
     const rps = ratios(`engine ${scheme}`, scheme, "rps");
     const p99 = ratios(`engine ${scheme}`, scheme, "p99Ms");
+    const cpu = ratios(`engine ${scheme}`, scheme, "cpuUsPerRequest");
     const engineP99 = (results.get(`engine ${scheme}`) ?? []).map((r) => r.p99Ms);
     const nginxP99 = (results.get(`nginx ${scheme}`) ?? []).map((r) => r.p99Ms);
     if (rps.length === 0) {
-      goalRows.push([label, "n/a (engine or nginx missing)", "", goal, "unknown"]);
+      goalRows.push([label, "n/a (engine or nginx missing)", "", "", goal, "unknown"]);
       continue;
     }
     const met = median(rps) >= wanted && median(p99) <= 1;
@@ -519,11 +528,16 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
       label,
       `${fmt(median(rps), 2)}× (${fmt(Math.min(...rps), 2)}–${fmt(Math.max(...rps), 2)})`,
       `${fmt(median(engineP99), 2)} vs ${fmt(median(nginxP99), 2)} ms (ratio ${fmt(median(p99), 2)})`,
+      `${fmt(median(cpu), 2)}× (${fmt(Math.min(...cpu), 2)}–${fmt(Math.max(...cpu), 2)})`,
       goal,
       met ? "met" : "not met",
     ]);
   }
-  printRows("Issue 17's proxy goals (medians of the runs, spread in parentheses)", ["", "req/s ratio", "p99", "goal", ""], goalRows);
+  printRows(
+    "Issue 17's proxy goals (medians of the runs, spread in parentheses)",
+    ["", "req/s ratio", "p99", "cpu us/req ratio", "goal", ""],
+    goalRows,
+  );
   for (const line of missing) console.log(`ANCHOR MISSING: ${line}`);
   for (const note of notes) console.log(note);
 } finally {
