@@ -260,7 +260,8 @@ function resolveProxy(merged: ConfigInput): ProxyConfig {
     host: proxyHost,
     httpsPort: optionalPort("https_port", merged.httpsPort),
     httpPort: optionalPort("http_port", merged.httpPort),
-    processes: positiveInteger("proxy_processes", merged.proxyProcesses ?? Math.min(4, Math.max(1, availableParallelism())), 1, 64),
+    // One proxy process per core, like nginx's `worker_processes auto` (docs/decisions.md 430).
+    processes: positiveInteger("proxy_processes", merged.proxyProcesses ?? Math.min(64, Math.max(1, availableParallelism())), 1, 64),
     maxBodyBytes: positiveInteger("proxy_max_body_mb", merged.proxyMaxBodyMb ?? 1024, 1, 1024 * 1024) * 1024 * 1024,
     hostname,
     mdns: mdns as ProxyConfig["mdns"],
