@@ -18,7 +18,7 @@ import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engi
 import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
 import { removeServiceUsersOf } from "../src/engine/users";
 import type { Clock } from "../src/lib/clock";
-import { type ConfigInput, resolveConfig } from "../src/lib/config";
+import { type ConfigInput, resolveConfig } from "../src/engine/config";
 
 let shimPath: string | undefined;
 /** testShim compiles the process shim once per test process, so each test engine need not. */

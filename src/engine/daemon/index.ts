@@ -14,7 +14,7 @@ import {
 import { getPriority } from "node:os";
 import { dirname, join } from "node:path";
 import { type Clock, systemClock } from "../../lib/clock";
-import type { EngineConfig } from "../../lib/config";
+import type { EngineConfig } from "../config";
 import { SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
 import { pathOf } from "../../lib/http";

@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ProxyStatus, ServiceRecord } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
-import type { ProxyConfig } from "../../lib/config";
+import type { ProxyConfig } from "../config";
 import { AppError, isAppError } from "../../lib/errors";
 import { writePrivateFile } from "../../lib/files";
 import type { Logger } from "../../lib/logger";

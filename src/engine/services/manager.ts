@@ -938,6 +938,7 @@ export class ServiceManager implements ServiceDirectory {
         logPath: join(this.serviceDir(serviceId), "build.log"),
         credential: credential ? { username: "x-access-token", password: credential.token } : null,
         env,
+        inherited: this.o.env,
         signal: controller.signal,
         user,
       });
@@ -1502,6 +1503,7 @@ export class ServiceManager implements ServiceDirectory {
         port: spec.health.port ?? spec.port,
         cwd: spec.cwd ?? undefined,
         env: ServiceManager.userEnv(runtime.user),
+        inherited: this.o.env,
         // An exec probe is the service's code too: it runs as the workload's user.
         user: runtime.user,
       },
