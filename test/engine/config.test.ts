@@ -1,0 +1,38 @@
+import { describe, expect, test } from "bun:test";
+import { INHERITED_ENV, inheritedEnv, NETWORK_ENV } from "../../src/engine/config";
+
+describe("inheritedEnv", () => {
+  const daemon = {
+    PATH: "/usr/bin",
+    HOME: "/root",
+    LANG: "C.UTF-8",
+    CUDA_HOME: "/usr/local/cuda",
+    SSH_AUTH_SOCK: "/run/agent",
+    HTTPS_PROXY: "http://proxy:3128",
+    ENGINE_ADMIN_TOKEN: "secret-secret-secret",
+    TERM: "xterm",
+    UNSET: undefined,
+  };
+
+  test.each([
+    ["a run or an exec probe", [], { PATH: "/usr/bin", HOME: "/root", LANG: "C.UTF-8", CUDA_HOME: "/usr/local/cuda" }],
+    [
+      "a build, which also fetches",
+      NETWORK_ENV,
+      {
+        PATH: "/usr/bin",
+        HOME: "/root",
+        LANG: "C.UTF-8",
+        CUDA_HOME: "/usr/local/cuda",
+        SSH_AUTH_SOCK: "/run/agent",
+        HTTPS_PROXY: "http://proxy:3128",
+      },
+    ],
+  ] as const)("%s inherits only the listed variables that are set", (_what, extra, expected) => {
+    expect(inheritedEnv(daemon, extra)).toEqual(expected);
+  });
+
+  test("the daemon's own settings are never in the lists", () => {
+    for (const name of [...INHERITED_ENV, ...NETWORK_ENV]) expect(name.startsWith("ENGINE_")).toBe(false);
+  });
+});
