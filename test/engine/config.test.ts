@@ -14,20 +14,10 @@ describe("inheritedEnv", () => {
     UNSET: undefined,
   };
 
+  const run = { PATH: "/usr/bin", HOME: "/root", LANG: "C.UTF-8", CUDA_HOME: "/usr/local/cuda" };
   test.each([
-    ["a run or an exec probe", [], { PATH: "/usr/bin", HOME: "/root", LANG: "C.UTF-8", CUDA_HOME: "/usr/local/cuda" }],
-    [
-      "a build, which also fetches",
-      NETWORK_ENV,
-      {
-        PATH: "/usr/bin",
-        HOME: "/root",
-        LANG: "C.UTF-8",
-        CUDA_HOME: "/usr/local/cuda",
-        SSH_AUTH_SOCK: "/run/agent",
-        HTTPS_PROXY: "http://proxy:3128",
-      },
-    ],
+    ["a run or an exec probe", [], run],
+    ["a build, which also fetches", NETWORK_ENV, { ...run, SSH_AUTH_SOCK: "/run/agent", HTTPS_PROXY: "http://proxy:3128" }],
   ] as const)("%s inherits only the listed variables that are set", (_what, extra, expected) => {
     expect(inheritedEnv(daemon, extra)).toEqual(expected);
   });

@@ -51,16 +51,6 @@ import { runsCompiled, type StagedUpgrade, stageUpgrade } from "./upgrade";
 export { HANDOVER_ENV, type SuccessorRole, takeSuccessorRole } from "./handover";
 export { runsCompiled } from "./upgrade";
 
-/** LISTING is the assertion the tunnel lists the MCP tools under: read-only, and it calls no route. */
-const _LISTING = {
-  account_id: "-",
-  node_id: "-",
-  client_id: "engine-cloud relay",
-  grant_id: "tools",
-  scopes: ["engine:read"],
-  expires_at: "9999-12-31T00:00:00.000Z",
-};
-
 export interface DaemonOptions {
   clock?: Clock;
   /**
@@ -98,17 +88,6 @@ export interface RunningDaemon {
   readonly restarting: Promise<void> | undefined;
   /** standin is true for a successor that serves only until its parent, re-executed, takes over. */
   readonly standin: boolean;
-}
-
-/**
- * withRoutableUrl works around a router assumption: Elysia finds the path by searching for "/"
- * from index 11, so a one- to three-letter host (`curl --unix-socket s http://x/api/...`, or
- * `Host: a`) would be misrouted. Such rare requests are rebuilt with the host `localhost`.
- */
-function _withRoutableUrl(request: Request): Request {
-  const slash = request.url.indexOf("/", request.url.indexOf("//") + 2);
-  if (slash >= 11 || slash === -1) return request;
-  return new Request(`http://localhost${request.url.slice(slash)}`, request);
 }
 
 /**
