@@ -502,7 +502,14 @@ export class ServiceRunner {
     const monitor = new HealthMonitor(
       spec.health,
       // An exec probe is the service's code too: it runs as the workload's user.
-      { host: "127.0.0.1", port: spec.health.port ?? spec.port, cwd: spec.cwd ?? undefined, env: userEnv(this.user), user: this.user },
+      {
+        host: "127.0.0.1",
+        port: spec.health.port ?? spec.port,
+        cwd: spec.cwd ?? undefined,
+        env: userEnv(this.user),
+        inherited: this.ctx.host.baseEnv,
+        user: this.user,
+      },
       { onChange: (state) => this.onHealth(monitor, state) },
       { now: () => this.ctx.clock.now().getTime(), startedAt: Number.isFinite(startedAt) ? startedAt : undefined },
     );

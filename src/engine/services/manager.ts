@@ -848,6 +848,7 @@ export class ServiceManager implements ServiceDirectory {
         logPath: join(this.serviceDir(serviceId), "build.log"),
         credential: credential ? { username: "x-access-token", password: credential.token } : null,
         env,
+        inherited: this.o.env,
         signal: controller.signal,
         user,
       });
