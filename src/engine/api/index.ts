@@ -2,17 +2,19 @@ import { Elysia } from "elysia";
 import { AppError, diskFullError } from "../../lib/errors";
 import { apiBasics, BodySchemas, cookieValue, pathOf, RequestIds } from "../../lib/http";
 import { openapiDocument } from "../../lib/openapi";
-import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
+import { type Access, LOCAL_PRINCIPAL, type Principal, type RequestContext, ROUTE_ACCESS, roleMay, tokenRoutes } from "../auth";
+import { databaseRoutes } from "../databases";
+import { gpuRoutes } from "../gpu";
+import { linkRoutes } from "../link";
+import { metricsRoutes } from "../metrics";
+import { domainRoutes, proxyRoutes } from "../proxy";
+import { serviceRoutes } from "../services";
+import { templateRoutes } from "../templates";
 import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
-import { daemonRoutes } from "./daemon";
-import type { ApiDeps, RequestContext } from "./deps";
+import type { ApiDeps } from "./deps";
 import { docsPage } from "./docs-page";
 import { STATUS_BY_CODE } from "./errors";
-import { metricsRoutes } from "./metrics";
-import { serviceRoutes } from "./services";
-import { templateRoutes } from "./templates";
-import { tokenRoutes } from "./tokens";
-import { workloadRoutes } from "./workloads";
+import { daemonRoutes } from "./routes";
 
 export type { ApiDeps, DaemonControl, UpgradeAccepted } from "./deps";
 
@@ -118,9 +120,13 @@ function buildApp(
     })
     .use(tokenRoutes(deps, ctx))
     .use(templateRoutes(deps))
+    .use(proxyRoutes(deps))
     .use(serviceRoutes(deps, ctx))
-    .use(workloadRoutes(deps, ctx))
+    .use(domainRoutes(deps, ctx))
+    .use(databaseRoutes(deps, ctx))
+    .use(gpuRoutes(deps))
     .use(daemonRoutes(deps))
+    .use(linkRoutes(deps))
     .use(metricsRoutes(deps, ctx))
     .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }));
 }
