@@ -24,7 +24,7 @@ function engineFiles(dir = ENGINE): string[] {
 }
 
 /** moduleOf names the module (top folder under src/engine) a path relative to src/engine belongs to. */
-const moduleOf = (path: string) => path.split(sep)[0];
+const moduleOf = (path: string) => path.split(sep)[0] as string;
 
 test("every Elysia plugin of the engine is in a routes file beside its module, or is the API's assembly", () => {
   const plugins = engineFiles().filter((file) => readFileSync(join(ENGINE, file), "utf8").includes("new Elysia("));
