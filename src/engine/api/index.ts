@@ -118,6 +118,8 @@ function buildApp(
     .get("/api/docs", () => new Response(docsPage(deps.version), { headers: { "content-type": "text/html; charset=utf-8" } }), {
       detail: { hide: true },
     })
+    // Each resource's routes live beside their module (docs/decisions.md 400). The order they
+    // are mounted in is the order of the OpenAPI document's paths.
     .use(tokenRoutes(deps, ctx))
     .use(templateRoutes(deps))
     .use(proxyRoutes(deps))
