@@ -71,66 +71,68 @@ function buildApp(
   ctx: RequestContext,
   hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions; bodySchemas: BodySchemas },
 ) {
-  return new Elysia()
-    .onRequest(({ request }) => hooks.onRequest(request))
-    .use(
-      apiBasics({
-        log: deps.log,
-        requestIds: hooks.requestIds,
-        statusByCode: STATUS_BY_CODE,
-        bodySchemas: hooks.bodySchemas,
-        // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
-        oversizeStatus: 413,
-        // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
-        translateError: diskFullError,
-        headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
-      }),
-    )
-    .use(
-      openapiDocument({
-        specPath: "/api/openapi.json",
-        info: {
-          title: "engine — local engine API",
-          version: deps.version,
-          description: "The local engine API: tokens, app templates, proxy, services, databases, daemon and the link.",
-        },
-        // The default address stands in until the engine has listened and knows its own.
-        servers: () => [{ url: deps.baseUrl?.() ?? "http://127.0.0.1:9321", description: "This engine" }],
-        tags: ENGINE_TAGS,
-        securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
-        security: [{ bearer: [] }],
-        // The document's own route is not generated from a route declaration; the spec lists it.
-        paths: {
-          "/api/openapi.json": {
-            get: {
-              tags: ["daemon"],
-              operationId: "getApiOpenapiJson",
-              summary: "The installed contract (OpenAPI 3.1); no credential",
-              security: [],
-              responses: {
-                "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
+  return (
+    new Elysia()
+      .onRequest(({ request }) => hooks.onRequest(request))
+      .use(
+        apiBasics({
+          log: deps.log,
+          requestIds: hooks.requestIds,
+          statusByCode: STATUS_BY_CODE,
+          bodySchemas: hooks.bodySchemas,
+          // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
+          oversizeStatus: 413,
+          // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
+          translateError: diskFullError,
+          headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
+        }),
+      )
+      .use(
+        openapiDocument({
+          specPath: "/api/openapi.json",
+          info: {
+            title: "engine — local engine API",
+            version: deps.version,
+            description: "The local engine API: tokens, app templates, proxy, services, databases, daemon and the link.",
+          },
+          // The default address stands in until the engine has listened and knows its own.
+          servers: () => [{ url: deps.baseUrl?.() ?? "http://127.0.0.1:9321", description: "This engine" }],
+          tags: ENGINE_TAGS,
+          securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
+          security: [{ bearer: [] }],
+          // The document's own route is not generated from a route declaration; the spec lists it.
+          paths: {
+            "/api/openapi.json": {
+              get: {
+                tags: ["daemon"],
+                operationId: "getApiOpenapiJson",
+                summary: "The installed contract (OpenAPI 3.1); no credential",
+                security: [],
+                responses: {
+                  "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
+                },
               },
             },
           },
-        },
-      }),
-    )
-    .get("/api/docs", () => new Response(docsPage(deps.version), { headers: { "content-type": "text/html; charset=utf-8" } }), {
-      detail: { hide: true },
-    })
-    // Each resource's routes live beside their module (docs/decisions.md 400). The order they
-    // are mounted in is the order of the OpenAPI document's paths.
-    .use(tokenRoutes(deps, ctx))
-    .use(templateRoutes(deps))
-    .use(proxyRoutes(deps))
-    .use(serviceRoutes(deps, ctx))
-    .use(domainRoutes(deps, ctx))
-    .use(databaseRoutes(deps, ctx))
-    .use(gpuRoutes(deps))
-    .use(daemonRoutes(deps))
-    .use(linkRoutes(deps))
-    .use(metricsRoutes(deps, ctx))
-    .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }));
+        }),
+      )
+      .get("/api/docs", () => new Response(docsPage(deps.version), { headers: { "content-type": "text/html; charset=utf-8" } }), {
+        detail: { hide: true },
+      })
+      // Each resource's routes live beside their module (docs/decisions.md 400). The order they
+      // are mounted in is the order of the OpenAPI document's paths.
+      .use(tokenRoutes(deps, ctx))
+      .use(templateRoutes(deps))
+      .use(proxyRoutes(deps))
+      .use(serviceRoutes(deps, ctx))
+      .use(domainRoutes(deps, ctx))
+      .use(databaseRoutes(deps, ctx))
+      .use(gpuRoutes(deps))
+      .use(daemonRoutes(deps))
+      .use(linkRoutes(deps))
+      .use(metricsRoutes(deps, ctx))
+      .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }))
+  );
 }
 
 /**
