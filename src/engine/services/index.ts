@@ -15,6 +15,7 @@ export { describeExit } from "../scheduler/exit";
 export { followLog, formatCursor, type LogCursor, type LogRecord, parseCursor, parseLogLine, tailLog, tailRecords } from "./logs";
 export { type ManagerOptions, ServiceManager } from "./manager";
 export { decideAfterExit, defaultRestartPolicy, type RestartPolicy, type RestartState } from "./restart-policy";
+export { type ServiceRouteDeps, serviceRoutes } from "./routes";
 export { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 export { ServiceStore } from "./store";
 

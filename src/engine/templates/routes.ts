@@ -1,9 +1,14 @@
 import { Elysia, t } from "elysia";
-import { AppTemplate, TemplateIdParams } from "../../contract/engine";
-import type { ApiDeps } from "./deps";
-import { AUTHED, errorResponses } from "./responses";
+import { AppTemplate, AUTHED, errorResponses, TemplateIdParams } from "../../contract/engine";
+import type { TemplateCatalog } from "./index";
 
-export function templateRoutes(deps: ApiDeps) {
+/** TemplateRouteDeps are what the template routes need: the catalog loaded at start-up. */
+export interface TemplateRouteDeps {
+  templates: TemplateCatalog;
+}
+
+/** templateRoutes serves the built-in app templates a service can be deployed from. */
+export function templateRoutes(deps: TemplateRouteDeps) {
   return (
     new Elysia({ name: "app-templates" })
       // The list was validated when loaded and never changes, so its JSON is built once.

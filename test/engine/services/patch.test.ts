@@ -4,7 +4,7 @@ import { join } from "node:path";
 import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
 import { detectCgroupDriver } from "../../../src/engine/supervisor";
 import { createToken, startTestEngine, type TestEngine } from "../../helpers";
-import { processExists, ServiceClient } from "../services/harness";
+import { processExists, ServiceClient } from "./harness";
 
 let engine: TestEngine;
 let api: ServiceClient;

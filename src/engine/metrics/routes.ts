@@ -1,9 +1,15 @@
 import { Elysia } from "elysia";
-import { MetricsHistory, MetricsHistoryQuery } from "../../contract/engine";
+import { AUTHED, errorResponses, MetricsHistory, MetricsHistoryQuery } from "../../contract/engine";
 import { metricsResponse } from "../../lib/prometheus";
-import { assertServiceInScope } from "../auth";
-import type { ApiDeps, RequestContext } from "./deps";
-import { AUTHED, errorResponses } from "./responses";
+import { assertServiceInScope, type RequestContext } from "../auth";
+import type { EngineMetrics, MetricsServices } from "./index";
+
+/** MetricsRouteDeps are what the metrics routes need: the metrics themselves and the services, to name the one a history is asked for. */
+export interface MetricsRouteDeps {
+  services: Pick<MetricsServices, "get">;
+  /** metrics answers GET /metrics and the history; unset: both answer empty. */
+  metrics?: Pick<EngineMetrics, "render" | "history">;
+}
 
 /**
  * metricsRoutes serves the machine's numbers: GET /metrics in the Prometheus text format,
@@ -11,7 +17,7 @@ import { AUTHED, errorResponses } from "./responses";
  * the web UI draws, GET /api/metrics/history (decision 331). Both need a token of any role;
  * a scoped token sees its services only.
  */
-export function metricsRoutes(deps: ApiDeps, ctx: RequestContext) {
+export function metricsRoutes(deps: MetricsRouteDeps, ctx: RequestContext) {
   return new Elysia({ name: "metrics" })
     .get("/metrics", ({ request }) => metricsResponse(deps.metrics?.render(ctx.principalOf(request)) ?? ""), {
       detail: { hide: true },

@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ServiceStatsRecord } from "../../../src/contract/engine";
 import { createToken, eventually, startTestEngine, type TestEngine } from "../../helpers";
-import { ServiceClient } from "../services/harness";
+import { ServiceClient } from "./harness";
 
 let engine: TestEngine;
 let api: ServiceClient;

@@ -1,13 +1,20 @@
 import { Elysia, t } from "elysia";
-import { CreatedToken, Token, TokenCreate, TokenIdParams } from "../../contract/engine";
-import type { ApiDeps, RequestContext } from "./deps";
-import { AUTHED, errorResponses } from "./responses";
+import { AUTHED, CreatedToken, errorResponses, Token, TokenCreate, TokenIdParams } from "../../contract/engine";
+import type { Logger } from "../../lib/logger";
+import type { RequestContext } from "./principal";
+import type { TokenStore } from "./tokens";
+
+/** TokenRouteDeps are what the token routes need: the store and the log that records creations and revocations. */
+export interface TokenRouteDeps {
+  tokens: TokenStore;
+  log: Logger;
+}
 
 /**
  * tokenRoutes serves the Token resource. Admins list every token; other roles see only the
  * token they present, so a submitter can read its own caps and scope and nothing else.
  */
-export function tokenRoutes(deps: ApiDeps, ctx: RequestContext) {
+export function tokenRoutes(deps: TokenRouteDeps, ctx: RequestContext) {
   return new Elysia({ name: "tokens" })
     .get(
       "/api/tokens",

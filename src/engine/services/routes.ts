@@ -1,7 +1,9 @@
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { Elysia, t } from "elysia";
 import {
-  GpuInventoryRecord,
+  AUTHED,
+  Diagnosis,
+  errorResponses,
   LogLine,
   LogsQuery,
   ServiceAction,
@@ -11,10 +13,18 @@ import {
   ServiceRecord,
   ServiceStatsRecord,
 } from "../../contract/engine";
-import { assertServiceInScope } from "../auth";
-import { formatCursor, type LogCursor, type LogRecord, parseCursor } from "../services";
-import type { ApiDeps, RequestContext } from "./deps";
-import { AUTHED, errorResponses } from "./responses";
+import type { Logger } from "../../lib/logger";
+import { assertServiceInScope, type RequestContext } from "../auth";
+import type { ServiceDirectory } from "./index";
+import { formatCursor, type LogCursor, type LogRecord, parseCursor } from "./logs";
+
+/** ServiceRouteDeps are what the service routes need: the coordinator, the log, and the signal that ends event streams. */
+export interface ServiceRouteDeps {
+  log: Logger;
+  services: ServiceDirectory;
+  /** closing aborts when the daemon hands over to a successor: event streams end, and their clients reconnect there. */
+  closing?: AbortSignal;
+}
 
 /** DEFAULT_LOG_TAIL is how many lines a logs request returns without `tail`. */
 const DEFAULT_LOG_TAIL = 100;
@@ -33,7 +43,11 @@ const recordShape = TypeCompiler.Compile(ServiceRecord);
  * the list, logged with its name and what is wrong, and counted in `X-Engine-Unlisted`; it can
  * still be deleted by name (decision 143).
  */
-function listableRecords(records: ServiceRecord[], deps: ApiDeps, set: { headers: Record<string, string | number> }): ServiceRecord[] {
+function listableRecords(
+  records: ServiceRecord[],
+  deps: ServiceRouteDeps,
+  set: { headers: Record<string, string | number> },
+): ServiceRecord[] {
   const listable: ServiceRecord[] = [];
   for (const record of records) {
     if (recordShape.Check(record)) {
@@ -52,12 +66,13 @@ function listableRecords(records: ServiceRecord[], deps: ApiDeps, set: { headers
 }
 
 /**
- * workloadRoutes serves services: deploy, list, read, control, delete, logs (with SSE follow)
- * and the GPU inventory. A scoped token sees and touches only the services in its scope.
+ * serviceRoutes serves services: deploy, list, read, change, control, delete, logs (with SSE
+ * follow), diagnosis and what the live workloads use. A scoped token sees and touches only the
+ * services in its scope.
  */
-export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
+export function serviceRoutes(deps: ServiceRouteDeps, ctx: RequestContext) {
   const inScope = (request: Request, ident: string) => assertServiceInScope(ctx.principalOf(request), deps.services.serviceName(ident));
-  return new Elysia({ name: "workloads" })
+  return new Elysia({ name: "services" })
     .post(
       "/api/services",
       async ({ body, request, set }) => {
@@ -161,10 +176,18 @@ export function workloadRoutes(deps: ApiDeps, ctx: RequestContext) {
         },
       },
     )
-    .get("/api/gpus", () => deps.services.gpuInventory(), {
-      response: { 200: GpuInventoryRecord, ...errorResponses(...AUTHED) },
-      detail: { tags: ["gpus"], summary: "GPU inventory (detected by nvidia-smi, or declared) and which service holds what" },
-    })
+    .get(
+      "/api/services/:ident/diagnose",
+      ({ params, request }) => {
+        inScope(request, params.ident);
+        return deps.services.diagnose(params.ident);
+      },
+      {
+        params: ServiceIdentParams,
+        response: { 200: Diagnosis, ...errorResponses(...AUTHED, 404, 422) },
+        detail: { tags: ["services"], summary: "Diagnose a service: status, forensics, restarts, health, bindings, build, logs" },
+      },
+    )
     .get("/api/stats", ({ request }) => deps.services.stats(ctx.principalOf(request)), {
       response: { 200: ServiceStatsRecord, ...errorResponses(...AUTHED) },
       detail: {
