@@ -55,6 +55,38 @@ interface RunResult {
   pidsKept: boolean;
   enginePidKept: boolean;
   restartSeconds: number[];
+  /** phases are the hand-over steps' times the engine logged (decision 440), by side. */
+  phases: PhaseLines;
+}
+
+/** PhaseLines are the `phases_ms` of each hand-over's log lines: the stand-in's take-over, the re-executed pid's, the releases. */
+interface PhaseLines {
+  standin: Record<string, number>[];
+  reexec: Record<string, number>[];
+  release: Record<string, number>[];
+}
+
+/** readPhases collects the hand-over steps' times from an engine's log (docs/decisions.md 440). */
+function readPhases(dataDir: string): PhaseLines {
+  const lines: PhaseLines = { standin: [], reexec: [], release: [] };
+  let text = "";
+  try {
+    text = readFileSync(join(dataDir, "engine.log"), "utf8");
+  } catch {
+    return lines;
+  }
+  for (const line of text.split("\n")) {
+    if (!line.includes("phases_ms")) continue;
+    try {
+      const record = JSON.parse(line) as { msg: string; standin?: boolean; phases_ms: Record<string, number>; window_ms?: number };
+      if (record.msg === "took the work over") {
+        (record.standin ? lines.standin : lines.reexec).push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
+      } else lines.release.push(record.phases_ms);
+    } catch {
+      // a line cut short
+    }
+  }
+  return lines;
 }
 
 /** Loop keeps one client sending until stopped, counting what it got. */
@@ -103,7 +135,7 @@ class Loop {
 async function measureRun(engineBinary: string): Promise<RunResult> {
   const dataDir = mkdtempSync(join(tmpdir(), "engine-bench-restart-"));
   const port = await freePort();
-  const engine = Bun.spawn([engineBinary, "serve", "--data-dir", dataDir, "--port", String(port), "--log-level", "warn"], {
+  const engine = Bun.spawn([engineBinary, "serve", "--data-dir", dataDir, "--port", String(port), "--log-level", "info"], {
     env: {
       ...process.env,
       ENGINE_PROXY: "on",
@@ -254,6 +286,7 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       pidsKept: [...pids].every(([name, pid]) => after.get(name) === pid),
       enginePidKept: enginePidAfter === enginePid,
       restartSeconds,
+      phases: readPhases(dataDir),
     };
   } finally {
     for (const loop of loops) await loop.stop();
@@ -281,6 +314,7 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
   const silences = results.map((result) => result.longestSilenceMs);
   const perRestart = results.flatMap((result) => result.perRestartMs);
   const restartS = results.flatMap((result) => result.restartSeconds);
+  phaseSummaries.push(...summarizePhases(label, results));
   return [
     [
       label,
@@ -293,6 +327,27 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
       `${fmt(median(restartS), 2)} (${spread(restartS, 2)})`,
     ],
   ];
+}
+
+/** phaseSummaries are the rows of the phases table: the median (and the largest) of each step over every hand-over. */
+const phaseSummaries: string[][] = [];
+
+function summarizePhases(label: string, results: RunResult[]): string[][] {
+  const sides: [string, keyof PhaseLines][] = [
+    ["stand-in takes over", "standin"],
+    ["re-executed pid takes over", "reexec"],
+    ["predecessor releases", "release"],
+  ];
+  return sides.flatMap(([side, key]) => {
+    const records = results.flatMap((result) => result.phases[key]);
+    if (records.length === 0) return [];
+    const names = [...new Set(records.flatMap((record) => Object.keys(record)))];
+    const cells = names.map((name) => {
+      const values = records.map((record) => record[name]).filter((value): value is number => Number.isFinite(value));
+      return `${name} ${fmt(median(values), 1)} (${fmt(Math.max(...values), 0)})`;
+    });
+    return [[label, side, String(records.length), cells.join(", ")]];
+  });
 }
 
 const anchorWindows = await measureKillAnchor(5);
@@ -311,6 +366,11 @@ printRows(
     "restart s",
   ],
   rows,
+);
+printRows(
+  "Where a hand-over's window goes (ms, median and largest over every hand-over; from the engine's log, decision 440)",
+  ["binary", "side", "hand-overs", "steps"],
+  phaseSummaries,
 );
 console.log(
   `\nanchor: a bare Bun.serve killed and spawned again answers after ${fmt(anchorMs, 1)} ms (median of 5: ${anchorWindows.map((ms) => fmt(ms, 0)).join(" / ")})`,

@@ -106,6 +106,26 @@ export function steerToNewest(fd: number): boolean {
   return c.setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, ptr(fprog), fprog.length) === 0;
 }
 
+const IPPROTO_TCP = 6;
+const TCP_INFO = 11;
+/** TCPI_UNACKED is the offset of `tcpi_unacked` in struct tcp_info: 8 bytes of u8 fields, then rto, ato, snd_mss, rcv_mss. */
+const TCPI_UNACKED = 24;
+
+/**
+ * acceptQueueLength is how many connections the kernel has completed on the listening socket
+ * `fd` that the process has not accepted yet (for a listener, `tcpi_unacked` of TCP_INFO is its
+ * accept queue). A listener that closes resets them, so a retiring one waits for 0. Null when
+ * the kernel does not say.
+ */
+export function acceptQueueLength(fd: number): number | null {
+  const c = loadLibc();
+  if (!c) return null;
+  const info = Buffer.alloc(256);
+  const length = new Uint32Array([info.length]);
+  if (c.getsockopt(fd, IPPROTO_TCP, TCP_INFO, ptr(info), ptr(length)) !== 0 || (length[0] ?? 0) < TCPI_UNACKED + 4) return null;
+  return info.readUInt32LE(TCPI_UNACKED);
+}
+
 /** UnixSocketName is a unix socket bound at a private name and renamed over its real path. */
 export interface UnixSocketName {
   path: string;

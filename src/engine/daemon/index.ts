@@ -41,7 +41,7 @@ import { MdnsPublisher } from "../mdns";
 import { EngineMetrics } from "../metrics";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
-import { appliedMigrations, openStore } from "../store";
+import { appliedMigrations, openStore, storeIsCurrent } from "../store";
 import { readProcessStat, Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
@@ -62,11 +62,12 @@ import {
   type HandingOver,
   HandoverError,
   handOver,
+  Phases,
   type SuccessorChannel,
   type SuccessorRole,
   type ToSuccessor,
 } from "./handover";
-import { ApiListeners } from "./listeners";
+import { ApiListeners, warmHandlers } from "./listeners";
 import { checkReady } from "./ready";
 import { commandLine, reapWhenGone, reexecSelf, SAME_IMAGE } from "./reexec";
 import { runsCompiled, type StagedUpgrade, stageUpgrade } from "./upgrade";
@@ -456,11 +457,44 @@ async function awaitRelease(taking: Taking, log: Logger): Promise<void> {
   }
 }
 
+/**
+ * bindAsSuccessor is a successor's switch: it binds the API port beside its predecessor's and
+ * renames its unix sockets over the paths (new connections are this process's from then on,
+ * held until it serves), and says `switched`; the predecessor then releases its work.
+ */
+function bindAsSuccessor(taking: Taking, config: EngineConfig, supervisor: Supervisor, log: Logger): ApiListeners {
+  const listeners = ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log });
+  try {
+    supervisor.bindNotify();
+  } catch (error) {
+    listeners.close();
+    throw error;
+  }
+  taking.channel.send({ type: "switched" });
+  taking.phases.mark("bind");
+  return listeners;
+}
+
+/**
+ * logTakeOver says, once the first request held since the switch has been answered (or after
+ * 10 s without one), how long each step of this successor's take-over took (decision 440):
+ * `window_ms`, from its bind to that answer, is when new requests wait.
+ */
+function logTakeOver(taking: Taking, listeners: ApiListeners, log: Logger): void {
+  taking.phases.mark("api");
+  void Promise.race([listeners.firstAnswer(), Bun.sleep(10_000)]).then(() => {
+    taking.phases.mark("first_answer");
+    log.info({ standin: taking.role.standin, phases_ms: taking.phases.ms, window_ms: taking.phases.since("bind") }, "took the work over");
+  });
+}
+
 /** Taking is a successor's hand-over, from the control connection to the predecessor's switch. */
 interface Taking {
   role: SuccessorRole;
   channel: SuccessorChannel;
   order: Extract<ToSuccessor, { type: "switch" }>;
+  /** phases time the successor's steps from the switch on (decision 440). */
+  phases: Phases;
 }
 
 /**
@@ -495,7 +529,7 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
     if (role.priority !== null) restorePriority(0, role.priority);
   }
   try {
-    return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order });
+    return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order, phases: new Phases() });
   } catch (error) {
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
@@ -560,20 +594,24 @@ async function startIn(
     const rootPem = ca.rootPem();
     const trustReading = trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
     let listeners: ApiListeners | null = null;
-    if (taking) {
-      listeners = ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log });
-      cleanups.push(() => listeners?.close());
-      supervisor.bindNotify();
-      taking.channel.send({ type: "switched" });
+    // A successor builds everything that needs nothing exclusive, the API included, before it
+    // takes the ports: the store is shared (WAL) while no migration is pending (decision 441).
+    let tookPorts = false;
+    const takePorts = async () => {
+      if (!taking || tookPorts) return;
+      tookPorts = true;
+      const held = bindAsSuccessor(taking, config, supervisor, log);
+      listeners = held;
+      cleanups.push(() => held.close());
       await awaitRelease(taking, log);
-    }
-    const db = openStore(join(config.dataDir, "engine.db"));
+      taking.phases.mark("wait_release");
+    };
+    const dbPath = join(config.dataDir, "engine.db");
+    if (taking && !storeIsCurrent(dbPath)) await takePorts();
+    const db = openStore(dbPath);
     cleanups.push(() => db.close());
 
     const tokens = new TokenStore(db, clock);
-    tokens.start(config.lastUsedFlushMs);
-    cleanups.push(() => tokens.stop());
-    bootstrapAdminToken(tokens, config.dataDir, config.adminToken, log);
 
     const templates = new TemplateCatalog(
       [...bundledTemplateSources(), ...readTemplateDir(config.templatesDir ?? join(config.dataDir, "templates"))],
@@ -582,9 +620,6 @@ async function startIn(
     const secretKey = loadSecretKey(config.dataDir);
     const vcs = new VcsTokenStore(db, secretKey, clock);
 
-    if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
-    supervisor.start();
-    cleanups.push(() => supervisor.stop());
     const gpus = new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock });
     // https:// dumps may come from services the engine serves with its local CA (made below).
     let localCaPem: string | null = null;
@@ -613,26 +648,37 @@ async function startIn(
       trustedCas: () => (localCaPem ? [localCaPem] : []),
       onRestoreEnded: (service, dump) => metrics.restoreEnded(service, dump.engine, dump.result, dump.duration_s ?? 0),
     });
-    // Workloads outlive the daemon: stopping it hands them over, it never kills them.
-    cleanups.push(() => {
-      keptRunning = manager
-        .list()
-        .filter((service) => service.pid !== null)
-        .map((service) => service.name);
-      manager.handOver();
-      if (keptRunning.length === 0) return;
-      log.info(
-        { services: keptRunning },
-        `${keptRunning.length === 1 ? "1 service keeps" : `${keptRunning.length} services keep`} running under their shims and the next engine start adopts them; to stop them all, run \`engine services stop --all\` while the engine runs`,
-      );
-    });
-    isolateWorkloads(config.dataDir, log, modesBefore);
-    await manager.start();
-    supervisor.replayEarlyNotices();
     const services = options.decorateServices ? options.decorateServices(manager) : manager;
-    // Sampling starts once the services are adopted, and stops before they are handed over.
-    metrics.start(manager);
-    cleanups.push(() => metrics.stop());
+    /** startModules starts what owns the engine's state: for a successor, once its predecessor released it. */
+    const startModules = async () => {
+      tokens.start(config.lastUsedFlushMs);
+      cleanups.push(() => tokens.stop());
+      bootstrapAdminToken(tokens, config.dataDir, config.adminToken, log);
+      if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
+      supervisor.start();
+      cleanups.push(() => supervisor.stop());
+      // Workloads outlive the daemon: stopping it hands them over, it never kills them.
+      cleanups.push(() => {
+        keptRunning = manager
+          .list()
+          .filter((service) => service.pid !== null)
+          .map((service) => service.name);
+        manager.handOver();
+        if (keptRunning.length === 0) return;
+        log.info(
+          { services: keptRunning },
+          `${keptRunning.length === 1 ? "1 service keeps" : `${keptRunning.length} services keep`} running under their shims and the next engine start adopts them; to stop them all, run \`engine services stop --all\` while the engine runs`,
+        );
+      });
+      isolateWorkloads(config.dataDir, log, modesBefore);
+      taking?.phases.mark("start");
+      await manager.start();
+      supervisor.replayEarlyNotices();
+      taking?.phases.mark("adopt");
+      // Sampling starts once the services are adopted, and stops before they are handed over.
+      metrics.start(manager);
+      cleanups.push(() => metrics.stop());
+    };
 
     localCaPem = rootPem;
     const rootSubject = new X509Certificate(rootPem).subject.replaceAll("\n", ", ");
@@ -1022,17 +1068,25 @@ async function startIn(
     cleanups.push(() => mcp.stop());
     relayed.mcp = mcp;
     relayed.api = api;
+    const handleTcp = (request: Request) =>
+      mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request));
+    const handleUnix = (raw: Request) => {
+      const request = withRoutableUrl(raw);
+      api.markLocal(request);
+      return api.app.handle(request);
+    };
+    if (taking) {
+      // The first requests after the switch must not pay for cold code (decision 441).
+      await warmHandlers(handleTcp, handleUnix, taking.order.port);
+      taking.phases.mark("prepare");
+      await takePorts();
+    }
+    await startModules();
     listeners ??= ApiListeners.bind({ host: config.host, port: config.port, socketPath: config.socketPath, log });
     const bound = listeners;
     cleanups.push(() => bound.close());
-    bound.serve(
-      (request) => (mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request))),
-      (raw) => {
-        const request = withRoutableUrl(raw);
-        api.markLocal(request);
-        return api.app.handle(request);
-      },
-    );
+    bound.serve(handleTcp, handleUnix);
+    if (taking) logTakeOver(taking, bound, log);
     const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${bound.port}`;
 
