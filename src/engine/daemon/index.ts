@@ -359,6 +359,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
   }
 }
 
+/** FIRST_ANSWER_WAIT_MS bounds how long a successor defers its slower start-up work for the first request after its switch. */
+const FIRST_ANSWER_WAIT_MS = 250;
 /** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
 const HELLO_TIMEOUT_MS = 120_000;
 /** PEER_REAP_MS bounds the wait for the children of the pid before its execve to exit (a proxy process drains for up to 30 s). */
@@ -675,9 +677,6 @@ async function startIn(
       await manager.start();
       supervisor.replayEarlyNotices();
       taking?.phases.mark("adopt");
-      // Sampling starts once the services are adopted, and stops before they are handed over.
-      metrics.start(manager);
-      cleanups.push(() => metrics.stop());
     };
 
     localCaPem = rootPem;
@@ -1086,7 +1085,15 @@ async function startIn(
     const bound = listeners;
     cleanups.push(() => bound.close());
     bound.serve(handleTcp, handleUnix);
-    if (taking) logTakeOver(taking, bound, log);
+    if (taking) {
+      logTakeOver(taking, bound, log);
+      // The requests held since the switch are answered before the slower work below (the
+      // first metrics sample scans /proc, the proxy processes start): decision 441.
+      await Promise.race([bound.firstAnswer(), Bun.sleep(FIRST_ANSWER_WAIT_MS)]);
+    }
+    // Sampling starts once the services are adopted, and stops before they are handed over.
+    metrics.start(manager);
+    cleanups.push(() => metrics.stop());
     const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${bound.port}`;
 
