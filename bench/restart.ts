@@ -56,10 +56,10 @@ interface WrkCount {
 
 /** startWrk loads `url` (Host: web.localhost) until the returned stop() is called, which interrupts wrk and reads its counts. */
 function startWrk(url: string): () => Promise<WrkCount> {
-  const proc = Bun.spawn(
-    [wrk as string, "-t2", `-c${WRK_CONNECTIONS}`, "-d3600s", "--timeout", "5s", "-H", "Host: web.localhost", url],
-    { stdout: "pipe", stderr: "pipe" },
-  );
+  const proc = Bun.spawn([wrk as string, "-t2", `-c${WRK_CONNECTIONS}`, "-d3600s", "--timeout", "5s", "-H", "Host: web.localhost", url], {
+    stdout: "pipe",
+    stderr: "pipe",
+  });
   return async () => {
     proc.kill("SIGINT");
     const killer = setTimeout(() => proc.kill("SIGKILL"), 10_000);
@@ -397,12 +397,18 @@ function summarizePhases(label: string, results: RunResult[]): string[][] {
   });
 }
 
-const loadBefore = os.loadavg().map((load) => fmt(load, 1)).join(" ");
+const loadBefore = os
+  .loadavg()
+  .map((load) => fmt(load, 1))
+  .join(" ");
 const anchorWindows = await measureKillAnchor(5);
 const rows = [...(await measureBinary("this build", binary)), ...(baseline ? await measureBinary("baseline", baseline) : [])];
 const anchorMs = median(anchorWindows);
 printRows(
-  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; proxied load: ${wrk ? `wrk -t2 -c${WRK_CONNECTIONS} over HTTPS` : "no wrk"}${proxiedLoopCount > 0 ? ` and ${proxiedLoopCount} in-process clients over HTTP` : ""}; load average before ${loadBefore}, after ${os.loadavg().map((load) => fmt(load, 1)).join(" ")}`,
+  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; proxied load: ${wrk ? `wrk -t2 -c${WRK_CONNECTIONS} over HTTPS` : "no wrk"}${proxiedLoopCount > 0 ? ` and ${proxiedLoopCount} in-process clients over HTTP` : ""}; load average before ${loadBefore}, after ${os
+    .loadavg()
+    .map((load) => fmt(load, 1))
+    .join(" ")}`,
   [
     "binary",
     `proxied failed (${restarts} restarts)`,
