@@ -1,5 +1,6 @@
 import { expect, test } from "bun:test";
-import { acceptQueueLength, listeningTcpFd } from "../../src/lib/sockets";
+import type { TCPSocketListenOptions } from "bun";
+import { acceptQueueLength, listenersOnPort, listeningTcpFd, steerTo, UNSTEERED } from "../../src/lib/sockets";
 
 test("acceptQueueLength counts the connections a listener has not accepted yet, and 0 once it has", async () => {
   let accepted = 0;
@@ -32,5 +33,51 @@ test("acceptQueueLength counts the connections a listener has not accepted yet, 
     expect(acceptQueueLength(fd as number)).toBe(0);
   } finally {
     listener.stop(true);
+  }
+});
+
+test("steerTo sends every new connection to the group's socket at an index, and UNSTEERED spreads them by hash again", async () => {
+  const accepted = [0, 0];
+  const listen = (which: number, port: number) =>
+    Bun.listen({
+      hostname: "127.0.0.1",
+      port,
+      reusePort: true,
+      socket: {
+        open(socket) {
+          accepted[which] = (accepted[which] ?? 0) + 1;
+          socket.end();
+        },
+        data() {},
+      },
+    } as TCPSocketListenOptions<unknown>);
+  const first = listen(0, 0);
+  const second = listen(1, first.port);
+  const connectAll = async (count: number) => {
+    for (let index = 0; index < count; index++) {
+      const { promise, resolve } = Promise.withResolvers<void>();
+      await Bun.connect({ hostname: "127.0.0.1", port: first.port, socket: { data() {}, close: () => resolve(), error: () => resolve() } });
+      await promise;
+    }
+  };
+  try {
+    expect(listenersOnPort(first.port)).toBe(2);
+    const fd = listeningTcpFd(first.port);
+    expect(fd).not.toBeNull();
+    // The second listener bound last: it is the group's socket 1.
+    expect(steerTo(fd as number, 1)).toBe(true);
+    await connectAll(20);
+    expect(accepted).toEqual([0, 20]);
+    expect(steerTo(fd as number, 0)).toBe(true);
+    await connectAll(20);
+    expect(accepted).toEqual([20, 20]);
+    expect(steerTo(fd as number, UNSTEERED)).toBe(true);
+    await connectAll(60);
+    // By hash of the client's port: both get some.
+    expect(accepted[0]).toBeGreaterThan(20);
+    expect(accepted[1]).toBeGreaterThan(20);
+  } finally {
+    first.stop(true);
+    second.stop(true);
   }
 });
