@@ -47,6 +47,10 @@ const SO_ACCEPTCONN = 30;
 const SO_ATTACH_REUSEPORT_CBPF = 51;
 const AF_INET = 2;
 const AF_INET6 = 10;
+const IPPROTO_TCP = 6;
+const TCP_INFO = 11;
+/** TCPI_UNACKED is the offset of `tcpi_unacked` in struct tcp_info: 8 bytes of u8 fields, then rto, ato, snd_mss, rcv_mss. */
+const TCPI_UNACKED = 24;
 
 /**
  * listeningTcpFd finds this process's listening TCP socket on `port` among its descriptors
@@ -115,11 +119,6 @@ export function steerTo(fd: number, index: number): boolean {
   fprog.writeBigUInt64LE(BigInt(ptr(program)), 8);
   return c.setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, ptr(fprog), fprog.length) === 0;
 }
-
-const IPPROTO_TCP = 6;
-const TCP_INFO = 11;
-/** TCPI_UNACKED is the offset of `tcpi_unacked` in struct tcp_info: 8 bytes of u8 fields, then rto, ato, snd_mss, rcv_mss. */
-const TCPI_UNACKED = 24;
 
 /**
  * acceptQueueLength is how many connections the kernel has completed on the listening socket

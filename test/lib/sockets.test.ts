@@ -2,18 +2,26 @@ import { expect, test } from "bun:test";
 import type { TCPSocketListenOptions } from "bun";
 import { acceptQueueLength, listenersOnPort, listeningTcpFd, steerTo, UNSTEERED } from "../../src/lib/sockets";
 
-test("acceptQueueLength counts the connections a listener has not accepted yet, and 0 once it has", async () => {
-  let accepted = 0;
-  const listener = Bun.listen({
+/** countingListener listens on `port` (SO_REUSEPORT) and adds one to `counts[slot]` for each connection it accepts, which it ends. */
+function countingListener(port: number, counts: number[], slot: number) {
+  const options: TCPSocketListenOptions<unknown> = {
     hostname: "127.0.0.1",
-    port: 0,
+    port,
     socket: {
-      open() {
-        accepted += 1;
+      open(socket) {
+        counts[slot] = (counts[slot] ?? 0) + 1;
+        socket.end();
       },
       data() {},
     },
-  });
+  };
+  return Bun.listen({ ...options, reusePort: true } as TCPSocketListenOptions<unknown>);
+}
+
+test("acceptQueueLength counts the connections a listener has not accepted yet, and 0 once it has", async () => {
+  const counts = [0];
+  const listener = countingListener(0, counts, 0);
+  const accepted = () => counts[0] ?? 0;
   try {
     const fd = listeningTcpFd(listener.port);
     expect(fd).not.toBeNull();
@@ -28,8 +36,8 @@ test("acceptQueueLength counts the connections a listener has not accepted yet, 
     expect(child.exitCode).toBe(0);
     expect(acceptQueueLength(fd as number)).toBe(3);
     const deadline = Date.now() + 10_000;
-    while (accepted < 3 && Date.now() < deadline) await Bun.sleep(5);
-    expect(accepted).toBe(3);
+    while (accepted() < 3 && Date.now() < deadline) await Bun.sleep(5);
+    expect(accepted()).toBe(3);
     expect(acceptQueueLength(fd as number)).toBe(0);
   } finally {
     listener.stop(true);
@@ -38,21 +46,8 @@ test("acceptQueueLength counts the connections a listener has not accepted yet, 
 
 test("steerTo sends every new connection to the group's socket at an index, and UNSTEERED spreads them by hash again", async () => {
   const accepted = [0, 0];
-  const listen = (which: number, port: number) =>
-    Bun.listen({
-      hostname: "127.0.0.1",
-      port,
-      reusePort: true,
-      socket: {
-        open(socket) {
-          accepted[which] = (accepted[which] ?? 0) + 1;
-          socket.end();
-        },
-        data() {},
-      },
-    } as TCPSocketListenOptions<unknown>);
-  const first = listen(0, 0);
-  const second = listen(1, first.port);
+  const first = countingListener(0, accepted, 0);
+  const second = countingListener(first.port, accepted, 1);
   const connectAll = async (count: number) => {
     for (let index = 0; index < count; index++) {
       const { promise, resolve } = Promise.withResolvers<void>();
