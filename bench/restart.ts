@@ -7,19 +7,22 @@
  * - two API pollers send GET /api/health back to back, 1 ms apart (one on a kept-alive
  *   connection, one opening a connection per request): the longest time between two answers
  *   is the longest time the API answered nothing; a failed request is counted;
- * - proxied loops send GET / for web.localhost through the proxy's HTTP port (by default six on
- *   kept-alive connections, two opening one per request): every failed or wrong answer is counted;
+ * - `wrk -t2 -c32` sends GET / for web.localhost through the proxy's HTTPS port on kept-alive
+ *   connections (the issue's load): its socket errors and non-2xx answers are the failures;
+ *   `--proxied-loops N` adds N in-process clients over the HTTP port (three in four kept-alive),
+ *   every failed or wrong answer counted;
  * - the services' pids are read before and after: they must be kept.
  *
- * Printed per binary: the median of the runs and their spread. The anchor is a bare Bun.serve
+ * Printed per binary: the median of the runs and their spread, and where each hand-over's
+ * window went (the steps the engine logs, decision 440). The anchor is a bare Bun.serve
  * killed and started again on its port (spawn to first answer), measured in the same process:
  * this machine is small and shared, so the ratios and the zero counts say more than the ms.
  *
- * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--proxied-loops 8] [--verbose]
+ * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--proxied-loops 8] [--verbose]
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import os, { tmpdir } from "node:os";
 import { join } from "node:path";
 import { reapWorkloads, workloadBun, workloadPath } from "../test/helpers";
 import { fmt, freePort, measureKillAnchor, median, numericArg, printRows } from "./lib";
@@ -34,8 +37,42 @@ const DRAIN_TIMEOUT_S = 10;
 const baselineIndex = process.argv.indexOf("--baseline");
 const baseline = baselineIndex >= 0 ? process.argv[baselineIndex + 1] : undefined;
 const verbose = process.argv.includes("--verbose");
-/** proxiedLoopCount is how many clients send through the proxy (three in four on kept-alive connections); 0 measures the API alone. */
-const proxiedLoopCount = process.argv.includes("--proxied-loops") ? Number(process.argv[process.argv.indexOf("--proxied-loops") + 1]) : 8;
+/**
+ * proxiedLoopCount is how many in-process clients send through the proxy's HTTP port (three in
+ * four on kept-alive connections); by default none, as wrk loads it (below).
+ */
+const proxiedLoopCount = process.argv.includes("--proxied-loops") ? Number(process.argv[process.argv.indexOf("--proxied-loops") + 1]) : 0;
+/** WRK is the issue's proxied load: `wrk -t2 -c32` over HTTPS, kept-alive, for the whole run; `--no-wrk` leaves it out (the API alone). */
+const WRK_CONNECTIONS = 32;
+const wrk = process.argv.includes("--no-wrk") ? null : Bun.which("wrk");
+if (!wrk && !process.argv.includes("--no-wrk")) console.error("wrk is not installed: no HTTPS load (apt-get install wrk)");
+
+/** WrkCount is what wrk answered when stopped: requests, and failures (socket errors and non-2xx answers). */
+interface WrkCount {
+  requests: number;
+  failed: number;
+  detail: string;
+}
+
+/** startWrk loads `url` (Host: web.localhost) until the returned stop() is called, which interrupts wrk and reads its counts. */
+function startWrk(url: string): () => Promise<WrkCount> {
+  const proc = Bun.spawn([wrk as string, "-t2", `-c${WRK_CONNECTIONS}`, "-d3600s", "--timeout", "5s", "-H", "Host: web.localhost", url], {
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  return async () => {
+    proc.kill("SIGINT");
+    const killer = setTimeout(() => proc.kill("SIGKILL"), 10_000);
+    const [out] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+    clearTimeout(killer);
+    const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? Number.NaN);
+    const socket = /Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/.exec(out);
+    const non2xx = Number(/Non-2xx or 3xx responses: (\d+)/.exec(out)?.[1] ?? 0);
+    const failed = non2xx + (socket ? socket.slice(1).reduce((sum, count) => sum + Number(count), 0) : 0);
+    if (!Number.isFinite(requests)) throw new Error(`wrk printed no count: ${out.slice(0, 300)}`);
+    return { requests, failed, detail: socket ? `${socket[0]}; non-2xx ${non2xx}` : `non-2xx ${non2xx}` };
+  };
+}
 
 const binary = join(root, "dist", "engine");
 if (!existsSync(binary) || process.argv.includes("--rebuild")) {
@@ -55,6 +92,38 @@ interface RunResult {
   pidsKept: boolean;
   enginePidKept: boolean;
   restartSeconds: number[];
+  /** phases are the hand-over steps' times the engine logged (decision 440), by side. */
+  phases: PhaseLines;
+}
+
+/** PhaseLines are the `phases_ms` of each hand-over's log lines: the stand-in's take-over, the re-executed pid's, the releases. */
+interface PhaseLines {
+  standin: Record<string, number>[];
+  reexec: Record<string, number>[];
+  release: Record<string, number>[];
+}
+
+/** readPhases collects the hand-over steps' times from an engine's log (docs/decisions.md 440). */
+function readPhases(dataDir: string): PhaseLines {
+  const lines: PhaseLines = { standin: [], reexec: [], release: [] };
+  let text = "";
+  try {
+    text = readFileSync(join(dataDir, "engine.log"), "utf8");
+  } catch {
+    return lines;
+  }
+  for (const line of text.split("\n")) {
+    if (!line.includes("phases_ms")) continue;
+    try {
+      const record = JSON.parse(line) as { msg: string; standin?: boolean; phases_ms: Record<string, number>; window_ms?: number };
+      if (record.msg === "took the work over") {
+        (record.standin ? lines.standin : lines.reexec).push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
+      } else lines.release.push(record.phases_ms);
+    } catch {
+      // a line cut short
+    }
+  }
+  return lines;
 }
 
 /** Loop keeps one client sending until stopped, counting what it got. */
@@ -103,7 +172,7 @@ class Loop {
 async function measureRun(engineBinary: string): Promise<RunResult> {
   const dataDir = mkdtempSync(join(tmpdir(), "engine-bench-restart-"));
   const port = await freePort();
-  const engine = Bun.spawn([engineBinary, "serve", "--data-dir", dataDir, "--port", String(port), "--log-level", "warn"], {
+  const engine = Bun.spawn([engineBinary, "serve", "--data-dir", dataDir, "--port", String(port), "--log-level", "info"], {
     env: {
       ...process.env,
       ENGINE_PROXY: "on",
@@ -118,6 +187,7 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
   });
   const base = `http://127.0.0.1:${port}`;
   const loops: Loop[] = [];
+  let stopWrk: (() => Promise<WrkCount>) | null = null;
   try {
     const deadline = Date.now() + 60_000;
     while (
@@ -150,14 +220,18 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       return new Map(list.filter((service) => service.status === "running").map((service) => [service.name, service.pid]));
     };
     let httpPort = 0;
+    let httpsPort = 0;
     while (httpPort === 0) {
       if (Date.now() > deadline) throw new Error("the upstream was not routed in time");
       const status = (await (await fetch(`${base}/api/proxy/status`, { headers })).json()) as {
+        https_port: number;
         tls: { http_port: number };
         routes: { items: { host: string; state: string }[] };
       };
-      if (status.routes.items.some((route) => route.host === "web.localhost" && route.state === "up")) httpPort = status.tls.http_port;
-      else await Bun.sleep(50);
+      if (status.routes.items.some((route) => route.host === "web.localhost" && route.state === "up")) {
+        httpPort = status.tls.http_port;
+        httpsPort = status.https_port;
+      } else await Bun.sleep(50);
     }
     let pids = await servicePids();
     while (pids.size < deploys.length) {
@@ -202,20 +276,30 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       ...Array.from({ length: Math.floor(proxiedLoopCount / 4) }, () => proxied(false)),
     ];
     loops.push(...apiLoops, ...proxiedLoops);
+    stopWrk = wrk ? startWrk(`https://127.0.0.1:${httpsPort}/`) : null;
     await Bun.sleep(300);
     lastAnswer = performance.now();
     longest = 0;
     const perRestartMs: number[] = [];
+    let refusedRestarts = 0;
     const restartSeconds: number[] = [];
     for (let round = 0; round < restarts; round++) {
       const since = performance.now();
       restartAt = since;
       longest = 0;
-      const response = await fetch(`${base}/api/daemon/restart`, {
-        method: "POST",
-        headers,
-        body: JSON.stringify({ drain_timeout_s: DRAIN_TIMEOUT_S }),
-      });
+      // A stand-in that still holds a kept-alive connection of this client answers 503 draining
+      // until it exits: the restart is asked again then (counted).
+      let response: Response;
+      for (let attempt = 0; ; attempt++) {
+        response = await fetch(`${base}/api/daemon/restart`, {
+          method: "POST",
+          headers,
+          body: JSON.stringify({ drain_timeout_s: DRAIN_TIMEOUT_S }),
+        });
+        if (response.status !== 503 || attempt >= 100) break;
+        refusedRestarts += 1;
+        await Bun.sleep(100);
+      }
       if (verbose) console.error(`  restart ${round + 1}: 202 after ${fmt(performance.now() - since, 0)} ms`);
       if (response.status !== 202) throw new Error(`restart: ${response.status} ${await response.text()}`);
       // Done when the engine's own pid answers again from a new image (a fresh uptime).
@@ -238,6 +322,10 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
     }
     for (const loop of loops) await loop.stop();
     loops.length = 0;
+    const wrkCount = (await stopWrk?.()) ?? { requests: 0, failed: 0, detail: "" };
+    stopWrk = null;
+    if (wrkCount.failed > 0) console.error(`  wrk: ${wrkCount.failed} failed (${wrkCount.detail})`);
+    if (refusedRestarts > 0) console.error(`  a restart was refused (503) ${refusedRestarts} times before it was taken`);
     const after = await servicePids();
     const enginePidAfter = ((await (await fetch(`${base}/api/health`)).json()) as { pid: number }).pid;
     const errors = [...apiLoops, ...proxiedLoops].flatMap((loop) =>
@@ -245,8 +333,8 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
     );
     if (errors.length > 0) console.error(`  failures: ${errors.join("; ")}`);
     return {
-      proxiedFailed: proxiedLoops.reduce((sum, loop) => sum + loop.failed, 0),
-      proxiedAnswered: proxiedLoops.reduce((sum, loop) => sum + loop.answered, 0),
+      proxiedFailed: proxiedLoops.reduce((sum, loop) => sum + loop.failed, 0) + wrkCount.failed,
+      proxiedAnswered: proxiedLoops.reduce((sum, loop) => sum + loop.answered, 0) + wrkCount.requests - wrkCount.failed,
       apiFailed: apiLoops.reduce((sum, loop) => sum + loop.failed, 0),
       apiAnswered: apiLoops.reduce((sum, loop) => sum + loop.answered, 0),
       longestSilenceMs: Math.max(...perRestartMs),
@@ -254,9 +342,11 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       pidsKept: [...pids].every(([name, pid]) => after.get(name) === pid),
       enginePidKept: enginePidAfter === enginePid,
       restartSeconds,
+      phases: readPhases(dataDir),
     };
   } finally {
     for (const loop of loops) await loop.stop();
+    await stopWrk?.().catch(() => undefined);
     engine.kill("SIGTERM");
     await Promise.race([engine.exited, Bun.sleep(15_000)]);
     if (engine.exitCode === null) engine.kill("SIGKILL");
@@ -281,6 +371,7 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
   const silences = results.map((result) => result.longestSilenceMs);
   const perRestart = results.flatMap((result) => result.perRestartMs);
   const restartS = results.flatMap((result) => result.restartSeconds);
+  phaseSummaries.push(...summarizePhases(label, results));
   return [
     [
       label,
@@ -295,11 +386,39 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
   ];
 }
 
+/** phaseSummaries are the rows of the phases table: the median (and the largest) of each step over every hand-over. */
+const phaseSummaries: string[][] = [];
+
+function summarizePhases(label: string, results: RunResult[]): string[][] {
+  const sides: [string, keyof PhaseLines][] = [
+    ["stand-in takes over", "standin"],
+    ["re-executed pid takes over", "reexec"],
+    ["predecessor releases", "release"],
+  ];
+  return sides.flatMap(([side, key]) => {
+    const records = results.flatMap((result) => result.phases[key]);
+    if (records.length === 0) return [];
+    const names = [...new Set(records.flatMap((record) => Object.keys(record)))];
+    const cells = names.map((name) => {
+      const values = records.map((record) => record[name]).filter((value): value is number => Number.isFinite(value));
+      return `${name} ${fmt(median(values), 1)} (${fmt(Math.max(...values), 0)})`;
+    });
+    return [[label, side, String(records.length), cells.join(", ")]];
+  });
+}
+
+const loadBefore = os
+  .loadavg()
+  .map((load) => fmt(load, 1))
+  .join(" ");
 const anchorWindows = await measureKillAnchor(5);
 const rows = [...(await measureBinary("this build", binary)), ...(baseline ? await measureBinary("baseline", baseline) : [])];
 const anchorMs = median(anchorWindows);
 printRows(
-  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; ${proxiedLoopCount} proxied clients`,
+  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; proxied load: ${wrk ? `wrk -t2 -c${WRK_CONNECTIONS} over HTTPS` : "no wrk"}${proxiedLoopCount > 0 ? ` and ${proxiedLoopCount} in-process clients over HTTP` : ""}; load average before ${loadBefore}, after ${os
+    .loadavg()
+    .map((load) => fmt(load, 1))
+    .join(" ")}`,
   [
     "binary",
     `proxied failed (${restarts} restarts)`,
@@ -311,6 +430,11 @@ printRows(
     "restart s",
   ],
   rows,
+);
+printRows(
+  "Where a hand-over's window goes (ms, median and largest over every hand-over; from the engine's log, decision 440)",
+  ["binary", "side", "hand-overs", "steps"],
+  phaseSummaries,
 );
 console.log(
   `\nanchor: a bare Bun.serve killed and spawned again answers after ${fmt(anchorMs, 1)} ms (median of 5: ${anchorWindows.map((ms) => fmt(ms, 0)).join(" / ")})`,

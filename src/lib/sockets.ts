@@ -1,5 +1,5 @@
 import { dlopen, FFIType, ptr } from "bun:ffi";
-import { readdirSync, readlinkSync, renameSync, rmSync, statSync } from "node:fs";
+import { readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 
 /**
@@ -47,6 +47,10 @@ const SO_ACCEPTCONN = 30;
 const SO_ATTACH_REUSEPORT_CBPF = 51;
 const AF_INET = 2;
 const AF_INET6 = 10;
+const IPPROTO_TCP = 6;
+const TCP_INFO = 11;
+/** TCPI_UNACKED is the offset of `tcpi_unacked` in struct tcp_info: 8 bytes of u8 fields, then rto, ato, snd_mss, rcv_mss. */
+const TCPI_UNACKED = 24;
 
 /**
  * listeningTcpFd finds this process's listening TCP socket on `port` among its descriptors
@@ -93,17 +97,69 @@ export function listeningTcpFd(port: number): number | null {
  * attached it. Answers whether the kernel took it.
  */
 export function steerToNewest(fd: number): boolean {
+  return steerTo(fd, 1);
+}
+
+/**
+ * steerTo attaches to the reuseport group of the listening socket `fd` the classic BPF program
+ * `ret #index`: every new connection goes to the group's socket at `index`, or by hash when
+ * there is none there (an index out of range falls back to the kernel's hash, so
+ * `UNSTEERED` gives the group its plain hash back). Answers whether the kernel took it.
+ */
+export function steerTo(fd: number, index: number): boolean {
   const c = loadLibc();
   if (!c) return false;
-  // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k } — BPF_RET|BPF_K (0x06), k = 1.
+  // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k } — BPF_RET|BPF_K (0x06), k = index.
   const program = Buffer.alloc(8);
   program.writeUInt16LE(0x06, 0);
-  program.writeUInt32LE(1, 4);
+  program.writeUInt32LE(index >>> 0, 4);
   // struct sock_fprog { u16 len; struct sock_filter *filter } (padded to 16 bytes on 64-bit).
   const fprog = Buffer.alloc(16);
   fprog.writeUInt16LE(1, 0);
   fprog.writeBigUInt64LE(BigInt(ptr(program)), 8);
   return c.setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, ptr(fprog), fprog.length) === 0;
+}
+
+/**
+ * acceptQueueLength is how many connections the kernel has completed on the listening socket
+ * `fd` that the process has not accepted yet (for a listener, `tcpi_unacked` of TCP_INFO is its
+ * accept queue). A listener that closes resets them, so a retiring one waits for 0. Null when
+ * the kernel does not say.
+ */
+export function acceptQueueLength(fd: number): number | null {
+  const c = loadLibc();
+  if (!c) return null;
+  const info = Buffer.alloc(256);
+  const length = new Uint32Array([info.length]);
+  if (c.getsockopt(fd, IPPROTO_TCP, TCP_INFO, ptr(info), ptr(length)) !== 0 || (length[0] ?? 0) < TCPI_UNACKED + 4) return null;
+  return info.readUInt32LE(TCPI_UNACKED);
+}
+
+/** UNSTEERED is an index no reuseport group reaches, so `steerTo(fd, UNSTEERED)` spreads new connections by hash again. */
+export const UNSTEERED = 0xffff_ffff;
+
+/**
+ * listenersOnPort counts the listening TCP sockets on `port` in this network namespace
+ * (/proc/net/tcp and tcp6): the size of the port's reuseport group, the socket this process
+ * bound last being its newest, at index count - 1 (the kernel appends a socket that joins).
+ */
+export function listenersOnPort(port: number): number {
+  const hexPort = `:${port.toString(16).toUpperCase().padStart(4, "0")}`;
+  let count = 0;
+  for (const file of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    let text: string;
+    try {
+      text = readFileSync(file, "utf8");
+    } catch {
+      continue;
+    }
+    for (const line of text.split("\n")) {
+      const fields = line.trim().split(/\s+/);
+      // sl local_address rem_address st ...: st 0A is LISTEN.
+      if (fields[3] === "0A" && fields[1]?.endsWith(hexPort)) count += 1;
+    }
+  }
+  return count;
 }
 
 /** UnixSocketName is a unix socket bound at a private name and renamed over its real path. */

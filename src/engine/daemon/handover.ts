@@ -323,13 +323,44 @@ export async function handOver(
   } catch (error) {
     throw new HandoverError((error as Error).message, "switched");
   }
+  const phases = new Phases();
   await side.retire(options.deadline);
+  phases.mark("retire");
   await side.release();
+  phases.mark("release");
   channel.send({ type: "released" });
+  side.log.info({ successor_pid: hello.pid, phases_ms: phases.ms }, "released the work to the new process");
   try {
     const active = await channel.next("active", ACTIVE_TIMEOUT_MS);
     return { hello, active };
   } catch (error) {
     throw new HandoverError((error as Error).message, "active");
   }
+}
+
+/**
+ * Phases times the steps of one side of a hand-over (decision 440): `mark(name)` records the
+ * milliseconds since the previous mark under `name`, so the log line that ends a hand-over
+ * says where its window went (the bench reads it).
+ */
+export class Phases {
+  readonly ms: Record<string, number> = {};
+  private readonly at = new Map<string, number>();
+  private last = performance.now();
+
+  mark(name: string): void {
+    const now = performance.now();
+    this.ms[name] = round(now - this.last);
+    this.at.set(name, now);
+    this.last = now;
+  }
+
+  /** since is the milliseconds from the end of step `name` to the last mark (NaN when it was never marked). */
+  since(name: string): number {
+    return round(this.last - (this.at.get(name) ?? Number.NaN));
+  }
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 10) / 10;
 }

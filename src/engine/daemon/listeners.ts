@@ -4,21 +4,33 @@ import { randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import { errorResponse, lastResortResponse } from "../../lib/http";
 import type { Logger } from "../../lib/logger";
-import { bindUnixAt, listeningTcpFd, ownsPath, removeIfOwned, steerToNewest, type UnixSocketName } from "../../lib/sockets";
+import {
+  acceptQueueLength,
+  bindUnixAt,
+  listeningTcpFd,
+  ownsPath,
+  removeIfOwned,
+  steerToNewest,
+  type UnixSocketName,
+} from "../../lib/sockets";
 
 /** Handler answers one request of a listener. */
 export type Handler = (request: Request, server: Server<undefined>) => Response | Promise<Response>;
 
 /**
  * RETIRE_GRACE_MS is how long a retiring listener still accepts after its successor bound (and
- * renamed its unix socket over the path). New connections go to the successor from then on;
- * one already in this listener's queue is accepted and answered on the event loop's next
- * turns rather than reset when the listener closes, and a TCP handshake this listener had
+ * renamed its unix socket over the path), at least. New connections go to the successor from
+ * then on; one already in this listener's queue is accepted and answered on the event loop's
+ * next turns rather than reset when the listener closes, and a TCP handshake this listener had
  * begun completes within a round trip. Loopback and LAN round trips fit inside it; it is
  * short because requests wait for it (the successor cannot serve before this daemon has
- * released its work): measured in bench/restart.ts.
+ * released its work): measured in bench/restart.ts. Past it, the TCP listener still waits
+ * while its accept queue is not empty (a busy event loop accepts late), up to
+ * RETIRE_QUEUE_MAX_MS (decision 442).
  */
-export const RETIRE_GRACE_MS = 5;
+export const RETIRE_GRACE_MS = 2;
+/** RETIRE_QUEUE_MAX_MS bounds the wait for a retiring TCP listener's accept queue to empty. */
+const RETIRE_QUEUE_MAX_MS = 200;
 
 /** IDLE_TIMEOUT_S closes a keep-alive connection that says nothing for this long (SSE streams send keep-alives). */
 const IDLE_TIMEOUT_S = 120;
@@ -43,11 +55,14 @@ export class ApiListeners {
   readonly port: number;
   /** steered says whether new connections go to a successor the moment it binds (sockets.ts). */
   readonly steered: boolean;
+  /** tcpFd is the TCP listener's descriptor, found in /proc/self/fd; null when it was not. */
+  private readonly tcpFd: number | null;
   private unixName: UnixSocketName;
   private readonly options: ApiListenerOptions;
   private handlers: { tcp: Handler; unix: Handler } | null = null;
   private waiting: (() => void)[] = [];
   private closed = false;
+  private answered: { promise: Promise<void>; resolve: () => void } = Promise.withResolvers<void>();
 
   private constructor(options: ApiListenerOptions) {
     this.options = options;
@@ -58,6 +73,7 @@ export class ApiListeners {
     });
     this.port = this.tcp.port ?? options.port;
     const fd = listeningTcpFd(this.port);
+    this.tcpFd = fd;
     this.steered = fd !== null && steerToNewest(fd);
     if (!this.steered) {
       options.log.warn(
@@ -126,7 +142,14 @@ export class ApiListeners {
       await new Promise<void>((resume) => this.waiting.push(resume));
       if (!this.handlers) return notServing();
     }
-    return (this.handlers as { tcp: Handler; unix: Handler })[which](request, server);
+    const response = await (this.handlers as { tcp: Handler; unix: Handler })[which](request, server);
+    this.answered.resolve();
+    return response;
+  }
+
+  /** firstAnswer resolves once a handler has answered a request (its head; the body may still stream). */
+  firstAnswer(): Promise<void> {
+    return this.answered.promise;
   }
 
   /** inFlight counts the requests both listeners are still answering. */
@@ -136,12 +159,14 @@ export class ApiListeners {
 
   /**
    * retire hands the ports to a successor that has bound them: it keeps accepting for
-   * RETIRE_GRACE_MS (what was already queued), stops accepting, and waits for the requests in
+   * RETIRE_GRACE_MS and until its TCP accept queue is empty (what was already queued), stops accepting, and waits for the requests in
    * flight until `deadline` (ms since the epoch), then closes what is left. The unix path is
    * the successor's by then and is left alone.
    */
   async retire(deadline: number): Promise<void> {
     await Bun.sleep(RETIRE_GRACE_MS);
+    const queueDeadline = Date.now() + RETIRE_QUEUE_MAX_MS;
+    while (this.tcpFd !== null && (acceptQueueLength(this.tcpFd) ?? 0) > 0 && Date.now() < queueDeadline) await Bun.sleep(1);
     this.tcp.stop(false);
     this.unix.stop(false);
     while (this.inFlight() > 0 && Date.now() < deadline) await Bun.sleep(5);
@@ -181,5 +206,37 @@ function bindTcp(options: ApiListenerOptions, serve: Omit<Parameters<typeof Bun.
       );
     }
     throw new AppError("config_invalid", `cannot listen on ${options.host}:${options.port}: ${(error as Error).message}`);
+  }
+}
+
+/** WARM_ROUNDS is how many times each warm-up request runs: enough for the code it takes to be compiled, not optimized. */
+const WARM_ROUNDS = 20;
+
+/**
+ * warmHandlers sends a successor's handlers, in-process and before the switch, the requests
+ * its first clients will send (decision 441): the health check on both listeners and a
+ * refused credential, so the router, the routes' compiled handlers, the authentication and the
+ * error envelope are compiled before requests wait for them. It reads nothing the predecessor
+ * owns: a refused token is looked up and not found, and no route it calls changes anything.
+ */
+export async function warmHandlers(
+  tcp: (request: Request) => Response | Promise<Response>,
+  unix: (request: Request) => Response | Promise<Response>,
+  port: number,
+): Promise<void> {
+  const origin = `http://127.0.0.1:${port}`;
+  for (let round = 0; round < WARM_ROUNDS; round++) {
+    const answers = [
+      tcp(new Request(`${origin}/api/health`)),
+      tcp(new Request(`${origin}/api/services`, { headers: { authorization: "Bearer eng_warm-up" } })),
+      unix(new Request("http://localhost/api/health")),
+    ];
+    for (const answer of answers) {
+      try {
+        await (await answer).arrayBuffer();
+      } catch {
+        // a warm-up answer is thrown away, whatever it is
+      }
+    }
   }
 }

@@ -1,5 +1,6 @@
 import { createSecureContext, type SecureContext } from "node:tls";
 import type { SocketHandler, TCPSocketListener, TCPSocketListenOptions } from "bun";
+import { acceptQueueLength, listenersOnPort, listeningTcpFd, steerTo, UNSTEERED } from "../../lib/sockets";
 import { type ClientConnection, Forwarder, type ForwarderOptions } from "./forwarder";
 import type { ProxyMeter } from "./meter";
 import { Router } from "./router";
@@ -66,6 +67,31 @@ export class ProxyListener {
     });
     this.http = http;
     this.httpPort = http.port;
+    if (this.config.steer) this.steer();
+  }
+
+  /**
+   * steer sends every new connection on both ports to this process while the processes of the
+   * generation it replaces retire (decision 443). It is the first of its generation, so its
+   * sockets are the newest of their reuseport groups, right after the old ones, and stay at that
+   * index while the old ones close (a closing socket's slot takes the group's last, a newer
+   * one). The old processes thus get no new connection and drain their accept queues before
+   * they close: the kernel resets what a closing listener still holds.
+   */
+  private steer(): void {
+    for (const port of [this.httpsPort, this.httpPort]) {
+      const fd = listeningTcpFd(port);
+      const index = listenersOnPort(port) - 1;
+      if (fd !== null && index > 0) steerTo(fd, index);
+    }
+  }
+
+  /** unsteer spreads new connections by hash again, once the retired processes are gone. */
+  unsteer(): void {
+    for (const port of [this.httpsPort, this.httpPort]) {
+      const fd = listeningTcpFd(port);
+      if (fd !== null) steerTo(fd, UNSTEERED);
+    }
   }
 
   /** apply takes a newer snapshot: routes, ACME answers and certificates change in place. */
@@ -112,14 +138,26 @@ export class ProxyListener {
     });
   }
 
-  /** stop closes both listeners; graceful lets requests in flight finish. */
+  /**
+   * stop closes both listeners, each once it has accepted what its queue holds (the kernel
+   * resets a closing listener's queue; decision 443); graceful lets requests in flight finish.
+   */
   async stop(graceful: boolean): Promise<void> {
+    const fds = [this.httpsPort, this.httpPort].map((port) => (port > 0 ? listeningTcpFd(port) : null));
+    await Bun.sleep(STOP_GRACE_MS);
+    const deadline = Date.now() + STOP_QUEUE_MAX_MS;
+    while (fds.some((fd) => fd !== null && (acceptQueueLength(fd) ?? 0) > 0) && Date.now() < deadline) await Bun.sleep(1);
     for (const listener of [this.https, this.http]) listener?.stop(false);
     this.https = null;
     this.http = null;
     await this.forwarder.stop(graceful);
   }
 }
+
+/** STOP_GRACE_MS is how long a stopping listener still accepts, at least: a handshake it had begun completes within a round trip. */
+const STOP_GRACE_MS = 2;
+/** STOP_QUEUE_MAX_MS bounds the wait for a stopping listener's accept queue to empty. */
+const STOP_QUEUE_MAX_MS = 200;
 
 /**
  * listenShared binds a TCP listener with SO_REUSEPORT (`reusePort`, which Bun.listen honours

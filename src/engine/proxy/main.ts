@@ -73,6 +73,8 @@ export function runProxyProcess(): void {
       } catch (error) {
         send({ type: "error", code: (error as NodeJS.ErrnoException).code ?? "proxy_failed", message: (error as Error).message });
       }
+    } else if (message.type === "unsteer") {
+      listener?.unsteer();
     } else if (message.type === "stop") {
       void stop(true);
     }

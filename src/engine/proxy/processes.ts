@@ -110,7 +110,8 @@ export class ProxyProcesses {
    */
   async start(snapshot: ProxySnapshot, retire: ProxyPidRecord[]): Promise<{ httpsPort: number; httpPort: number }> {
     this.snapshot = snapshot;
-    const first = await this.spawn(this.options.config);
+    // The first process takes every new connection while the processes it replaces retire (decision 443).
+    const first = await this.spawn({ ...this.options.config, steer: retire.length > 0 });
     this.httpsPort = first.httpsPort;
     this.httpPort = first.httpPort;
     const rest = await Promise.allSettled(Array.from({ length: this.options.count - 1 }, () => this.spawn(this.boundConfig())));
@@ -126,7 +127,11 @@ export class ProxyProcesses {
       } catch {
         // already gone
       }
-      void this.reapWhenGone(record.pid);
+    }
+    if (retire.length > 0) {
+      void Promise.all(retire.map((record) => this.reapWhenGone(record.pid))).then(() => {
+        for (const member of this.members) if (member.ready && !member.stopping) this.send(member, { type: "unsteer" });
+      });
     }
     return { httpsPort: this.httpsPort, httpPort: this.httpPort };
   }

@@ -45,12 +45,19 @@ export interface ListenerConfig {
   maxBodyBytes: number;
   /** stateDir holds the process's pid file, so a restarted daemon finds and retires it. */
   stateDir: string;
+  /**
+   * steer makes the process, the first of a generation that retires another, take every new
+   * connection on its ports until told `unsteer` (listener.ts, decision 443).
+   */
+  steer?: boolean;
 }
 
 /** Messages from the daemon to a proxy process. */
 export type ToProxy =
   | { type: "start"; config: ListenerConfig; snapshot: ProxySnapshot }
   | { type: "snapshot"; snapshot: ProxySnapshot }
+  /** unsteer spreads the ports' new connections by hash again, once the retired generation is gone. */
+  | { type: "unsteer" }
   | { type: "stop" };
 
 /** Messages from a proxy process to the daemon. */

@@ -61,6 +61,25 @@ export function appliedMigrations(db: Database): string[] {
     .map((row) => row.id);
 }
 
+/**
+ * storeIsCurrent says whether the database at `path` has exactly the migrations this engine
+ * knows, so that opening it changes nothing: a restart's successor may then open it while the
+ * engine it takes over from still writes (WAL), and build its modules before the switch.
+ */
+export function storeIsCurrent(path: string, migrations: readonly Migration[] = MIGRATIONS): boolean {
+  let db: Database | undefined;
+  try {
+    db = new Database(path, { readonly: true, strict: true });
+    const applied = db.query<{ id: string }, []>("SELECT id FROM schema_migrations").all();
+    const known = new Set(migrations.map((migration) => migration.id));
+    return applied.length === known.size && applied.every((row) => known.has(row.id));
+  } catch {
+    return false;
+  } finally {
+    db?.close();
+  }
+}
+
 /** migrate applies, in order and each in its own transaction, the migrations not yet recorded. */
 export function migrate(db: Database, migrations: readonly Migration[]): string[] {
   db.exec("CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)");

@@ -283,4 +283,30 @@ describe("drain restart with no gap", () => {
     const tokens = (await (await fetch(`${engine.url}/api/tokens`, { headers })).json()) as { name: string }[];
     expect(tokens.map((token) => token.name)).toContain("slow-one");
   }, 90_000);
+
+  test("a successor builds and warms its API before it takes the ports, and logs where its take-over's time went", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    await restartAndWait(engine, dataDir);
+    const records = () =>
+      engine
+        .output()
+        .split("\n")
+        .filter((line) => line.includes('"phases_ms"'))
+        .map((line) => JSON.parse(line) as { msg: string; standin?: boolean; phases_ms: Record<string, number>; window_ms?: number });
+    // The re-executed pid answered the health check above: its take-over is logged once answered.
+    await eventually(() => records().some((record) => record.msg === "took the work over" && record.standin === false), {
+      timeoutMs: 15_000,
+    });
+    const taken = records().find((record) => record.msg === "took the work over" && record.standin === false);
+    // Its API was built and warmed (prepare) before it bound the ports (bind), then it waited for the release and adopted.
+    expect(Object.keys(taken?.phases_ms ?? {})).toEqual(["prepare", "bind", "wait_release", "start", "adopt", "api", "first_answer"]);
+    expect(taken?.window_ms).toBeGreaterThanOrEqual(0);
+    // Both predecessors (the engine's first image, then the stand-in) said how long their retire and release took.
+    const released = records().filter((record) => record.msg === "released the work to the new process");
+    expect(released.map((record) => Object.keys(record.phases_ms))).toEqual([
+      ["retire", "release"],
+      ["retire", "release"],
+    ]);
+  }, 90_000);
 });

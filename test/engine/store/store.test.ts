@@ -2,7 +2,7 @@ import { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
-import { migrate, openStore } from "../../../src/engine/store";
+import { migrate, openStore, storeIsCurrent } from "../../../src/engine/store";
 import { MIGRATIONS } from "../../../src/engine/store/migrations";
 import { tempDir } from "../../helpers";
 
@@ -66,5 +66,18 @@ describe("store", () => {
     db.query("INSERT INTO schema_migrations (id, applied_at) VALUES ('2099-01-01-01-future', 'x')").run();
     db.close();
     expect(() => openStore(path)).toThrow(/written by a newer engine/);
+  });
+
+  test("storeIsCurrent: true only when the database has exactly the migrations this engine knows", () => {
+    const path = dbPath();
+    expect(storeIsCurrent(path)).toBe(false); // no database yet
+    openStore(path, MIGRATIONS.slice(0, -1)).close();
+    expect(storeIsCurrent(path)).toBe(false); // one migration pending
+    openStore(path).close();
+    expect(storeIsCurrent(path)).toBe(true);
+    const db = new Database(path);
+    db.run("INSERT INTO schema_migrations (id, applied_at) VALUES ('2999-01-01-newer', '2999-01-01T00:00:00Z')");
+    db.close();
+    expect(storeIsCurrent(path)).toBe(false); // written by a newer engine
   });
 });
