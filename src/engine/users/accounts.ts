@@ -1,6 +1,8 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { AppError } from "../../lib/errors";
+import { libc } from "./libc";
+import { AccountFiles, type AddResult, type SystemAccount } from "./passwd";
 
 /**
  * WorkloadUser is the identity a workload (and its builds and exec probes) runs as: the
@@ -88,8 +90,17 @@ function readText(path: string): string {
   }
 }
 
-/** getent asks NSS (LDAP, sssd, ...) for what the local files do not have; "" when it has nothing. */
+/**
+ * getent asks NSS (LDAP, sssd, ...) for what the local files do not have; "" when it has nothing.
+ * Where the C library is loaded, whether NSS knows the key at all is asked in-process first: the
+ * answer is almost always no, and a process for it cost milliseconds on every new service.
+ */
 function getent(database: "passwd" | "group", key: string): string {
+  const lib = libc();
+  if (lib) {
+    const id = /^\d+$/.test(key) ? Number(key) : key;
+    if (!(database === "passwd" ? lib.userExists(id) : lib.groupExists(id))) return "";
+  }
   const getentPath = Bun.which("getent");
   if (!getentPath) return "";
   const result = Bun.spawnSync([getentPath, database, key], { stdout: "pipe", stderr: "ignore" });
@@ -162,22 +173,31 @@ function memberGroups(user: string): number[] {
 /**
  * ServiceUsers makes and finds the users workloads run as. A root engine runs each service as
  * a system user of its own (as systemd's DynamicUser= and Nomad's exec driver do), made on
- * first launch with `groupadd` and `useradd --system`, numbered from WORKLOAD_ID_RANGE, no
+ * first launch: written into the account files in-process (AccountFiles), or with `groupadd`
+ * and `useradd --system` where those cannot be written; numbered from WORKLOAD_ID_RANGE, no
  * login shell, and the service's data dir as home.
  */
 export class ServiceUsers {
   private gpuGroupIds: number[] | null = null;
+  /** queued are the accounts asked for since the last write: written together, one rewrite of each file for all. */
+  private queued: { account: SystemAccount; done: (result: AddResult | Error) => void }[] | null = null;
+  /** reserved are the ids of queued accounts: not in the files yet, and not to be handed out twice. */
+  private readonly reserved = new Set<number>();
 
-  constructor(private readonly idRange: { min: number; max: number } = WORKLOAD_ID_RANGE) {}
+  constructor(
+    private readonly idRange: { min: number; max: number } = WORKLOAD_ID_RANGE,
+    private readonly accountFiles: AccountFiles = new AccountFiles(),
+  ) {}
 
   /** idFree says whether an id is neither a user's nor a group's, locally or through NSS. */
   private idFree(id: number): boolean {
-    return !usedIds().has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
+    return !this.reserved.has(id) && !usedIds().has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
   }
 
   /** freeId is the lowest id of the range that no user or group has, locally or through NSS. */
   private freeId(): number {
     const used = usedIds();
+    for (const id of this.reserved) used.add(id);
     for (let id = this.idRange.min; id <= this.idRange.max; id++) {
       if (used.has(id)) continue;
       if (getent("passwd", String(id)) === "" && getent("group", String(id)) === "") return id;
@@ -207,6 +227,38 @@ export class ServiceUsers {
   }
 
   /**
+   * addAccount queues an account for the next write of the account files, on the next turn of
+   * the event loop: the launches of one scheduling pass make their users in one write.
+   */
+  private addAccount(account: SystemAccount): Promise<AddResult> {
+    this.reserved.add(account.uid);
+    if (account.makeGroup) this.reserved.add(account.gid);
+    return new Promise<AddResult>((resolve, reject) => {
+      if (!this.queued) {
+        this.queued = [];
+        setImmediate(() => this.writeQueued());
+      }
+      this.queued.push({ account, done: (result) => (result instanceof Error ? reject(result) : resolve(result)) });
+    }).finally(() => {
+      this.reserved.delete(account.uid);
+      if (account.makeGroup) this.reserved.delete(account.gid);
+    });
+  }
+
+  private writeQueued(): void {
+    const queued = this.queued ?? [];
+    this.queued = null;
+    let results: AddResult[];
+    try {
+      results = this.accountFiles.add(queued.map((entry) => entry.account));
+    } catch (error) {
+      for (const entry of queued) entry.done(error as Error);
+      return;
+    }
+    for (const [index, entry] of queued.entries()) entry.done(results[index] ?? "busy");
+  }
+
+  /**
    * ensureServiceUser returns the service's own user, making it when it does not exist. A
    * recorded uid (from the service's row) is asked for again when the user must be remade,
    * so files the old user owned stay its own. A user of that name the engine did not make (its
@@ -231,6 +283,26 @@ export class ServiceUsers {
       // files the old user owned stay its own.
       const id = recorded !== null && recorded.name === name && this.idFree(recorded.uid) ? recorded.uid : this.freeId();
       const existingGroup = findGroup(name);
+      const added = await this.addAccount({
+        name,
+        uid: id,
+        gid: existingGroup ?? id,
+        makeGroup: existingGroup === null,
+        comment: `${SERVICE_USER_COMMENT} ${serviceName}`,
+        home,
+        shell: Bun.which("nologin") ?? "/usr/sbin/nologin",
+      });
+      if (added === "added" || (added === "taken" && attempt < 20)) continue; // read it back, or choose again
+      if (added === "busy" && attempt < 20) {
+        await Bun.sleep(5 + attempt * 10);
+        continue;
+      }
+      if (added !== "unsupported") {
+        throw new AppError(
+          "internal",
+          `could not make the service's user ${name}: the account files stayed ${added} through ${attempt} tries`,
+        );
+      }
       if (existingGroup === null) {
         const made = await runTool("groupadd", ["--system", "--gid", String(id), name]);
         if (made.code === ID_TAKEN_EXIT && attempt < 20) continue; // another process took the gid: choose again
