@@ -126,6 +126,46 @@ export class AccountFiles {
   }
 }
 
+/**
+ * removeAccounts deletes users and their groups of the same name (userdel's USERGROUPS_ENAB
+ * rule) from the four files under the same locks as AccountFiles.add, in one rewrite of each;
+ * false when the files cannot be written here or the lock is busy (the caller runs userdel).
+ * The caller has made sure no process of these users lives: userdel's own refusal.
+ */
+export function removeAccounts(names: readonly string[], etc = "/etc"): boolean {
+  if (names.length === 0) return true;
+  const files = ["group", "gshadow", "passwd", "shadow"].map((file) => join(etc, file));
+  const lib = libc();
+  if (!lib || !files.slice(0, 3).every((path) => path.endsWith("gshadow") || existsSync(path))) return false;
+  if (files.some((path) => existsSync(path) && !lstatSync(path).isFile())) return false;
+  let lockFd: number;
+  try {
+    lockFd = openSync(join(etc, ".pwd.lock"), "w", 0o600);
+  } catch {
+    return false;
+  }
+  const held: string[] = [];
+  try {
+    if (!lib.tryWriteLock(lockFd)) return false;
+    const present = files.filter((path) => existsSync(path));
+    for (const path of present) {
+      if (takeLockFile(path) !== "taken") return false;
+      held.push(`${path}.lock`);
+    }
+    const gone = new Set(names);
+    for (const path of present) {
+      const text = readFileSync(path, "utf8");
+      const kept = text.split("\n").filter((line) => !gone.has(line.split(":")[0] ?? ""));
+      const next = kept.join("\n");
+      if (next !== text) replaceWith(path, next);
+    }
+    return true;
+  } finally {
+    for (const lock of held) unlinkQuietly(lock);
+    closeSync(lockFd);
+  }
+}
+
 /** hasEntry says whether a passwd- or group-format text has the name, or the id in its third field. */
 function hasEntry(text: string, name: string, id: number): boolean {
   for (const line of text.split("\n")) {

@@ -2,7 +2,7 @@ import { afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { libc } from "../../../src/engine/users/libc";
-import { AccountFiles, type SystemAccount } from "../../../src/engine/users/passwd";
+import { AccountFiles, removeAccounts, type SystemAccount } from "../../../src/engine/users/passwd";
 import { eventually, tempDir } from "../../helpers";
 
 const BASE = {
@@ -117,4 +117,24 @@ describe("AccountFiles", () => {
     expect(new AccountFiles(join(etc, "nowhere")).add([account("eng-g", 61196)])).toEqual(["unsupported"]);
     expect(read("passwd")).toBe(BASE.passwd);
   });
+
+  test.skipIf(libc() === null)(
+    "removeAccounts takes users and their own groups out of all four files in one write, leaving the rest",
+    () => {
+      const files = new AccountFiles(etc);
+      expect(files.add([account("eng-h", 61197), account("eng-i", 61198)])).toEqual(["added", "added"]);
+      expect(removeAccounts(["eng-h", "old"], etc)).toBe(true);
+      expect(read("passwd")).toBe(
+        `root:x:0:0:root:/root:/bin/bash\neng-i:x:61198:61198:engine service eng-i:/srv/eng-i:/usr/sbin/nologin\n`,
+      );
+      expect(read("group")).toBe("root:x:0:\nvideo:x:44:\neng-i:x:61198:\n");
+      expect(read("gshadow")).toBe("root:*::\nvideo:*::\neng-i:!::\n");
+      expect(read("shadow")).not.toContain("eng-h");
+      expect(read("shadow")).not.toContain("old:");
+      expect(statSync(join(etc, "shadow")).mode & 0o777).toBe(0o640);
+      writeFileSync(join(etc, "passwd.lock"), String(process.ppid));
+      expect(removeAccounts(["eng-i"], etc)).toBe(false);
+      expect(read("passwd")).toContain("eng-i");
+    },
+  );
 });
