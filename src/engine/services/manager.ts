@@ -1,4 +1,4 @@
-import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import type {
   DatabaseConnection,
@@ -942,6 +942,10 @@ export class ServiceManager implements ServiceDirectory {
         user,
       });
     } catch (error) {
+      if (error instanceof RunNotRecorded) {
+        runtime.gpuHold = null;
+        throw error; // launchFailed: the service is still pending, and tried again a moment later
+      }
       result = {
         ok: false,
         commit: null,
@@ -1146,11 +1150,18 @@ export class ServiceManager implements ServiceDirectory {
     });
   }
 
+  /**
+   * placementPass reads only the pending rows (the store's listPendingServices), and the live
+   * ones only when a pending service has a token cap or wants GPUs, the only rules that look at
+   * what others hold: a flood of batch jobs no longer makes every pass parse every live row.
+   * Its writes (the waits' messages, each launch's run record and `scheduled`) are one
+   * transaction, committed before the pass returns and before any of its launches spawns a
+   * process (decision 453).
+   */
   private placementPass(): void {
-    // Settled services (stopped, failed, completed, cancelled) hold nothing: leave them out.
-    const services = this.o.store.listUnsettledServices();
-    const pending = services
-      .filter((service) => service.desired_state === "running" && service.status === "pending" && !this.runtime(service.id).launching)
+    const pending = this.o.store
+      .listPendingServices()
+      .filter((service) => !this.runtimes.get(service.id)?.launching)
       .map((service) => ({ service, spec: this.currentSpec(service).spec }))
       .sort(
         (a, b) =>
@@ -1159,10 +1170,18 @@ export class ServiceManager implements ServiceDirectory {
           (a.service.id < b.service.id ? -1 : 1),
       );
     if (pending.length === 0) return;
+    this.o.store.transaction(() => this.placePending(pending));
+  }
 
+  private placePending(pending: { service: ServiceRow; spec: ServiceSpec }[]): void {
     const allocations: GpuAllocation[] = [];
     const activeByOwner = new Map<string, { jobs: number; gpus: number }>();
-    for (const service of services) {
+    const capped = pending.some(
+      ({ service, spec }) =>
+        service.owner.max_concurrent_jobs !== null || service.owner.max_gpus !== null || spec.gpus > 0 || spec.gpu_memory_mb > 0,
+    );
+    // Settled services (stopped, failed, completed, cancelled) hold nothing: leave them out.
+    for (const service of capped ? this.o.store.listUnsettledServices() : []) {
       const runtime = this.runtimes.get(service.id);
       if (runtime?.gpuHold) {
         allocations.push({
@@ -1391,6 +1410,9 @@ export class ServiceManager implements ServiceDirectory {
     let user: WorkloadUser | null = null;
     try {
       user = await this.workloadUser(serviceId);
+      // The record was written in the placement pass's transaction, committed when the pass
+      // returned: if that commit failed (a full disk), no process may start for a run not on record.
+      if (!this.o.store.getRun(runId)) throw new RunNotRecorded(runId);
       // The run (and its exec probes) may open the files of the SQLite databases it is bound to:
       // their groups, from this version's bindings, so a binding removed takes them away.
       if (user) user = { ...user, groups: [...new Set([...user.groups, ...this.fileBindingGroups(spec)])] };
@@ -1701,31 +1723,38 @@ export class ServiceManager implements ServiceDirectory {
     this.schedule();
   }
 
+  /** armRetry makes a restarting (or retrying) service pending again after its backoff; with none, at once, without a timer's turn. */
   private armRetry(serviceId: string, delayMs: number): void {
     const runtime = this.runtime(serviceId);
     if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
-    runtime.retryTimer = setTimeout(
-      () => {
-        runtime.retryTimer = null;
-        const service = this.o.store.getService(serviceId);
-        if (service?.desired_state !== "running") return;
-        if (service.status !== "restarting" && service.status !== "retrying") return;
-        try {
-          this.update(serviceId, {
-            status: "pending",
-            status_message: "waiting to be scheduled",
-            restart_state: { ...service.restart_state, next_retry_at: null },
-          });
-        } catch (error) {
-          // A timer must not throw (that ends the daemon): on a full disk, try again shortly.
-          this.o.log.error({ err: error, service: service.name, disk_full: isDiskFull(error) }, "cannot schedule a restart yet: retrying");
-          this.armRetry(serviceId, SETTLE_RETRY_MS);
-          return;
-        }
-        this.schedule();
-      },
-      Math.max(0, delayMs),
-    );
+    runtime.retryTimer = null;
+    if (delayMs <= 0) {
+      this.retryNow(serviceId);
+      return;
+    }
+    runtime.retryTimer = setTimeout(() => {
+      runtime.retryTimer = null;
+      this.retryNow(serviceId);
+    }, delayMs);
+  }
+
+  private retryNow(serviceId: string): void {
+    const service = this.o.store.getService(serviceId);
+    if (service?.desired_state !== "running") return;
+    if (service.status !== "restarting" && service.status !== "retrying") return;
+    try {
+      this.update(serviceId, {
+        status: "pending",
+        status_message: "waiting to be scheduled",
+        restart_state: { ...service.restart_state, next_retry_at: null },
+      });
+    } catch (error) {
+      // A timer must not throw (that ends the daemon): on a full disk, try again shortly.
+      this.o.log.error({ err: error, service: service.name, disk_full: isDiskFull(error) }, "cannot schedule a restart yet: retrying");
+      this.armRetry(serviceId, SETTLE_RETRY_MS);
+      return;
+    }
+    this.schedule();
   }
 
   // ---------------------------------------------------------------- users
@@ -1890,10 +1919,14 @@ export class ServiceManager implements ServiceDirectory {
     if (owner.uid !== user.uid || owner.gid !== user.gid) {
       // First run as this user (an upgraded engine's services ran as root, or an admin changed
       // `user`): what is inside becomes the user's too, else it could not change its own files.
-      // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir.
-      const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
-      const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
-      if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir. A dir
+      // just made (a new service's, the usual case) is empty: one chown of it is all, without a process.
+      if (readdirSync(dataDir).length === 0) chownSync(dataDir, user.uid, user.gid);
+      else {
+        const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
+        const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
+        if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      }
       // An older engine made a database's dir 0750: the user's own is 0700, or a SQLite
       // database's 2770 (ensureDir sets it once per daemon; chown cleared the setgid bit).
       chmodSync(dataDir, dataDirMode);
@@ -2115,4 +2148,11 @@ function sameSpec(a: ServiceSpec, b: ServiceSpec): boolean {
 
 function sameSecrets(a: Record<string, string>, b: Record<string, string>): boolean {
   return stableJson(a) === stableJson(b);
+}
+
+/** RunNotRecorded stops a launch whose run record was rolled back with its placement pass. */
+class RunNotRecorded extends Error {
+  constructor(runId: string) {
+    super(`the run ${runId} was not recorded: its placement pass did not commit`);
+  }
 }
