@@ -12,16 +12,27 @@
  * openssl; the engine's proxy not available) the bench says so and measures the rest.
  * Every process it starts is ended, on failure too.
  *
- * Usage: bun bench/proxy.ts [--duration-s 5] [--runs 2] [--connections 64] [--proxy-processes N]
+ * Fairness: nginx runs one worker per core (`worker_processes auto`), Caddy one Go thread per
+ * core (its default), and the engine its default of one proxy process per core unless
+ * `--proxy-processes` says otherwise; all three keep connections to the upstream alive (nginx
+ * `keepalive 64`, Caddy's and the engine's pools by default) and add the same forwarding
+ * fields; nginx and Caddy serve an ECDSA P-256 certificate like the engine's local CA issues,
+ * and the TLS version and cipher each one negotiates are printed. The runs are interleaved
+ * (the order rotates each run) so that the load of other processes on this shared box falls
+ * on every target alike, and each run prints the load average it met. The tables give the
+ * median of the runs and their spread (lowest–highest); the ratio to nginx is taken run by run.
+ *
+ * Usage: bun bench/proxy.ts [--duration-s 5] [--runs 5] [--connections 32] [--proxy-processes N]
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
-import { fmt, freePort, numericArg, printRows } from "./lib";
+import { fmt, freePort, median, numericArg, printRows } from "./lib";
 
 const DURATION_S = numericArg("--duration-s", 5);
-const RUNS = numericArg("--runs", 2);
-const CONNECTIONS = numericArg("--connections", 64);
+const RUNS = numericArg("--runs", 5);
+const CONNECTIONS = numericArg("--connections", 32);
 const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
 /** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */
 const SERVICE = "hello";
@@ -35,10 +46,14 @@ interface WrkResult {
   requests: number;
   errors: number;
   cpuUsPerRequest: number;
+  /** load is the 1-minute load average when the run began. */
+  load: number;
 }
 
 interface Target {
   name: string;
+  /** config says how the target is set up, for the bench's output. */
+  config: string;
   http?: string;
   https?: string;
   /** pids are the proxy's processes, whose CPU time is charged to its requests (none for direct). */
@@ -96,6 +111,7 @@ function toMs(value: string, unit: string): number {
 
 /** runWrk drives `url` with wrk for DURATION_S, Host: HOST, and charges the proxy's CPU to its requests. */
 async function runWrk(url: string, pids: number[]): Promise<WrkResult> {
+  const load = loadavg()[0] ?? Number.NaN;
   const before = cpuTicks(pids);
   const proc = Bun.spawn(
     [wrk as string, "-t2", `-c${CONNECTIONS}`, `-d${DURATION_S}s`, "--latency", "--timeout", "5s", "-H", `Host: ${HOST}`, url],
@@ -118,6 +134,7 @@ async function runWrk(url: string, pids: number[]): Promise<WrkResult> {
     requests,
     errors,
     cpuUsPerRequest: pids.length > 0 && requests > 0 ? (((after - before) / clockTicks) * 1e6) / requests : Number.NaN,
+    load,
   };
 }
 
@@ -140,7 +157,32 @@ async function until(what: string, check: () => Promise<boolean>, timeoutMs = ST
   throw new Error(`${what} not ready within ${timeoutMs} ms`);
 }
 
+/** programVersion is the first version-looking word a program prints about itself, or "?". */
+function programVersion(command: string[]): string {
+  const result = Bun.spawnSync(command, { stdout: "pipe", stderr: "pipe" });
+  const text = `${result.stdout.toString()} ${result.stderr.toString()}`;
+  return /v?\d+\.\d+(?:\.\d+)?/.exec(text)?.[0] ?? "?";
+}
+
+/** negotiated is the TLS version and cipher `openssl s_client` gets from `url` with SNI HOST (what wrk's OpenSSL gets too). */
+function negotiated(url: string): string {
+  if (!Bun.which("openssl")) return "unknown (no openssl)";
+  const { host } = new URL(url);
+  const result = Bun.spawnSync(["openssl", "s_client", "-connect", host, "-servername", HOST, "-brief"], {
+    stdin: new Blob([""]),
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const text = `${result.stdout.toString()}\n${result.stderr.toString()}`;
+  const version = /Protocol version: (\S+)/.exec(text)?.[1];
+  const cipher = /Ciphersuite: (\S+)/.exec(text)?.[1];
+  const signature = /Peer signature type: (\S+)/.exec(text)?.[1];
+  return version && cipher ? `${version} ${cipher}${signature ? `, ${signature} signature` : ""}` : "unknown (openssl s_client failed)";
+}
+
 const workDir = tempDir("engine-bench-proxy-");
+// As root the upstream service runs as its own user (eng-hello), which must reach its script.
+chmodSync(workDir, 0o755);
 const dataDir = join(workDir, "engine");
 mkdirSync(dataDir);
 const procs: ReturnType<typeof Bun.spawn>[] = [];
@@ -244,8 +286,20 @@ try {
     const https = `https://127.0.0.1:${httpsPort}/`;
     await until(`the proxy over HTTP (${http})`, () => answers(http));
     await until(`the proxy over HTTPS (${https})`, () => answers(https));
+    const processes = current.respawn?.processes ?? 0;
+    const purge = (() => {
+      try {
+        const environ = readFileSync(`/proc/${current.respawn?.pids?.[0]}/environ`, "utf8").split("\0");
+        return environ.find((entry) => entry.startsWith("MIMALLOC_PURGE_DELAY=")) ?? "MIMALLOC_PURGE_DELAY unset";
+      } catch {
+        return "environment unreadable";
+      }
+    })();
     engineTarget = {
-      name: `engine proxy (${current.respawn?.processes ?? "?"} processes)`,
+      name: "engine",
+      config:
+        `${processes} proxy process${processes === 1 ? "" : "es"} (${PROXY_PROCESSES > 0 ? "--proxy-processes" : "the default: one per core"}), ` +
+        `${purge}, SO_REUSEPORT, keep-alive pool to the upstream (256 idle connections at most), X-Forwarded-For/-Proto/-Host, X-Real-IP`,
       http,
       https,
       pids: () => current.respawn?.pids ?? [],
@@ -266,7 +320,9 @@ try {
     const cert = join(workDir, "cert.pem");
     const key = join(workDir, "key.pem");
     const made = Bun.spawnSync(
-      ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", `/CN=${HOST}`],
+      // ECDSA P-256, the key type of the engine's local CA leaves, so every handshake and signature costs the same.
+      // biome-ignore format: one command line
+      ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", `/CN=${HOST}`, "-addext", `subjectAltName=DNS:${HOST}`],
       { stdout: "ignore", stderr: "pipe" },
     );
     if (made.exitCode === 0) certificate = { cert, key };
@@ -292,7 +348,7 @@ http {
   upstream bench { server ${upstream}; keepalive 64; }
   server {
     listen 127.0.0.1:${http};
-    ${certificate ? `listen 127.0.0.1:${https} ssl;\n    ssl_certificate ${certificate.cert};\n    ssl_certificate_key ${certificate.key};` : ""}
+    ${certificate ? `listen 127.0.0.1:${https} ssl;\n    ssl_certificate ${certificate.cert};\n    ssl_certificate_key ${certificate.key};\n    ssl_protocols TLSv1.3;` : ""}
     location / {
       proxy_pass http://bench;
       proxy_http_version 1.1;
@@ -311,7 +367,15 @@ http {
         if (nginx.exitCode !== null) throw exitedWith("nginx", nginx);
         return (await answers(urls.http)) && (!urls.https || (await answers(urls.https)));
       });
-      nginxTarget = { name: "nginx", ...urls, pids: () => withChildren(nginx.pid) };
+      const workers = withChildren(nginx.pid).length - 1;
+      nginxTarget = {
+        name: "nginx",
+        config:
+          `nginx ${programVersion(["nginx", "-v"])}: worker_processes auto (${workers} workers), access_log off, ssl_protocols TLSv1.3, ` +
+          "upstream keepalive 64 over HTTP/1.1, X-Forwarded-For/-Proto, Host",
+        ...urls,
+        pids: () => withChildren(nginx.pid),
+      };
     } catch (error) {
       notes.push(`nginx: not available (${(error as Error).message.split("\n")[0]})`);
     }
@@ -345,60 +409,136 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
         if (caddy.exitCode !== null) throw exitedWith("caddy", caddy);
         return (await answers(urls.http)) && (!urls.https || (await answers(urls.https)));
       });
-      caddyTarget = { name: "caddy", ...urls, pids: () => [caddy.pid] };
+      caddyTarget = {
+        name: "caddy",
+        config: `Caddy ${programVersion(["caddy", "version"])}: reverse_proxy with its defaults (keep-alive to the upstream, GOMAXPROCS = cores), admin off`,
+        ...urls,
+        pids: () => [caddy.pid],
+      };
     } catch (error) {
       notes.push(`caddy: not available (${(error as Error).message.split("\n")[0]})`);
     }
   } else notes.push("caddy: skipped (not installed)");
 
-  // ------------------------------------------------------------ measure, interleaved, keep each target's better run
-  const direct: Target = { name: "direct (upstream)", http: `http://${upstream}/`, pids: () => [] };
+  // ------------------------------------------------------------ measure, interleaved
+  const direct: Target = { name: "direct", config: "wrk to the upstream itself, no proxy", http: `http://${upstream}/`, pids: () => [] };
   const targets = [direct, engineTarget, nginxTarget, caddyTarget].filter((t): t is Target => t !== undefined);
-  const best = new Map<string, WrkResult>();
-  const keep = (key: string, result: WrkResult) => {
-    const previous = best.get(key);
-    if (!previous || result.rps > previous.rps) best.set(key, result);
-  };
+  const missing = [
+    engineTarget ? null : "the engine's proxy (see the note below): nothing to compare",
+    nginxTarget ? null : "nginx (apt-get install nginx-light): no ratio to nginx can be given",
+    caddyTarget ? null : "caddy (apt-get install caddy)",
+    certificate ? null : "openssl (HTTPS for nginx and Caddy)",
+  ].filter((line): line is string => line !== null);
+  console.log(
+    `\nProxy bench: wrk -t2 -c${CONNECTIONS} -d${DURATION_S}s --latency -H 'Host: ${HOST}', keep-alive; ${RUNS} runs, interleaved`,
+  );
+  console.log(`machine: ${availableParallelism()} cores, shared by everything here (wrk, the upstream, the proxies, other work)`);
+  console.log(`upstream: Bun.serve answering "hello" on ${upstream} (the engine's service "${SERVICE}")`);
+  console.log("certificates: ECDSA P-256 for all three (the engine's from its local CA; nginx's and Caddy's self-signed); TLS 1.3");
+  for (const target of targets) console.log(`${target.name}: ${target.config}`);
+  for (const target of targets) {
+    if (target.https) console.log(`TLS of ${target.name}: ${negotiated(target.https)}`);
+  }
+  for (const line of missing) console.log(`ANCHOR MISSING: ${line}`);
+
+  const results = new Map<string, WrkResult[]>();
   for (let run = 0; run < RUNS; run++) {
-    // Rotate the order each run so no target always follows the same one.
+    // Rotate the order each run so no target always follows the same one, or always meets the same moment.
     const order = targets.map((_, i) => targets[(i + run) % targets.length] as Target);
+    const line: string[] = [];
     for (const target of order) {
       for (const scheme of ["http", "https"] as const) {
         const url = target[scheme];
         if (!url) continue;
         try {
-          keep(`${target.name} ${scheme}`, await runWrk(url, target.pids()));
+          const result = await runWrk(url, target.pids());
+          const key = `${target.name} ${scheme}`;
+          results.set(key, [...(results.get(key) ?? []), result]);
+          line.push(`${key} ${fmt(result.rps / 1000, 1)}k p99 ${fmt(result.p99Ms, 1)} ms (load ${fmt(result.load, 1)})`);
         } catch (error) {
           notes.push(`${target.name} ${scheme}: ${(error as Error).message}`);
         }
       }
     }
+    console.log(`run ${run + 1}: ${line.join(" | ")}`);
   }
 
-  const anchorDirect = best.get(`${direct.name} http`);
+  /** spread is "median (lowest–highest)" of the figures. */
+  const spread = (values: number[], digits: number) =>
+    values.length === 0
+      ? "n/a"
+      : `${fmt(median(values), digits)} (${fmt(Math.min(...values), digits)}–${fmt(Math.max(...values), digits)})`;
+  /** ratios pairs run i of `key` with run i of nginx: the two met the same moment of the box. */
+  const ratios = (key: string, scheme: string, field: "rps" | "p99Ms" | "cpuUsPerRequest") => {
+    const mine = results.get(key) ?? [];
+    const theirs = results.get(`nginx ${scheme}`) ?? [];
+    return mine.flatMap((result, i) => (theirs[i] ? [result[field] / (theirs[i] as WrkResult)[field]] : []));
+  };
   for (const scheme of ["http", "https"] as const) {
-    const anchorNginx = nginxTarget ? best.get(`nginx ${scheme}`) : undefined;
     const rows: (string | number)[][] = [];
     for (const target of targets) {
-      const result = best.get(`${target.name} ${scheme}`);
-      if (!result) continue;
+      const runs = results.get(`${target.name} ${scheme}`);
+      if (!runs || runs.length === 0) continue;
       rows.push([
         target.name,
-        fmt(result.rps, 0),
-        fmt(result.p99Ms),
-        anchorDirect ? fmt(result.rps / anchorDirect.rps) : "n/a",
-        anchorNginx ? fmt(result.rps / anchorNginx.rps) : "n/a",
-        fmt(result.cpuUsPerRequest, 1),
-        result.errors,
+        spread(
+          runs.map((r) => r.rps),
+          0,
+        ),
+        spread(
+          runs.map((r) => r.p99Ms),
+          2,
+        ),
+        nginxTarget ? spread(ratios(`${target.name} ${scheme}`, scheme, "rps"), 2) : "n/a (no nginx)",
+        spread(
+          runs.map((r) => r.cpuUsPerRequest),
+          1,
+        ),
+        runs.reduce((sum, r) => sum + r.errors, 0),
+        spread(
+          runs.map((r) => r.load),
+          1,
+        ),
       ]);
     }
     printRows(
-      `Proxy over ${scheme.toUpperCase()} (wrk -t2 -c${CONNECTIONS}, ${DURATION_S} s, better of ${RUNS} runs; Host: ${HOST}; ` +
-        `ratios to the upstream reached directly over plain HTTP and to nginx; ${navigator.hardwareConcurrency} cores shared by all)`,
-      ["target", "req/s", "p99 ms", "/direct", "/nginx", "cpu us/req", "errors"],
+      `Proxy over ${scheme.toUpperCase()}: median (lowest–highest) of ${RUNS} runs; /nginx is taken run by run`,
+      ["target", "req/s", "p99 ms", "/nginx", "cpu us/req", "errors", "load avg"],
       rows,
     );
   }
+
+  // ------------------------------------------------------------ the goals of issue 17
+  const goalRows: string[][] = [];
+  for (const [scheme, label, goal, wanted] of [
+    ["https", "proxy vs nginx, HTTPS keep-alive", "≥ 1.1× with p99 ≤ nginx's", 1.1],
+    ["http", "proxy vs nginx, plain HTTP", "≥ 1.0× with p99 ≤ nginx's", 1.0],
+  ] as const) {
+    const rps = ratios(`engine ${scheme}`, scheme, "rps");
+    const p99 = ratios(`engine ${scheme}`, scheme, "p99Ms");
+    const cpu = ratios(`engine ${scheme}`, scheme, "cpuUsPerRequest");
+    const engineP99 = (results.get(`engine ${scheme}`) ?? []).map((r) => r.p99Ms);
+    const nginxP99 = (results.get(`nginx ${scheme}`) ?? []).map((r) => r.p99Ms);
+    if (rps.length === 0) {
+      goalRows.push([label, "n/a (engine or nginx missing)", "", "", goal, "unknown"]);
+      continue;
+    }
+    const met = median(rps) >= wanted && median(p99) <= 1;
+    goalRows.push([
+      label,
+      `${fmt(median(rps), 2)}× (${fmt(Math.min(...rps), 2)}–${fmt(Math.max(...rps), 2)})`,
+      `${fmt(median(engineP99), 2)} vs ${fmt(median(nginxP99), 2)} ms (ratio ${fmt(median(p99), 2)})`,
+      `${fmt(median(cpu), 2)}× (${fmt(Math.min(...cpu), 2)}–${fmt(Math.max(...cpu), 2)})`,
+      goal,
+      met ? "met" : "not met",
+    ]);
+  }
+  printRows(
+    "Issue 17's proxy goals (medians of the runs, spread in parentheses)",
+    ["", "req/s ratio", "p99", "cpu us/req ratio", "goal", ""],
+    goalRows,
+  );
+  for (const line of missing) console.log(`ANCHOR MISSING: ${line}`);
   for (const note of notes) console.log(note);
 } finally {
   for (const proc of procs) if (proc.exitCode === null) proc.kill("SIGTERM");

@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
-import { defaultDataDir } from "../src/lib/config";
+import { defaultDataDir } from "../src/engine/config";
 
 /** ErrorDetail is one entry of the engine's 422 `detail`, as the CLI reads it. */
 export interface ErrorDetail {

@@ -14,11 +14,11 @@ import {
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { readAdminTokenFile } from "../src/engine/auth";
+import { type ConfigInput, resolveConfig } from "../src/engine/config";
 import { type DaemonOptions, type RunningDaemon, startDaemon } from "../src/engine/daemon";
 import { compileShim, detectCgroupDriver, shimSource } from "../src/engine/supervisor";
 import { removeServiceUsersOf } from "../src/engine/users";
 import type { Clock } from "../src/lib/clock";
-import { type ConfigInput, resolveConfig } from "../src/lib/config";
 
 let shimPath: string | undefined;
 /** testShim compiles the process shim once per test process, so each test engine need not. */

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import type { LinkStatus, LinkTunnel } from "../../src/contract/engine";
+import { resolveConfig } from "../../src/engine/config";
 import {
   CloudLinkClient,
   DEFAULT_CLOUD_URL,
@@ -13,7 +14,6 @@ import {
   type ReportedMachine,
   reportedMachine,
 } from "../../src/engine/link";
-import { resolveConfig } from "../../src/lib/config";
 import { CliError, type EngineClient } from "../client";
 import { formatPairs, type Output, printJson, printPairs } from "../output";
 

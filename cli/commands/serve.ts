@@ -2,8 +2,8 @@ import { existsSync, writeSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { Command } from "commander";
 import { ADMIN_TOKEN_FILE } from "../../src/engine/auth";
+import { defaultDataDir, resolveConfig } from "../../src/engine/config";
 import { type RunningDaemon, startDaemon, takeSuccessorRole } from "../../src/engine/daemon";
-import { defaultDataDir, resolveConfig } from "../../src/lib/config";
 
 /** SHOWN_NAMES bounds how many service names the stop line lists before "and N more". */
 const SHOWN_NAMES = 8;

@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { resolveConfig } from "../../src/engine/config";
 import {
   installTrust,
   LocalCa,
@@ -8,7 +9,6 @@ import {
   trustStatus,
   uninstallTrust,
 } from "../../src/engine/tls";
-import { resolveConfig } from "../../src/lib/config";
 import { emit, type Output, printPairs } from "../output";
 
 /** TlsCommandOptions lets tests point `engine trust` at a temporary trust store instead of the system's. */

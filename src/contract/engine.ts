@@ -825,3 +825,16 @@ export type ValidationErrorItem = Static<typeof ValidationErrorItem>;
 
 export const ErrorBody = t.Object({ error: t.Object({ code: t.String(), message: t.String(), request_id: t.String() }) }, { $id: "Error" });
 export type ErrorBody = Static<typeof ErrorBody>;
+
+/**
+ * errorResponses documents, for OpenAPI, the error statuses a route can answer: 422 with the
+ * validation body, every other status with the error body.
+ */
+export function errorResponses(...statuses: number[]) {
+  const out: Record<number, typeof ErrorBody | typeof ValidationErrorBody> = {};
+  for (const status of statuses) out[status] = status === 422 ? ValidationErrorBody : ErrorBody;
+  return out;
+}
+
+/** AUTHED are the statuses every authenticated route can answer. */
+export const AUTHED = [401, 403] as const;

@@ -2,7 +2,8 @@ import { describe, expect, test } from "bun:test";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { resolveCloudConfig } from "../../src/cloud/config";
-import { chooseDataDir, defaultDataDir, resolveConfig, userDataDir } from "../../src/lib/config";
+import { chooseDataDir, defaultDataDir, resolveConfig } from "../../src/engine/config";
+import { userDataDir } from "../../src/lib/config";
 
 describe("config", () => {
   test("defaults: port 9321, loopback, XDG data dir", () => {

@@ -65,6 +65,21 @@ export function assertStanding(account: Account): void {
   }
 }
 
+/**
+ * lockAccount takes the account's row lock inside the caller's transaction, so concurrent
+ * changes to one account (enrollments against its node limit, key mints against their cap,
+ * hosted-machine purchases) queue behind it: the row is touched with an UPDATE, which
+ * PostgreSQL holds to the end of the transaction and which SQLite's BEGIN IMMEDIATE already
+ * covers with its write lock (`SELECT … FOR UPDATE` is not portable: src/cloud/db). It answers
+ * the account as locked; a missing account is `account_not_found`. Every module that needs the
+ * lock calls this, so only this module writes SQL against `accounts`.
+ */
+export async function lockAccount(tx: Sql, id: string): Promise<Account> {
+  const [row] = await tx`UPDATE accounts SET updated_at = updated_at WHERE id = ${id} RETURNING *`;
+  if (!row) throw new AppError("account_not_found", "the account is gone");
+  return accountFromRow(row);
+}
+
 /** AccountStore reads and writes accounts. */
 export class AccountStore {
   constructor(private readonly db: Database) {}
@@ -113,16 +128,9 @@ export class AccountStore {
     return next;
   }
 
-  /**
-   * lock touches the account's row inside the caller's transaction, so concurrent changes to
-   * one account queue behind it: PostgreSQL holds the row lock to the end of the transaction,
-   * and SQLite's BEGIN IMMEDIATE already holds the write lock. A missing account is
-   * `account_not_found`.
-   */
-  async lock(tx: Sql, id: string): Promise<Account> {
-    const [row] = await tx`UPDATE accounts SET updated_at = updated_at WHERE id = ${id} RETURNING *`;
-    if (!row) throw new AppError("account_not_found", "the account is gone");
-    return accountFromRow(row);
+  /** lock takes the account's row lock inside the caller's transaction: see lockAccount. */
+  lock(tx: Sql, id: string): Promise<Account> {
+    return lockAccount(tx, id);
   }
 
   /** spendTrial takes one hosted-machine trial inside the caller's transaction; false when none is left. */

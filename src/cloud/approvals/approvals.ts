@@ -1,8 +1,8 @@
 import { AppError } from "../../lib/errors";
 import { type Account, type AccountStore, assertStanding } from "../accounts";
 import type { AuditLog } from "../audit";
-import { type Database, num } from "../db";
-import { type DeviceState, formatUserCode, normalizeUserCode, type UserCodeDigester } from "../link";
+import type { Database } from "../db";
+import { DeviceRequests, formatUserCode, normalizeUserCode, type UserCodeDigester } from "../link";
 import type { NodeStore } from "../nodes";
 
 export interface ApprovalDeps {
@@ -45,7 +45,11 @@ const notFound = () => new AppError("device_request_not_found", "no pending devi
  * lookup does not), and the routes charge per-session, per-account and per-source limits first.
  */
 export class DeviceApprovals {
-  constructor(private readonly deps: ApprovalDeps) {}
+  readonly #requests: DeviceRequests;
+
+  constructor(private readonly deps: ApprovalDeps) {
+    this.#requests = new DeviceRequests(deps.db);
+  }
 
   /**
    * lookup shows a pending request — reported strings labelled unverified, the address it came
@@ -55,16 +59,16 @@ export class DeviceApprovals {
   async lookup(userCode: string): Promise<ApprovalView> {
     const code = normalizeUserCode(userCode);
     if (!code) throw notFound();
-    const [row] = await this.deps.db.sql`SELECT * FROM device_requests WHERE user_code_digest = ${this.deps.userCodes.digest(code)}`;
-    if (!row || (row.state as DeviceState) !== "pending" || num(row.expires_at) <= this.deps.clock()) throw notFound();
+    const row = await this.#requests.byUserCode(this.deps.userCodes.digest(code));
+    if (row?.state !== "pending" || row.expiresAt <= this.deps.clock()) throw notFound();
     return {
       user_code: formatUserCode(code),
       state: "pending",
-      reported: { hostname: row.hostname as string, os: row.os as string, version: row.version as string, verified: false },
-      source_address: row.source as string,
-      requested_at: iso(num(row.created_at)),
-      expires_at: iso(num(row.expires_at)),
-      attempts_left: num(row.attempts_left),
+      reported: { ...row.reported, verified: false },
+      source_address: row.source,
+      requested_at: iso(row.createdAt),
+      expires_at: iso(row.expiresAt),
+      attempts_left: row.attemptsLeft,
     };
   }
 
@@ -84,13 +88,10 @@ export class DeviceApprovals {
       const current = await this.deps.accounts.byId(account.id, tx);
       if (!current) throw new AppError("account_not_found", "the account is gone");
       assertStanding(current);
-      const [row] = await tx`SELECT hostname, os, version FROM device_requests WHERE id = ${id}`;
-      if (!row) throw notFound();
-      const reported = { hostname: row.hostname as string, os: row.os as string, version: row.version as string };
+      const reported = await this.#requests.reportedOf(tx, id);
+      if (!reported) throw notFound();
       const enrollment = await this.deps.nodes.enroll(tx, account.id, reported, "device");
-      const [won] = await tx`UPDATE device_requests SET state = 'approved', account_id = ${account.id}, node_id = ${enrollment.node.id},
-          decided_at = ${now}
-        WHERE id = ${id} AND state = 'pending' AND expires_at > ${now} RETURNING id`;
+      const won = await this.#requests.approve(tx, id, { accountId: account.id, nodeId: enrollment.node.id, now });
       if (!won) throw new AppError("conflict", "this device request was decided meanwhile");
       await this.deps.audit.write(
         {
@@ -114,8 +115,7 @@ export class DeviceApprovals {
   async deny(account: Account, userCode: string, source: string): Promise<{ denied: true }> {
     const { id, now } = await this.#spendAttempt(userCode);
     return this.deps.db.transaction(async (tx) => {
-      const [won] = await tx`UPDATE device_requests SET state = 'denied', account_id = ${account.id}, decided_at = ${now}
-        WHERE id = ${id} AND state = 'pending' AND expires_at > ${now} RETURNING id`;
+      const won = await this.#requests.deny(tx, id, { accountId: account.id, now });
       if (!won) throw new AppError("conflict", "this device request was decided meanwhile");
       await this.deps.audit.write({ accountId: account.id, action: "device_link.denied", subject: id, source }, tx);
       return { denied: true as const };
@@ -133,13 +133,12 @@ export class DeviceApprovals {
     if (!code) throw notFound();
     const digest = this.deps.userCodes.digest(code);
     const now = this.deps.clock();
-    const [spent] = await this.deps.db.sql`UPDATE device_requests SET attempts_left = attempts_left - 1
-      WHERE user_code_digest = ${digest} AND state = 'pending' AND expires_at > ${now} AND attempts_left > 0 RETURNING id`;
-    if (spent) return { id: spent.id as string, now };
-    const [row] = await this.deps.db.sql`SELECT state, expires_at FROM device_requests WHERE user_code_digest = ${digest}`;
+    const spent = await this.#requests.spendAttempt(digest, now);
+    if (spent !== null) return { id: spent, now };
+    const row = await this.#requests.byUserCode(digest);
     if (!row) throw notFound();
-    if ((row.state as DeviceState) !== "pending") throw new AppError("conflict", "this device request has already been decided");
-    if (num(row.expires_at) <= now) throw notFound();
+    if (row.state !== "pending") throw new AppError("conflict", "this device request has already been decided");
+    if (row.expiresAt <= now) throw notFound();
     throw new AppError("user_code_attempts_exhausted", "this code has used up its attempts; start linking again on the machine");
   }
 }

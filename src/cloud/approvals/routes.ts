@@ -1,10 +1,9 @@
 import { Elysia } from "elysia";
 import { DeviceApprovalGrant, DeviceApprovalRequest, DeviceApprovalView, DeviceDenial } from "../../contract/cloud";
 import { requireSession, type SignedInCaller } from "../auth/guard";
+import { type CloudDeps, errorResponses } from "../context";
 import { userCodeDigester } from "../link";
 import { LIMITS } from "../ratelimit";
-import type { CloudDeps } from "../server/deps";
-import { errorResponses } from "../server/responses";
 import { DeviceApprovals } from "./approvals";
 
 /** ApprovalOptions let tests move the clock the expiries are judged by (the link module's, in tests). */

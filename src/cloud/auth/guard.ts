@@ -1,5 +1,5 @@
 import type { Account } from "../accounts";
-import type { CloudDeps } from "../server/deps";
+import type { CloudDeps } from "../context";
 import { type Session, sessionTokenOf } from "./sessions";
 
 /** SignedIn is what a session route knows about its caller. */

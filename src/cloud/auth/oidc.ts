@@ -212,6 +212,11 @@ function hostOf(origin: string): string {
   }
 }
 
+/** sweepLoginAttempts deletes the sign-ins that expired before `now` and answers how many. */
+export async function sweepLoginAttempts(db: Database, now: number): Promise<number> {
+  return (await db.sql`DELETE FROM login_attempts WHERE expires_at < ${now} RETURNING id`).length;
+}
+
 /**
  * RelyingParty is the console's OpenID Connect client (openid-client v6, OpenID-certified):
  * authorization code flow with PKCE S256, `state`, `nonce`, RFC 9207 `iss` (checked when the

@@ -1,7 +1,7 @@
 import { Elysia } from "elysia";
 import { ErrorEnvelope, LogoutAllView, SessionView } from "../../contract/cloud";
 import type { Account } from "../accounts";
-import type { CloudDeps } from "../server/deps";
+import type { CloudDeps } from "../context";
 import { requireSession } from "./guard";
 import { clearedSessionCookie, sessionTokenOf } from "./sessions";
 

@@ -3,9 +3,9 @@ import { mkdirSync, statfsSync } from "node:fs";
 import { dirname } from "node:path";
 import { SQL } from "bun";
 import { AppError } from "../../lib/errors";
-import { MIGRATIONS } from "./migrations";
+import { type Dialect, MIGRATIONS } from "./migrations";
 
-export type Dialect = "sqlite" | "postgres";
+export type { Dialect } from "./migrations";
 
 /** Sql is Bun.SQL's tagged-template client, or one transaction's. */
 export type Sql = SQL;

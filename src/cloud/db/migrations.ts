@@ -1,4 +1,5 @@
-import type { Dialect } from "./index";
+/** Dialect is the database a statement is written for: the embedded SQLite file or PostgreSQL. */
+export type Dialect = "sqlite" | "postgres";
 
 /**
  * Migration is one append-only step of the console's schema, with a dated id. Never edit or

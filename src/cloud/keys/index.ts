@@ -114,9 +114,7 @@ export class PreauthKeyStore {
     const id = randomUUID();
     return this.db.transaction(async (tx) => {
       const now = Date.now();
-      // Touching the row takes its lock on PostgreSQL (SQLite's BEGIN IMMEDIATE already holds the write lock).
-      const [locked] = await tx`UPDATE accounts SET updated_at = updated_at WHERE id = ${account.id} RETURNING id`;
-      if (!locked) throw new AppError("account_not_found", "the account is gone");
+      await this.accounts.lock(tx, account.id);
       const [stats] = await tx`SELECT MAX(created_at) AS newest,
           SUM(CASE WHEN revoked_at IS NULL AND expires_at > ${now} AND uses < max_uses THEN 1 ELSE 0 END) AS active
         FROM preauth_keys WHERE account_id = ${account.id}`;

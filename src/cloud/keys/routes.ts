@@ -11,9 +11,9 @@ import {
 } from "../../contract/cloud";
 import { digestSecret } from "../../lib/crypto";
 import { requireSession } from "../auth/guard";
+import type { CloudDeps } from "../context";
 import { claimAnswer } from "../nodes";
 import { LIMITS } from "../ratelimit";
-import type { CloudDeps } from "../server/deps";
 import { assertAccountOpen, PreauthKeyStore } from "./index";
 
 const iso = (ms: number) => new Date(ms).toISOString();

@@ -60,6 +60,11 @@ export interface LinkCodeDeps {
  * into `engine link`, and the machine exchanges it once for its node identity. Only the
  * code's SHA-256 is stored (160 random bits need no slow hash).
  */
+/** sweepLinkCodes deletes the link codes that expired before `before` and answers how many. */
+export async function sweepLinkCodes(db: Database, before: number): Promise<number> {
+  return (await db.sql`DELETE FROM link_codes WHERE expires_at < ${before} RETURNING id`).length;
+}
+
 export class LinkCodes {
   constructor(private readonly deps: LinkCodeDeps) {}
 

@@ -2,14 +2,12 @@ import { randomBytes } from "node:crypto";
 import { constantTimeEqual, digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
 import type { AuditLog } from "../audit";
-import { type Database, isUniqueViolation, num } from "../db";
+import { type Database, isUniqueViolation } from "../db";
 import { type ClaimAnswer, claimAnswer, cleanReported, type NodeStore, type Reported } from "../nodes";
 import { LIMITS, type RateLimiter } from "../ratelimit";
 import { DEFAULT_CADENCE, PollCadence, type PollCadenceOptions } from "./cadence";
+import { DeviceRequests } from "./requests";
 import { formatUserCode, newUserCode, type UserCodeDigester } from "./user-code";
-
-/** DeviceState is a device request's stored state; `expired` is derived from `expires_at`, never stored. */
-export type DeviceState = "pending" | "approved" | "denied" | "consumed";
 
 /** DEVICE_LIFETIME_MS is how long a device request may wait for its approval: 15 minutes (RFC 8628's example is 1800 s). */
 export const DEVICE_LIFETIME_MS = 15 * 60_000;
@@ -63,12 +61,14 @@ export const DEFAULT_DEVICE_OPTIONS: DeviceLinkOptions = {
  */
 export class DeviceLinks {
   readonly #cadence: PollCadence;
+  readonly #requests: DeviceRequests;
 
   constructor(
     private readonly deps: DeviceLinkDeps,
     private readonly options: DeviceLinkOptions = DEFAULT_DEVICE_OPTIONS,
   ) {
     this.#cadence = new PollCadence(options.cadence);
+    this.#requests = new DeviceRequests(deps.db);
   }
 
   /**
@@ -90,10 +90,17 @@ export class DeviceLinks {
       const userCode = newUserCode();
       try {
         await this.deps.db.transaction(async (tx) => {
-          await tx`INSERT INTO device_requests (id, device_code_digest, user_code_digest, hostname, os, version, source, state,
-              attempts_left, interval_s, created_at, expires_at)
-            VALUES (${id}, ${digestSecret(deviceCode)}, ${this.deps.userCodes.digest(userCode)}, ${clean.hostname}, ${clean.os},
-              ${clean.version}, ${source.slice(0, 64)}, 'pending', ${this.options.attempts}, ${intervalS}, ${now}, ${expiresAt})`;
+          await this.#requests.insert(tx, {
+            id,
+            deviceCodeDigest: digestSecret(deviceCode),
+            userCodeDigest: this.deps.userCodes.digest(userCode),
+            reported: clean,
+            source,
+            attemptsLeft: this.options.attempts,
+            intervalS,
+            createdAt: now,
+            expiresAt,
+          });
           await this.deps.audit.write(
             { accountId: null, action: "device_link.requested", subject: id, source, details: { hostname: clean.hostname } },
             tx,
@@ -144,14 +151,13 @@ export class DeviceLinks {
     }
     const match = DEVICE_CODE_SHAPE.exec(presented);
     if (!match) throw new AppError("invalid_request", "this is not a device code");
-    const [row] = await this.deps.db.sql`SELECT * FROM device_requests WHERE id = ${match[1]}`;
+    const row = await this.#requests.byId(match[1] as string);
     if (!row) throw new AppError("device_request_not_found", "no such device request; start linking again");
-    if (!constantTimeEqual(key, row.device_code_digest as string)) {
+    if (!constantTimeEqual(key, row.deviceCodeDigest)) {
       throw new AppError("invalid_device_credential", "the device code is not valid");
     }
-    const state = row.state as DeviceState;
+    const { state, expiresAt } = row;
     const now = this.deps.clock();
-    const expiresAt = num(row.expires_at);
     if (state === "consumed") throw new AppError("already_consumed", "this device request has already been collected");
     if (state === "denied") throw new AppError("access_denied", "the request was denied in the console");
     if (now >= expiresAt) throw new AppError("expired_token", "the device request expired before it was collected; start again");
@@ -160,12 +166,12 @@ export class DeviceLinks {
         status: 202,
         body: {
           status: "authorization_pending",
-          interval: Math.max(num(row.interval_s), cadence.intervalS),
+          interval: Math.max(row.intervalS, cadence.intervalS),
           expires_in: Math.ceil((expiresAt - now) / 1000),
         },
       };
     }
-    return { status: 200, body: await this.#collect(row.id as string, now) };
+    return { status: 200, body: await this.#collect(row.id, now) };
   }
 
   /**
@@ -176,10 +182,9 @@ export class DeviceLinks {
    */
   async #collect(id: string, now: number): Promise<ClaimAnswer> {
     return this.deps.db.transaction(async (tx) => {
-      const [taken] = await tx`UPDATE device_requests SET state = 'consumed', consumed_at = ${now}
-        WHERE id = ${id} AND state = 'approved' AND expires_at > ${now} RETURNING node_id`;
-      if (!taken) throw new AppError("already_consumed", "this device request has already been collected");
-      const enrollment = await this.deps.nodes.rotateCredential(tx, taken.node_id as string);
+      const nodeId = await this.#requests.consume(tx, id, now);
+      if (nodeId === null) throw new AppError("already_consumed", "this device request has already been collected");
+      const enrollment = await this.deps.nodes.rotateCredential(tx, nodeId);
       return claimAnswer(enrollment, this.deps.site);
     });
   }

@@ -11,9 +11,8 @@ import {
   LinkCodeMintResponse,
 } from "../../contract/cloud";
 import { requireSession } from "../auth/guard";
+import { type CloudDeps, errorResponses } from "../context";
 import { LIMITS, MemoryBuckets, RateLimiter } from "../ratelimit";
-import type { CloudDeps } from "../server/deps";
-import { errorResponses } from "../server/responses";
 import { DEFAULT_CADENCE, type PollCadenceOptions } from "./cadence";
 import { DEFAULT_LINK_CODE_LIFETIME_S, LinkCodes, linkCodeDigest } from "./codes";
 import { DEFAULT_DEVICE_OPTIONS, DeviceLinks } from "./device";

@@ -1,9 +1,8 @@
 import { randomId } from "../../lib/crypto";
 import { AppError, isAppError } from "../../lib/errors";
+import { assertNotCrossSite } from "../auth/csrf";
 import { requireSession } from "../auth/guard";
-import { assertNotCrossSite } from "../server/csrf";
-import type { CloudDeps } from "../server/deps";
-import { STATUS_BY_CODE } from "../server/errors";
+import { type CloudDeps, STATUS_BY_CODE } from "../context";
 import type { ManagedService } from "./service";
 
 /** BOX_PATH is `/boxes/<allocation id>` and the rest of the path, forwarded to the box's engine. */

@@ -8,8 +8,7 @@ import {
   ManagedWakeView,
 } from "../../contract/cloud";
 import { requireSession } from "../auth/guard";
-import type { CloudDeps } from "../server/deps";
-import { errorResponses } from "../server/responses";
+import { type CloudDeps, errorResponses } from "../context";
 import type { ManagedService } from "./service";
 
 const session = [{ session: [] }];

@@ -3,6 +3,7 @@ import type { LinkClaimResponse } from "../../contract/cloud";
 import type { RelayTool, ReportedGpu } from "../../contract/relay";
 import { digestSecret, randomId } from "../../lib/crypto";
 import { AppError } from "../../lib/errors";
+import { lockAccount } from "../accounts";
 import { type Database, num, optionalNum, type PreparedRead, type Sql } from "../db";
 
 /** NODE_CREDENTIAL_PREFIX marks a node's own credential for secret scanners and humans. */
@@ -113,13 +114,13 @@ export class NodeStore {
   /**
    * enroll creates a node under an account, or adopts the account's node with the same slug
    * (a reinstalled machine re-linking keeps its identity), and mints the node's credential.
-   * It runs inside the caller's transaction: the account row is touched first so concurrent
-   * enrollments of one account queue, and the node limit counts only new nodes.
+   * It runs inside the caller's transaction: the account's row lock is taken first
+   * (src/cloud/accounts `lockAccount`) so concurrent enrollments of one account queue, and the
+   * node limit counts only new nodes.
    */
   async enroll(tx: Sql, accountId: string, reported: Reported, via: EnrollmentRoute): Promise<Enrollment> {
     const now = Date.now();
-    const [account] = await tx`UPDATE accounts SET updated_at = ${now} WHERE id = ${accountId} RETURNING node_limit`;
-    if (!account) throw new AppError("account_not_found", "the account is gone");
+    const { nodeLimit } = await lockAccount(tx, accountId);
     const clean = cleanReported(reported);
     const slug = slugOf(clean.hostname);
     const credential = NODE_CREDENTIAL_PREFIX + randomBytes(32).toString("base64url");
@@ -132,8 +133,8 @@ export class NodeStore {
       return { node, credential, adopted: true };
     }
     const [count] = await tx`SELECT COUNT(*) AS n FROM nodes WHERE account_id = ${accountId}`;
-    if (num(count.n) >= num(account.node_limit)) {
-      throw new AppError("node_limit_reached", `the account has reached its limit of ${num(account.node_limit)} machines`);
+    if (num(count.n) >= nodeLimit) {
+      throw new AppError("node_limit_reached", `the account has reached its limit of ${nodeLimit} machines`);
     }
     const id = randomId("node");
     await tx`INSERT INTO nodes (id, account_id, slug, hostname, os, version, credential_digest, enrolled_via, created_at, updated_at)

@@ -1,8 +1,7 @@
 import { Elysia } from "elysia";
 import { NodesView } from "../../contract/cloud";
 import { requireSession } from "../auth/guard";
-import type { CloudDeps } from "../server/deps";
-import { errorResponses } from "../server/responses";
+import { type CloudDeps, errorResponses } from "../context";
 
 /**
  * nodeRoutes serves `GET /api/nodes`: the signed-in account's linked machines, oldest first,

@@ -12,9 +12,8 @@ import {
 import { isAppError } from "../../lib/errors";
 import { readBoundedText } from "../../lib/http";
 import { requireSession, type SignedInCaller } from "../auth/guard";
+import { type CloudDeps, errorResponses } from "../context";
 import { LIMITS } from "../ratelimit";
-import type { CloudDeps } from "../server/deps";
-import { errorResponses } from "../server/responses";
 import { messagePageResponse, pageResponse } from "../ui";
 import { AuthorizationServer, OAuthError } from "./authorization";
 import { ASSISTANT_NAMES } from "./clients";

@@ -1,5 +1,5 @@
+import type { CloudDeps } from "../context";
 import { num, optionalNum } from "../db";
-import type { CloudDeps } from "../server/deps";
 import type { AccessTokenVerifier, VerifyResult } from "./grant";
 import { AssistantStore, SECRET_PREFIXES, scopesFrom } from "./store";
 

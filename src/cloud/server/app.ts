@@ -1,13 +1,12 @@
-import { type AnyElysia, Elysia } from "elysia";
+import { Elysia } from "elysia";
 import { CLOUD_INTERFACE_VERSION, ErrorEnvelope, HealthView, LinkMetadataView, ReadyView } from "../../contract/cloud";
 import { AppError } from "../../lib/errors";
 import { apiBasics, BodySchemas, pathOf, RequestIds } from "../../lib/http";
 import { openapiDocument } from "../../lib/openapi";
+import { assertNotCrossSite } from "../auth/csrf";
 import { sessionRoutes } from "../auth/session-routes";
+import { type CloudDeps, type CloudRoutes, STATUS_BY_CODE } from "../context";
 import { LIMITS, type Limit } from "../ratelimit";
-import { assertNotCrossSite } from "./csrf";
-import type { CloudDeps } from "./deps";
-import { STATUS_BY_CODE } from "./errors";
 
 /** DISK_FULL_RETRY_AFTER_S is the Retry-After of a write refused for lack of disk space: room comes back when an operator makes it. */
 const DISK_FULL_RETRY_AFTER_S = 30;
@@ -23,9 +22,6 @@ const CLOUD_TAGS = [
   { name: "assistants", description: "Authorizing assistants (MCP clients) to reach the account's machines" },
   { name: "hosted machines", description: "The account's one hosted machine: purchase, allocation, wake, update, backups, delete" },
 ];
-
-/** CloudRoutes is a plugin a module contributes: one Elysia instance per resource. */
-export type CloudRoutes = (deps: CloudDeps) => AnyElysia;
 
 /**
  * readiness runs the role's dependency checks concurrently, each bounded to 3 s, and answers

@@ -10,9 +10,11 @@ import { createLogger, type Logger } from "../../lib/logger";
 import { VERSION } from "../../lib/version";
 import { AccountStore } from "../accounts";
 import { AuditLog } from "../audit";
-import { SessionStore } from "../auth/sessions";
+import { SessionStore, sweepAuthRows } from "../auth";
 import type { CloudConfig } from "../config";
+import type { CloudDeps, CloudRoutes, CloudSweep } from "../context";
 import { Database } from "../db";
+import { sweepLinkRows } from "../link";
 import {
   type BoxProvider,
   type BoxProxy,
@@ -28,17 +30,24 @@ import { createAccessTokenVerifier, sweepAssistantRows } from "../oauth";
 import type { AccessTokenVerifier } from "../oauth/grant";
 import { DatabaseBuckets, MemoryBuckets, RateLimiter } from "../ratelimit";
 import { ConsoleMcpEndpoint, RelayHub, type RelayHubOptions, type TunnelSocketData } from "../relay";
-import { buildCloudApp, type CloudRoutes } from "./app";
-import type { CloudDeps } from "./deps";
+import { buildCloudApp } from "./app";
 import { API_MODULES } from "./modules";
 
-export type { CloudRoutes } from "./app";
-export type { CloudDeps } from "./deps";
+export type { CloudDeps, CloudRoutes } from "../context";
 
 /** SWEEP_INTERVAL_MS is how often the worker role deletes what has expired. */
 const SWEEP_INTERVAL_MS = 60_000;
-/** KEEP_EXPIRED_MS keeps expired link rows a day for support questions, then deletes them. */
-const KEEP_EXPIRED_MS = 86_400_000;
+
+/**
+ * SWEEPS are the modules' own sweeps, run by the worker role each round under the name its log
+ * line gives their counts: each module deletes its own rows, and one that fails leaves the
+ * others to run.
+ */
+const SWEEPS: Record<string, CloudSweep> = {
+  auth: sweepAuthRows,
+  link: sweepLinkRows,
+  assistants: (deps, now) => sweepAssistantRows(deps.db, now),
+};
 
 export interface CloudOptions {
   /** log replaces the logger built from the config (tests pass a silent one). */
@@ -160,19 +169,18 @@ export async function startCloud(config: CloudConfig, options: CloudOptions = {}
 
     if (config.role === "worker" || config.role === "all") {
       const sweep = async () => {
-        try {
-          const now = Date.now();
-          const sessions = await deps.sessions.sweep();
-          const devices = await db.sql`DELETE FROM device_requests WHERE expires_at < ${now - KEEP_EXPIRED_MS} RETURNING id`;
-          const codes = await db.sql`DELETE FROM link_codes WHERE expires_at < ${now - KEEP_EXPIRED_MS} RETURNING id`;
-          const logins = await db.sql`DELETE FROM login_attempts WHERE expires_at < ${now} RETURNING id`;
-          const assistants = await sweepAssistantRows(db, now);
-          const removed = sessions + devices.length + codes.length + logins.length + Object.values(assistants).reduce((a, b) => a + b, 0);
-          if (removed > 0)
-            log.info({ sessions, device_requests: devices.length, link_codes: codes.length, logins: logins.length, assistants }, "swept");
-        } catch (error) {
-          log.warn({ err: (error as Error).message }, "sweep failed; retrying next round");
+        const now = Date.now();
+        const swept: Record<string, Record<string, number>> = {};
+        let removed = 0;
+        for (const [name, sweepModule] of Object.entries(SWEEPS)) {
+          try {
+            swept[name] = await sweepModule(deps, now);
+            removed += Object.values(swept[name]).reduce((a, b) => a + b, 0);
+          } catch (error) {
+            log.warn({ module: name, err: (error as Error).message }, "sweep failed; retrying next round");
+          }
         }
+        if (removed > 0) log.info(swept, "swept");
       };
       const timer = setInterval(sweep, SWEEP_INTERVAL_MS);
       timer.unref?.();

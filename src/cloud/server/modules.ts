@@ -1,12 +1,12 @@
 import { approvalRoutes } from "../approvals";
 import { signinRoutes } from "../auth";
+import type { CloudRoutes } from "../context";
 import { preauthKeyRoutes } from "../keys/routes";
 import { linkRoutes } from "../link";
 import { managedRoutes } from "../managed";
 import { nodeRoutes } from "../nodes/routes";
 import { assistantRoutes } from "../oauth";
 import { consolePages } from "../ui";
-import type { CloudRoutes } from "./app";
 
 /**
  * API_MODULES lists the route plugins the `api` role serves, one per resource. The

@@ -1,5 +1,5 @@
 import { Elysia } from "elysia";
-import type { CloudDeps } from "../server/deps";
+import type { CloudDeps } from "../context";
 import { consoleAssets } from "./bundle";
 
 export { buildConsoleAssets, type ConsoleAssets, consoleAssets } from "./bundle";

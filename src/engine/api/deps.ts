@@ -1,6 +1,6 @@
 import type { DaemonUpgradeAccepted, Ready } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
-import type { Principal, TokenStore } from "../auth";
+import type { TokenStore } from "../auth";
 import type { NodeIdentity, TunnelStatus, VcsTokenStore } from "../link";
 import type { EngineMetrics } from "../metrics";
 import type { ProxyController } from "../proxy";
@@ -20,7 +20,10 @@ export interface DaemonControl {
 
 export type UpgradeAccepted = DaemonUpgradeAccepted;
 
-/** ApiDeps are the modules the HTTP API calls. Handlers are thin: validate, call, answer. */
+/**
+ * ApiDeps are the modules the HTTP API calls. Each resource's routes, beside their module,
+ * declare the part they use; the API hands each its part. Handlers are thin: validate, call, answer.
+ */
 export interface ApiDeps {
   log: Logger;
   version: string;
@@ -43,9 +46,4 @@ export interface ApiDeps {
   closing?: AbortSignal;
   /** ready checks the database and the data dir for GET /api/ready; unset: ready by definition. */
   ready?: () => Ready;
-}
-
-/** RequestContext resolves per-request facts the auth hook established. */
-export interface RequestContext {
-  principalOf(request: Request): Principal;
 }

@@ -2,17 +2,19 @@ import { Elysia } from "elysia";
 import { AppError, diskFullError } from "../../lib/errors";
 import { apiBasics, BodySchemas, cookieValue, pathOf, RequestIds } from "../../lib/http";
 import { openapiDocument } from "../../lib/openapi";
-import { type Access, LOCAL_PRINCIPAL, type Principal, ROUTE_ACCESS, roleMay } from "../auth";
+import { type Access, LOCAL_PRINCIPAL, type Principal, type RequestContext, ROUTE_ACCESS, roleMay, tokenRoutes } from "../auth";
+import { databaseRoutes } from "../databases";
+import { gpuRoutes } from "../gpu";
+import { linkRoutes } from "../link";
+import { metricsRoutes } from "../metrics";
+import { domainRoutes, proxyRoutes } from "../proxy";
+import { serviceRoutes } from "../services";
+import { templateRoutes } from "../templates";
 import { CSRF_HEADER, SESSION_COOKIE, sameOrigin, UiSessions, uiRoutes } from "../ui";
-import { daemonRoutes } from "./daemon";
-import type { ApiDeps, RequestContext } from "./deps";
+import type { ApiDeps } from "./deps";
 import { docsPage } from "./docs-page";
 import { STATUS_BY_CODE } from "./errors";
-import { metricsRoutes } from "./metrics";
-import { serviceRoutes } from "./services";
-import { templateRoutes } from "./templates";
-import { tokenRoutes } from "./tokens";
-import { workloadRoutes } from "./workloads";
+import { daemonRoutes } from "./routes";
 
 export type { ApiDeps, DaemonControl, UpgradeAccepted } from "./deps";
 
@@ -69,60 +71,68 @@ function buildApp(
   ctx: RequestContext,
   hooks: { onRequest: (request: Request) => void; requestIds: RequestIds; sessions: UiSessions; bodySchemas: BodySchemas },
 ) {
-  return new Elysia()
-    .onRequest(({ request }) => hooks.onRequest(request))
-    .use(
-      apiBasics({
-        log: deps.log,
-        requestIds: hooks.requestIds,
-        statusByCode: STATUS_BY_CODE,
-        bodySchemas: hooks.bodySchemas,
-        // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
-        oversizeStatus: 413,
-        // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
-        translateError: diskFullError,
-        headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
-      }),
-    )
-    .use(
-      openapiDocument({
-        specPath: "/api/openapi.json",
-        info: {
-          title: "engine — local engine API",
-          version: deps.version,
-          description: "The local engine API: tokens, app templates, proxy, services, databases, daemon and the link.",
-        },
-        // The default address stands in until the engine has listened and knows its own.
-        servers: () => [{ url: deps.baseUrl?.() ?? "http://127.0.0.1:9321", description: "This engine" }],
-        tags: ENGINE_TAGS,
-        securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
-        security: [{ bearer: [] }],
-        // The document's own route is not generated from a route declaration; the spec lists it.
-        paths: {
-          "/api/openapi.json": {
-            get: {
-              tags: ["daemon"],
-              operationId: "getApiOpenapiJson",
-              summary: "The installed contract (OpenAPI 3.1); no credential",
-              security: [],
-              responses: {
-                "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
+  return (
+    new Elysia()
+      .onRequest(({ request }) => hooks.onRequest(request))
+      .use(
+        apiBasics({
+          log: deps.log,
+          requestIds: hooks.requestIds,
+          statusByCode: STATUS_BY_CODE,
+          bodySchemas: hooks.bodySchemas,
+          // The engine's routes may answer 413 (decision 141); its callers are the CLI and the UI.
+          oversizeStatus: 413,
+          // A write refused for lack of space is the typed `disk_full` (507), wherever it was thrown.
+          translateError: diskFullError,
+          headersFor: (status) => (status === 401 ? { "www-authenticate": `Bearer error="invalid_token"` } : undefined),
+        }),
+      )
+      .use(
+        openapiDocument({
+          specPath: "/api/openapi.json",
+          info: {
+            title: "engine — local engine API",
+            version: deps.version,
+            description: "The local engine API: tokens, app templates, proxy, services, databases, daemon and the link.",
+          },
+          // The default address stands in until the engine has listened and knows its own.
+          servers: () => [{ url: deps.baseUrl?.() ?? "http://127.0.0.1:9321", description: "This engine" }],
+          tags: ENGINE_TAGS,
+          securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
+          security: [{ bearer: [] }],
+          // The document's own route is not generated from a route declaration; the spec lists it.
+          paths: {
+            "/api/openapi.json": {
+              get: {
+                tags: ["daemon"],
+                operationId: "getApiOpenapiJson",
+                summary: "The installed contract (OpenAPI 3.1); no credential",
+                security: [],
+                responses: {
+                  "200": { description: "The OpenAPI document", content: { "application/json": { schema: { type: "object" } } } },
+                },
               },
             },
           },
-        },
-      }),
-    )
-    .get("/api/docs", () => new Response(docsPage(deps.version), { headers: { "content-type": "text/html; charset=utf-8" } }), {
-      detail: { hide: true },
-    })
-    .use(tokenRoutes(deps, ctx))
-    .use(templateRoutes(deps))
-    .use(serviceRoutes(deps, ctx))
-    .use(workloadRoutes(deps, ctx))
-    .use(daemonRoutes(deps))
-    .use(metricsRoutes(deps, ctx))
-    .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }));
+        }),
+      )
+      .get("/api/docs", () => new Response(docsPage(deps.version), { headers: { "content-type": "text/html; charset=utf-8" } }), {
+        detail: { hide: true },
+      })
+      // Each resource's routes live beside their module (docs/decisions.md 400). The order they
+      // are mounted in is the order of the OpenAPI document's paths.
+      .use(tokenRoutes(deps, ctx))
+      .use(templateRoutes(deps))
+      .use(proxyRoutes(deps))
+      .use(serviceRoutes(deps, ctx))
+      .use(domainRoutes(deps, ctx))
+      .use(databaseRoutes(deps, ctx))
+      .use(gpuRoutes(deps))
+      .use(daemonRoutes(deps))
+      .use(linkRoutes(deps))
+      .use(metricsRoutes(deps, ctx))
+      .use(uiRoutes({ sessions: hooks.sessions, log: deps.log, baseUrl: deps.baseUrl }))
+  );
 }
 
 /**

@@ -53,3 +53,11 @@ export function assertServiceInScope(principal: Principal, serviceName: string):
     );
   }
 }
+
+/**
+ * RequestContext resolves, inside a route's handler, the principal the API's access check
+ * established when the request arrived (src/engine/api/index.ts).
+ */
+export interface RequestContext {
+  principalOf(request: Request): Principal;
+}

@@ -2,6 +2,7 @@ import { chownSync, mkdirSync, mkdtempSync, readdirSync, realpathSync, rmSync, s
 import { tmpdir } from "node:os";
 import { join, resolve, sep } from "node:path";
 import { AppError } from "../../lib/errors";
+import { inheritedEnv, NETWORK_ENV } from "../config";
 import { asWorkloadUser, type WorkloadUser } from "../users";
 import { BuildLog } from "./log";
 import { type BuildPlan, type BuildSpec, redactUrl, validateBuildSpec } from "./spec";
@@ -23,8 +24,10 @@ export interface BuildOptions {
    * variables set for git's processes alone: never in argv, the log or the checkout's .git/config.
    */
   credential?: BuildCredential | null;
-  /** env is added to the small environment builds get (PATH, HOME, USER, LANG, TMPDIR, proxies, SSH_AUTH_SOCK). */
+  /** env is added to the small environment builds inherit (inheritedEnv with NETWORK_ENV: PATH, HOME, LANG, proxies, SSH_AUTH_SOCK, ...). */
   env?: Record<string, string>;
+  /** inherited is the daemon's environment the build inherits from (config.workloadEnv); this process's by default. */
+  inherited?: Record<string, string | undefined>;
   /** timeoutMs bounds the whole build, clone and command; it defaults to DEFAULT_BUILD_TIMEOUT_MS. */
   timeoutMs?: number;
   /** signal aborts the build; the running step's process group is killed. */
@@ -52,22 +55,6 @@ export interface BuildResult {
 
 export const DEFAULT_BUILD_TIMEOUT_MS = 30 * 60_000;
 const LOG_TAIL_LINES = 50;
-/** The daemon's variables a build inherits; everything else it needs comes through options.env. */
-const INHERITED_ENV = [
-  "PATH",
-  "HOME",
-  "USER",
-  "LOGNAME",
-  "LANG",
-  "TMPDIR",
-  "SSH_AUTH_SOCK",
-  "HTTP_PROXY",
-  "HTTPS_PROXY",
-  "NO_PROXY",
-  "http_proxy",
-  "https_proxy",
-  "no_proxy",
-];
 // The askpass helper answers git's two prompts from variables only git's processes receive.
 const ASKPASS_SCRIPT = `#!/bin/sh
 case "$1" in
@@ -115,7 +102,7 @@ export async function runBuild(spec: BuildSpec, options: BuildOptions): Promise<
     const user = options.user ?? null;
     mkdirSync(workDir, { recursive: true });
     if (user) chownSync(workDir, user.uid, user.gid);
-    const baseEnv = buildEnvironment(options.env);
+    const baseEnv = { ...inheritedEnv(options.inherited, NETWORK_ENV), ...options.env };
     if (credential || user) {
       askpassDir = mkdtempSync(join(tmpdir(), "engine-askpass-"));
       if (credential) writeFileSync(join(askpassDir, "askpass"), ASKPASS_SCRIPT, { mode: 0o700 });
@@ -235,15 +222,6 @@ class BuildStop {
     clearTimeout(this.#timer);
     this.#external?.removeEventListener("abort", this.#onExternalAbort);
   }
-}
-
-function buildEnvironment(extra: Record<string, string> = {}): Record<string, string> {
-  const env: Record<string, string> = {};
-  for (const name of INHERITED_ENV) {
-    const value = process.env[name];
-    if (value !== undefined) env[name] = value;
-  }
-  return { ...env, ...extra };
 }
 
 /**

@@ -1,60 +1,23 @@
-import { X509Certificate } from "node:crypto";
-import {
-  accessSync,
-  chmodSync,
-  constants,
-  existsSync,
-  mkdirSync,
-  readdirSync,
-  readFileSync,
-  readlinkSync,
-  rmSync,
-  statSync,
-} from "node:fs";
+import { accessSync, chmodSync, constants, existsSync, mkdirSync, readdirSync, readlinkSync, rmSync, statSync } from "node:fs";
 import { getPriority } from "node:os";
 import { dirname, join } from "node:path";
 import { type Clock, systemClock } from "../../lib/clock";
-import type { EngineConfig } from "../../lib/config";
-import { SecretBox } from "../../lib/crypto";
-import { AppError, isDiskFull } from "../../lib/errors";
-import { pathOf } from "../../lib/http";
+import { AppError } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
 import { lowerWhileStarting, restorePriority } from "../../lib/priority";
 import { removeStaleNames } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
-import { createApi, type DaemonControl, type UpgradeAccepted } from "../api";
-import { bootstrapAdminToken, LINK_PRINCIPAL, TokenStore } from "../auth";
+import type { DaemonControl, UpgradeAccepted } from "../api";
+import type { EngineConfig } from "../config";
 import { firstUnreachable, lookupUser } from "../databases";
-import { GpuInventory } from "../gpu";
-import {
-  assistantPrincipal,
-  checkAssertion,
-  IdentityStore,
-  loadSecretKey,
-  MetadataRefresher,
-  TunnelClient,
-  type TunnelClientOptions,
-  VcsTokenStore,
-} from "../link";
-import { McpEndpoint, warmMcpTools } from "../mcp";
-import { MdnsPublisher } from "../mdns";
-import { EngineMetrics } from "../metrics";
-import { type CaDescription, ProxyController } from "../proxy";
-import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
-import { appliedMigrations, openStore } from "../store";
-import { readProcessStat, Supervisor } from "../supervisor";
-import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
-import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
-import {
-  canSwitchUsers,
-  dataDirModes,
-  describeModeChange,
-  firstClosedParent,
-  type ModeChange,
-  modeChangesSince,
-  secureDataDir,
-  tightened,
-} from "../users";
+import { warmMcpTools } from "../mcp";
+import type { EngineMetrics } from "../metrics";
+import type { ProxyController } from "../proxy";
+import type { ServiceDirectory } from "../services";
+import { appliedMigrations, type Database } from "../store";
+import { readProcessStat } from "../supervisor";
+import { dataDirModes } from "../users";
+import { EngineBus, type EngineContext, type Module, ModuleRunner } from "./context";
 import {
   ControlSocket,
   connectPredecessor,
@@ -67,22 +30,26 @@ import {
   type ToSuccessor,
 } from "./handover";
 import { ApiListeners } from "./listeners";
-import { checkReady } from "./ready";
+import {
+  apiModule,
+  catalogModule,
+  linkModule,
+  localCaModule,
+  metricsModule,
+  proxyModule,
+  rejectionGuard,
+  samplingModule,
+  servicesModule,
+  storeModule,
+  supervisorModule,
+  type TunnelTimings,
+  tokensModule,
+} from "./modules";
 import { commandLine, reapWhenGone, reexecSelf, SAME_IMAGE } from "./reexec";
 import { runsCompiled, type StagedUpgrade, stageUpgrade } from "./upgrade";
 
 export { HANDOVER_ENV, type SuccessorRole, takeSuccessorRole } from "./handover";
 export { runsCompiled } from "./upgrade";
-
-/** LISTING is the assertion the tunnel lists the MCP tools under: read-only, and it calls no route. */
-const LISTING = {
-  account_id: "-",
-  node_id: "-",
-  client_id: "engine-cloud relay",
-  grant_id: "tools",
-  scopes: ["engine:read"],
-  expires_at: "9999-12-31T00:00:00.000Z",
-};
 
 export interface DaemonOptions {
   clock?: Clock;
@@ -98,7 +65,7 @@ export interface DaemonOptions {
   /** proxyCommand starts a proxy process instead of the engine's own (tests). */
   proxyCommand?: string[];
   /** tunnel replaces the link tunnel's timings, and how it opens its socket (tests: short heartbeats, a tap on the frames). */
-  tunnel?: Pick<TunnelClientOptions, "heartbeatMs" | "deadAfterMs" | "backoff" | "stableMs" | "unlinkedPollMs" | "open">;
+  tunnel?: TunnelTimings;
 }
 
 /** RunningDaemon is a started engine. stop() is safe to call more than once. */
@@ -121,17 +88,6 @@ export interface RunningDaemon {
   readonly restarting: Promise<void> | undefined;
   /** standin is true for a successor that serves only until its parent, re-executed, takes over. */
   readonly standin: boolean;
-}
-
-/**
- * withRoutableUrl works around a router assumption: Elysia finds the path by searching for "/"
- * from index 11, so a one- to three-letter host (`curl --unix-socket s http://x/api/...`, or
- * `Host: a`) would be misrouted. Such rare requests are rebuilt with the host `localhost`.
- */
-function withRoutableUrl(request: Request): Request {
-  const slash = request.url.indexOf("/", request.url.indexOf("//") + 2);
-  if (slash >= 11 || slash === -1) return request;
-  return new Request(`http://localhost${request.url.slice(slash)}`, request);
 }
 
 /**
@@ -271,45 +227,6 @@ function hasProxyProcessRecords(dataDir: string): boolean {
     return readdirSync(join(dataDir, "proxy")).some((file) => file.endsWith(".pid"));
   } catch {
     return false;
-  }
-}
-
-/**
- * reportModeChanges logs what the start changed in the data dir's modes. Modes that were looser
- * than the engine keeps (an older engine's, a chmod, a copy made with another umask) are a
- * warning naming each path with its mode before and after: something may have read them.
- */
-function reportModeChanges(changes: ModeChange[], log: Logger): void {
-  const looser = changes.filter(tightened).map(describeModeChange);
-  const other = changes.filter((change) => !tightened(change)).map(describeModeChange);
-  if (looser.length > 0) {
-    log.warn({ tightened: looser }, `the data dir had modes looser than the engine keeps; tightened ${looser.join(", ")}`);
-  }
-  if (other.length > 0) log.info({ changed: other }, "set the modes of the data dir");
-}
-
-/**
- * isolateWorkloads runs before the first workload starts: it gives the data dir the modes that
- * keep the engine's state from workloads (secureDataDir; also tightening an older engine's
- * layout) and says, once, what isolation this engine can give.
- */
-function isolateWorkloads(dataDir: string, log: Logger, modesBefore: Map<string, number>): void {
-  const switching = canSwitchUsers();
-  secureDataDir(dataDir, switching);
-  reportModeChanges(modeChangesSince(modesBefore), log);
-  if (!switching) {
-    log.warn(
-      { uid: process.geteuid?.() },
-      "the engine runs unprivileged, so every workload runs as the engine's own user and can read its data dir (admin.token, secret.key, engine.db): a submitter token means code execution as this user. Run the engine as root to run each service as a user of its own (docs/roles.md)",
-    );
-    return;
-  }
-  const closed = firstClosedParent(dataDir);
-  if (closed) {
-    log.warn(
-      { data_dir: dataDir, closed },
-      "service users cannot reach their data dirs: a directory above the data dir is not searchable by others (chmod o+x it, or choose a data dir such as /var/lib/engine)",
-    );
   }
 }
 
@@ -503,7 +420,7 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
   }
 }
 
-/** startIn starts every module on a prepared data dir; on failure it undoes what it started. */
+/** startIn starts every module on a prepared data dir, in order; on failure it stops the started ones in reverse. */
 async function startIn(
   config: EngineConfig,
   options: DaemonOptions,
@@ -516,624 +433,368 @@ async function startIn(
   const { log, flush, sinks } = createLogger({ level: config.logLevel, dataDir: config.dataDir, stdout: config.logToStdout });
   if (config.dataDirWarning) log.warn({ data_dir: config.dataDir }, config.dataDirWarning);
   if (asRoot) warnUnreachableData(config.dataDir, log);
-  const cleanups: (() => void | Promise<void>)[] = [flush];
-  /** keptRunning names the services whose processes the stop left running, for the next start. */
-  let keptRunning: string[] = [];
-  // The last resort of issue 13: work started in the background (a `void` promise: a build, a
-  // database readiness wait, a certificate renewal) whose write the disk refused must not end
-  // the daemon; its owner tries again or the next action redoes it. Any other rejection still
-  // ends the process, as it would with no handler, by being thrown again.
-  const onRejection = (reason: unknown) => {
-    if (!isDiskFull(reason)) throw reason;
-    log.error({ err: reason }, "a background write was refused for lack of space");
+  const bus = new EngineBus();
+  let store: Database | null = null;
+  const ctx: EngineContext = {
+    config,
+    log,
+    clock,
+    bus,
+    get store() {
+      if (!store) throw new Error("the engine's store is asked for before the store module opened it");
+      return store;
+    },
   };
-  process.on("unhandledRejection", onRejection);
-  cleanups.push(() => {
-    process.off("unhandledRejection", onRejection);
+  const running = new ModuleRunner(ctx);
+
+  let handingOver = false;
+
+  /** closing ends the API's event streams when this daemon hands over: their clients reconnect to the successor. */
+  const closing = new AbortController();
+  let restarting: Promise<void> | undefined;
+  // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
+  if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
+
+  /** leftChildren are this process's children that outlive its release: the proxy processes the successor retires. */
+  let leftChildren: number[] = [];
+  /** handingOverSide is what this daemon does at each step of handing its work to a successor. */
+  const handingOverSide = (): HandingOver => ({
+    log,
+    port: bus.get("listeners").port,
+    async retire(deadline) {
+      closing.abort();
+      await bus.find("mcp")?.stop();
+      await bus.get("listeners").retire(deadline);
+    },
+    async release() {
+      // The proxy processes keep serving; the successor's retire them once its own have bound.
+      try {
+        leftChildren = bus.find("proxy")?.status().respawn.pids ?? [];
+      } catch {
+        leftChildren = [];
+      }
+      handingOver = true;
+      await running.stop();
+    },
   });
-  const runCleanups = async () => {
-    while (cleanups.length > 0) {
-      const cleanup = cleanups.pop();
-      try {
-        await cleanup?.();
-      } catch (error) {
-        log.error({ err: error }, "cleanup failed");
-      }
-    }
-  };
 
-  try {
-    removeStaleNames(config.dataDir);
-    // The shim's notify socket and the API's listeners come first for a successor, which holds
-    // the requests that arrive from the switch on until its modules are up (decision 360).
-    const supervisor = new Supervisor({
-      dataDir: config.dataDir,
-      log,
-      shimPath: config.shimPath,
-      logMaxBytes: config.serviceLogMaxBytes,
-      logMaxFiles: config.serviceLogMaxFiles,
-      cgroups: config.cgroups,
-    });
-    // The local CA exists from the first start, so `engine ca` and the status always have a root.
-    // Reading whether the system trusts it runs certutil: a successor starts it before the switch.
-    const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
-    const rootPem = ca.rootPem();
-    const trustReading = trustStatus(rootPem).catch(() => ({ system: false, nss: null }));
-    let listeners: ApiListeners | null = null;
-    if (taking) {
-      listeners = ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log });
-      cleanups.push(() => listeners?.close());
-      supervisor.bindNotify();
-      taking.channel.send({ type: "switched" });
-      await awaitRelease(taking, log);
-    }
-    const db = openStore(join(config.dataDir, "engine.db"));
-    cleanups.push(() => db.close());
-
-    const tokens = new TokenStore(db, clock);
-    tokens.start(config.lastUsedFlushMs);
-    cleanups.push(() => tokens.stop());
-    bootstrapAdminToken(tokens, config.dataDir, config.adminToken, log);
-
-    const templates = new TemplateCatalog(
-      [...bundledTemplateSources(), ...readTemplateDir(config.templatesDir ?? join(config.dataDir, "templates"))],
-      log,
-    );
-    const secretKey = loadSecretKey(config.dataDir);
-    const vcs = new VcsTokenStore(db, secretKey, clock);
-
-    if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
-    supervisor.start();
-    cleanups.push(() => supervisor.stop());
-    const gpus = new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock });
-    // https:// dumps may come from services the engine serves with its local CA (made below).
-    let localCaPem: string | null = null;
-    const proxyHolder: { controller: ProxyController | null } = { controller: null };
-    const metrics = new EngineMetrics({
-      version: VERSION,
-      hostname: config.proxy.hostname,
-      log,
-      nvidiaSmiPath: config.nvidiaSmi,
-      gpusDeclared: Boolean(config.gpus?.trim()),
-      intervalMs: config.metricsIntervalS * 1000,
-      proxyCounts: () => proxyHolder.controller?.requestCounts() ?? [],
-    });
-    const manager = new ServiceManager({
-      store: new ServiceStore(db),
-      supervisor,
-      gpus,
-      templates,
-      vcs,
-      secretBox: new SecretBox(secretKey),
-      clock,
-      log,
-      dataDir: config.dataDir,
-      logMaxFiles: config.serviceLogMaxFiles,
-      env: config.workloadEnv,
-      trustedCas: () => (localCaPem ? [localCaPem] : []),
-      onRestoreEnded: (service, dump) => metrics.restoreEnded(service, dump.engine, dump.result, dump.duration_s ?? 0),
-    });
-    // Workloads outlive the daemon: stopping it hands them over, it never kills them.
-    cleanups.push(() => {
-      keptRunning = manager
-        .list()
-        .filter((service) => service.pid !== null)
-        .map((service) => service.name);
-      manager.handOver();
-      if (keptRunning.length === 0) return;
-      log.info(
-        { services: keptRunning },
-        `${keptRunning.length === 1 ? "1 service keeps" : `${keptRunning.length} services keep`} running under their shims and the next engine start adopts them; to stop them all, run \`engine services stop --all\` while the engine runs`,
+  /**
+   * restartByHandover is a drain restart without a gap (decisions 360-363): drain, start a
+   * new process (the same image, or an upgrade's binary) that takes the listeners and the
+   * work over as a stand-in, then re-execute this pid in place and take them back from it,
+   * so that whoever supervises the pid keeps the right one. A stand-in that never says hello
+   * or cannot bind leaves this daemon serving (an upgrade rolls its binary back); one that
+   * fails after this daemon released its work (or, for an upgrade, does not answer
+   * /api/health in time) is killed and this daemon starts again in place, from the previous
+   * binary for an upgrade.
+   */
+  const restartByHandover = async (target: RestartTarget): Promise<void> => {
+    // Let the 202 reach the client first.
+    await Bun.sleep(10);
+    const deadline = Date.now() + target.drainTimeoutS * 1000;
+    await bus.get("services").drain(deadline);
+    const upgrade = target.upgrade;
+    let control: ControlSocket | null = null;
+    let child: ReturnType<typeof Bun.spawn> | null = null;
+    let active: { control: string | null };
+    try {
+      control = new ControlSocket(config.dataDir);
+      const argv = commandLine();
+      const priority = getOwnPriority();
+      child = Bun.spawn([target.image, ...argv.slice(1)], {
+        argv0: argv[0],
+        env: {
+          ...process.env,
+          [HANDOVER_ENV.control]: control.path,
+          [HANDOVER_ENV.standin]: "1",
+          ...(priority === null ? {} : { [HANDOVER_ENV.priority]: String(priority) }),
+        },
+        stdin: "ignore",
+        stdout: "inherit",
+        stderr: "inherit",
+      });
+      lowerWhileStarting(child.pid);
+    } catch (error) {
+      control?.close();
+      if (upgrade) rollBack(upgrade.staged, log);
+      bus.get("services").resumeAfterDrain();
+      log.error(
+        { err: error },
+        `${upgrade ? "the upgrade" : "the restart"} failed: the new process could not be started; this engine keeps serving`,
       );
-    });
-    isolateWorkloads(config.dataDir, log, modesBefore);
-    await manager.start();
-    supervisor.replayEarlyNotices();
-    const services = options.decorateServices ? options.decorateServices(manager) : manager;
-    // Sampling starts once the services are adopted, and stops before they are handed over.
-    metrics.start(manager);
-    cleanups.push(() => metrics.stop());
-
-    localCaPem = rootPem;
-    const rootSubject = new X509Certificate(rootPem).subject.replaceAll("\n", ", ");
-    let trust = await trustReading;
-    let trustReadAt = Date.now();
-    const describeCa = (): CaDescription => {
-      // Reading NSS runs certutil: the status answers with the last reading and refreshes it
-      // in the background at most every 30 s, not on every request.
-      if (Date.now() - trustReadAt > 30_000) {
-        trustReadAt = Date.now();
-        void trustStatus(rootPem)
-          .then((value) => {
-            trust = value;
-          })
-          .catch(() => undefined);
-      }
-      return {
-        initialized: true,
-        subject: rootSubject,
-        fingerprint_sha256: ca.rootFingerprintSha256(),
-        not_after: ca.rootNotAfter().toISOString(),
-        intermediate_not_after: ca.intermediateNotAfter().toISOString(),
-        root_path: ca.rootPath,
-        trusted_in_system: trust.system,
-        trusted_in_nss: trust.nss,
-      };
-    };
-    let handingOver = false;
-
-    /** closing ends the API's event streams when this daemon hands over: their clients reconnect to the successor. */
-    const closing = new AbortController();
-    let restarting: Promise<void> | undefined;
-    // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
-    if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
-
-    /** leftChildren are this process's children that outlive its release: the proxy processes the successor retires. */
-    let leftChildren: number[] = [];
-    /** handingOverSide is what this daemon does at each step of handing its work to a successor. */
-    const handingOverSide = (): HandingOver => ({
-      log,
-      port: (listeners as ApiListeners).port,
-      async retire(deadline) {
-        closing.abort();
-        await relayed.mcp?.stop();
-        await (listeners as ApiListeners).retire(deadline);
-      },
-      async release() {
-        // The proxy processes keep serving; the successor's retire them once its own have bound.
-        try {
-          leftChildren = proxyHolder.controller?.status().respawn.pids ?? [];
-        } catch {
-          leftChildren = [];
-        }
-        handingOver = true;
-        await runCleanups();
-      },
-    });
-
-    /**
-     * restartByHandover is a drain restart without a gap (decisions 360-363): drain, start a
-     * new process (the same image, or an upgrade's binary) that takes the listeners and the
-     * work over as a stand-in, then re-execute this pid in place and take them back from it,
-     * so that whoever supervises the pid keeps the right one. A stand-in that never says hello
-     * or cannot bind leaves this daemon serving (an upgrade rolls its binary back); one that
-     * fails after this daemon released its work (or, for an upgrade, does not answer
-     * /api/health in time) is killed and this daemon starts again in place, from the previous
-     * binary for an upgrade.
-     */
-    const restartByHandover = async (target: RestartTarget): Promise<void> => {
-      // Let the 202 reach the client first.
-      await Bun.sleep(10);
-      const deadline = Date.now() + target.drainTimeoutS * 1000;
-      await services.drain(deadline);
-      const upgrade = target.upgrade;
-      let control: ControlSocket | null = null;
-      let child: ReturnType<typeof Bun.spawn> | null = null;
-      let active: { control: string | null };
-      try {
-        control = new ControlSocket(config.dataDir);
-        const argv = commandLine();
-        const priority = getOwnPriority();
-        child = Bun.spawn([target.image, ...argv.slice(1)], {
-          argv0: argv[0],
-          env: {
-            ...process.env,
-            [HANDOVER_ENV.control]: control.path,
-            [HANDOVER_ENV.standin]: "1",
-            ...(priority === null ? {} : { [HANDOVER_ENV.priority]: String(priority) }),
-          },
-          stdin: "ignore",
-          stdout: "inherit",
-          stderr: "inherit",
+      restarting = undefined;
+      return;
+    }
+    try {
+      const channel = await control.accept(HELLO_TIMEOUT_MS, child.exited).catch((error: Error) => {
+        throw new HandoverError(error.message, "hello");
+      });
+      ({ active } = await handOver(channel, handingOverSide(), {
+        deadline,
+        drainMs: target.drainTimeoutS * 1000,
+        standin: true,
+        helloTimeoutMs: HELLO_TIMEOUT_MS,
+      }));
+      if (upgrade) {
+        await answersHealth(config.socketPath, child.pid, upgrade.staged.facts.cli, upgrade.healthTimeoutS * 1000).catch((error: Error) => {
+          throw new HandoverError(error.message, "active");
         });
-        lowerWhileStarting(child.pid);
-      } catch (error) {
-        control?.close();
-        if (upgrade) rollBack(upgrade.staged, log);
-        services.resumeAfterDrain();
+      }
+    } catch (error) {
+      child.kill("SIGKILL");
+      // Reaped before anything else: an execve below would leave it a zombie nobody waits for.
+      await Promise.race([child.exited, Bun.sleep(5000)]);
+      control.close();
+      removeStaleNames(config.dataDir);
+      if (upgrade) rollBack(upgrade.staged, log);
+      // Anything else than a HandoverError came after this daemon released its work.
+      const stage = error instanceof HandoverError ? error.stage : "active";
+      const what = upgrade ? `the upgrade to ${upgrade.staged.facts.cli}` : "the restart";
+      if (stage === "hello" || stage === "switched") {
+        // Nothing was handed over: this daemon takes back any socket the new process renamed, and serves on.
+        bus.get("listeners").reclaim();
+        bus.get("supervisor").reclaimNotify();
+        bus.get("services").resumeAfterDrain();
         log.error(
-          { err: error },
-          `${upgrade ? "the upgrade" : "the restart"} failed: the new process could not be started; this engine keeps serving`,
+          { err: (error as Error).message, successor_pid: child.pid },
+          `${what} failed: the new process did not take over; this engine keeps serving`,
         );
         restarting = undefined;
         return;
       }
-      try {
-        const channel = await control.accept(HELLO_TIMEOUT_MS, child.exited).catch((error: Error) => {
-          throw new HandoverError(error.message, "hello");
-        });
-        ({ active } = await handOver(channel, handingOverSide(), {
-          deadline,
-          drainMs: target.drainTimeoutS * 1000,
-          standin: true,
-          helloTimeoutMs: HELLO_TIMEOUT_MS,
-        }));
-        if (upgrade) {
-          await answersHealth(config.socketPath, child.pid, upgrade.staged.facts.cli, upgrade.healthTimeoutS * 1000).catch(
-            (error: Error) => {
-              throw new HandoverError(error.message, "active");
-            },
-          );
-        }
-      } catch (error) {
-        child.kill("SIGKILL");
-        // Reaped before anything else: an execve below would leave it a zombie nobody waits for.
-        await Promise.race([child.exited, Bun.sleep(5000)]);
-        control.close();
-        removeStaleNames(config.dataDir);
-        if (upgrade) rollBack(upgrade.staged, log);
-        // Anything else than a HandoverError came after this daemon released its work.
-        const stage = error instanceof HandoverError ? error.stage : "active";
-        const what = upgrade ? `the upgrade to ${upgrade.staged.facts.cli}` : "the restart";
-        if (stage === "hello" || stage === "switched") {
-          // Nothing was handed over: this daemon takes back any socket the new process renamed, and serves on.
-          (listeners as ApiListeners).reclaim();
-          supervisor.reclaimNotify();
-          services.resumeAfterDrain();
-          log.error(
-            { err: (error as Error).message, successor_pid: child.pid },
-            `${what} failed: the new process did not take over; this engine keeps serving`,
-          );
-          restarting = undefined;
-          return;
-        }
-        log.error(
-          { err: (error as Error).message, successor_pid: child.pid },
-          `${what} failed after this engine had handed over: starting again in place${upgrade ? " from the previous binary" : ""}`,
-        );
-        flush();
-        exitIfFailed(reexecSelf(withoutHandover(process.env), upgrade ? upgrade.staged.target : SAME_IMAGE));
-        return;
-      }
-      control.close();
-      log.info({ stand_in_pid: child.pid }, "the new process serves; re-executing in place to take the work back from it");
-      // The new image starts at a lower priority too, beside the stand-in that serves.
-      const priority = lowerWhileStarting(0);
-      const env = {
-        ...withoutHandover(process.env),
-        [HANDOVER_ENV.control]: active.control ?? "",
-        [HANDOVER_ENV.peers]: [child.pid, ...leftChildren].join(","),
-        ...(priority === null ? {} : { [HANDOVER_ENV.priority]: String(priority) }),
-      };
-      flush(); // what was logged goes out before the image is replaced
-      exitIfFailed(reexecSelf(env, target.image));
+      log.error(
+        { err: (error as Error).message, successor_pid: child.pid },
+        `${what} failed after this engine had handed over: starting again in place${upgrade ? " from the previous binary" : ""}`,
+      );
+      flush();
+      exitIfFailed(reexecSelf(withoutHandover(process.env), upgrade ? upgrade.staged.target : SAME_IMAGE));
+      return;
+    }
+    control.close();
+    log.info({ stand_in_pid: child.pid }, "the new process serves; re-executing in place to take the work back from it");
+    // The new image starts at a lower priority too, beside the stand-in that serves.
+    const priority = lowerWhileStarting(0);
+    const env = {
+      ...withoutHandover(process.env),
+      [HANDOVER_ENV.control]: active.control ?? "",
+      [HANDOVER_ENV.peers]: [child.pid, ...leftChildren].join(","),
+      ...(priority === null ? {} : { [HANDOVER_ENV.priority]: String(priority) }),
     };
+    flush(); // what was logged goes out before the image is replaced
+    exitIfFailed(reexecSelf(env, target.image));
+  };
 
-    /**
-     * standIn is a stand-in's wait for its parent, re-executed in place, to take the work back.
-     * It then exits. If the parent goes away instead (its new image failed to start), the
-     * stand-in stops too, leaving the workloads running, so that whatever supervises the
-     * engine's pid starts it afresh rather than finding the ports held by an orphan.
-     */
-    const standIn = async (control: ControlSocket, drainMs: number): Promise<void> => {
-      const parent = process.ppid;
-      let orphaned!: () => void;
-      const parentGone = new Promise<void>((resolve) => {
-        orphaned = resolve;
+  /**
+   * standIn is a stand-in's wait for its parent, re-executed in place, to take the work back.
+   * It then exits. If the parent goes away instead (its new image failed to start), the
+   * stand-in stops too, leaving the workloads running, so that whatever supervises the
+   * engine's pid starts it afresh rather than finding the ports held by an orphan.
+   */
+  const standIn = async (control: ControlSocket, drainMs: number): Promise<void> => {
+    const parent = process.ppid;
+    let orphaned!: () => void;
+    const parentGone = new Promise<void>((resolve) => {
+      orphaned = resolve;
+    });
+    const watch = setInterval(() => {
+      if (process.ppid !== parent) orphaned();
+    }, 250);
+    try {
+      const channel = await control.accept(STANDIN_WAIT_MS, parentGone).catch((error: Error) => {
+        throw new HandoverError(error.message, "hello");
       });
-      const watch = setInterval(() => {
-        if (process.ppid !== parent) orphaned();
-      }, 250);
-      try {
-        const channel = await control.accept(STANDIN_WAIT_MS, parentGone).catch((error: Error) => {
-          throw new HandoverError(error.message, "hello");
-        });
-        await handOver(channel, handingOverSide(), {
-          deadline: Date.now() + drainMs,
-          drainMs,
-          standin: false,
-          helloTimeoutMs: HELLO_TIMEOUT_MS,
-        });
-        clearInterval(watch);
-        control.close();
-        flush();
-        process.exit(0);
-      } catch (error) {
-        const stage = error instanceof HandoverError ? error.stage : "hello";
-        if (stage === "hello" || stage === "switched") {
-          (listeners as ApiListeners).reclaim();
-          supervisor.reclaimNotify();
-        }
-        log.error(
-          { err: (error as Error).message, stage },
-          "the re-executed engine did not take over from this stand-in: stopping, so that the engine's supervisor starts it afresh",
-        );
-        clearInterval(watch);
-        control.close();
-        await runCleanups();
-        flush();
-        process.exit(1);
+      await handOver(channel, handingOverSide(), {
+        deadline: Date.now() + drainMs,
+        drainMs,
+        standin: false,
+        helloTimeoutMs: HELLO_TIMEOUT_MS,
+      });
+      clearInterval(watch);
+      control.close();
+      flush();
+      process.exit(0);
+    } catch (error) {
+      const stage = error instanceof HandoverError ? error.stage : "hello";
+      if (stage === "hello" || stage === "switched") {
+        bus.get("listeners").reclaim();
+        bus.get("supervisor").reclaimNotify();
       }
-    };
+      log.error(
+        { err: (error as Error).message, stage },
+        "the re-executed engine did not take over from this stand-in: stopping, so that the engine's supervisor starts it afresh",
+      );
+      clearInterval(watch);
+      control.close();
+      await running.stop();
+      flush();
+      process.exit(1);
+    }
+  };
 
-    /** legacyRestart is the restart of a daemon run inside a test process (options.restart): drain, stop, call it. */
-    const legacyRestart = async (drainTimeoutS: number, restart: () => Error | undefined): Promise<void> => {
-      await Bun.sleep(10);
-      await services.drain(Date.now() + drainTimeoutS * 1000);
-      handingOver = true;
-      await runCleanups();
-      exitIfFailed(restart());
-    };
+  /** legacyRestart is the restart of a daemon run inside a test process (options.restart): drain, stop, call it. */
+  const legacyRestart = async (drainTimeoutS: number, restart: () => Error | undefined): Promise<void> => {
+    await Bun.sleep(10);
+    await bus.get("services").drain(Date.now() + drainTimeoutS * 1000);
+    handingOver = true;
+    await running.stop();
+    exitIfFailed(restart());
+  };
 
-    const daemon: DaemonControl = {
-      requestRestart(drainTimeoutS) {
-        if (restarting) throw new AppError("draining", "a restart is already under way");
-        log.info({ drain_timeout_s: drainTimeoutS }, "restart requested: draining");
-        restarting = options.restart
-          ? legacyRestart(drainTimeoutS, options.restart)
-          : restartByHandover({ drainTimeoutS, image: SAME_IMAGE, upgrade: null });
-      },
-      async requestUpgrade(request): Promise<UpgradeAccepted> {
-        if (restarting) throw new AppError("draining", "a restart or an upgrade is already under way");
-        if (options.restart || !runsCompiled()) {
+  const daemon: DaemonControl = {
+    requestRestart(drainTimeoutS) {
+      if (restarting) throw new AppError("draining", "a restart is already under way");
+      log.info({ drain_timeout_s: drainTimeoutS }, "restart requested: draining");
+      restarting = options.restart
+        ? legacyRestart(drainTimeoutS, options.restart)
+        : restartByHandover({ drainTimeoutS, image: SAME_IMAGE, upgrade: null });
+    },
+    async requestUpgrade(request): Promise<UpgradeAccepted> {
+      if (restarting) throw new AppError("draining", "a restart or an upgrade is already under way");
+      if (options.restart || !runsCompiled()) {
+        throw new AppError(
+          "not_supported",
+          "`engine upgrade` replaces the compiled binary, and this engine runs from source (bun cli/engine.ts): update the checkout and run `engine restart` instead",
+        );
+      }
+      let staging!: () => void;
+      restarting = new Promise<void>((resolve) => {
+        staging = resolve;
+      });
+      let staged: StagedUpgrade;
+      try {
+        const target = runningBinary();
+        staged = await stageUpgrade(request.binary, target, appliedMigrations(ctx.store));
+        try {
+          staged.swap();
+        } catch (error) {
+          staged.discard();
           throw new AppError(
-            "not_supported",
-            "`engine upgrade` replaces the compiled binary, and this engine runs from source (bun cli/engine.ts): update the checkout and run `engine restart` instead",
+            "binary_invalid",
+            `cannot put the new binary in place of ${target}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`,
+            { loc: ["body", "binary"] },
           );
         }
-        let staging!: () => void;
-        restarting = new Promise<void>((resolve) => {
-          staging = resolve;
-        });
-        let staged: StagedUpgrade;
-        try {
-          const target = runningBinary();
-          staged = await stageUpgrade(request.binary, target, appliedMigrations(db));
-          try {
-            staged.swap();
-          } catch (error) {
-            staged.discard();
-            throw new AppError(
-              "binary_invalid",
-              `cannot put the new binary in place of ${target}: ${(error as NodeJS.ErrnoException).code ?? (error as Error).message}`,
-              { loc: ["body", "binary"] },
-            );
-          }
-        } catch (error) {
-          restarting = undefined;
-          staging();
-          throw error;
-        }
-        log.info(
-          {
-            from_version: VERSION,
-            to_version: staged.facts.cli,
-            binary: staged.target,
-            previous: staged.previous,
-            drain_timeout_s: request.drain_timeout_s,
-          },
-          "upgrade requested: the new binary is in place; draining",
-        );
-        restarting = restartByHandover({
-          drainTimeoutS: request.drain_timeout_s,
-          image: staged.target,
-          upgrade: { staged, healthTimeoutS: request.health_timeout_s },
-        });
+      } catch (error) {
+        restarting = undefined;
         staging();
-        return {
+        throw error;
+      }
+      log.info(
+        {
           from_version: VERSION,
           to_version: staged.facts.cli,
           binary: staged.target,
           previous: staged.previous,
-          store_schema: staged.facts.store_schema,
-        };
-      },
-    };
-
-    const requireProxy = (): ProxyController => {
-      if (!proxyHolder.controller) throw new AppError("draining", "the proxy is starting; try again in a moment");
-      return proxyHolder.controller;
-    };
-    // Where browsers reach the engine, known once the listener is up (port 0 in tests).
-    let browserUrl: string | undefined;
-    const linkIdentity = new IdentityStore(config.dataDir, clock);
-    // The tunnel to the console (the relay) answers with the MCP endpoint and the API, both
-    // made below; it starts once they are up.
-    const relayed: { mcp?: McpEndpoint; api?: ReturnType<typeof createApi> } = {};
-    const tunnel = new TunnelClient({
-      identity: linkIdentity,
-      log,
-      clock,
-      ...options.tunnel,
-      handlers: {
-        async tools() {
-          const answer = await relayed.mcp!.relay("tools/list", {}, { principal: assistantPrincipal(LISTING), owner: "relay" });
-          if ("error" in answer) throw new Error(answer.error.message);
-          return answer.result.tools as never;
+          drain_timeout_s: request.drain_timeout_s,
         },
-        gpus: () =>
-          gpus
-            .snapshot()
-            .devices.slice(0, 64)
-            .map((device) => ({
-              index: device.index,
-              name: device.name.slice(0, 128),
-              memory_total_mb: device.memory_total_mb,
-              mig_profile: device.mig_profile,
-            })),
-        async call(node, message) {
-          const refusal = checkAssertion(message.assertion, node, clock.now());
-          if (refusal) return { error: refusal };
-          const answer = await relayed.mcp!.relay(
-            "tools/call",
-            { name: message.tool, arguments: message.arguments },
-            { principal: assistantPrincipal(message.assertion), owner: `grant:${message.assertion.grant_id}` },
-          );
-          return answer;
-        },
-        async vcsToken(message) {
-          // The same route, validation and log line as the HTTP push, as the link itself.
-          const request = new Request("http://localhost/api/link/vcs-token", {
-            method: "PUT",
-            headers: { "content-type": "application/json", accept: "application/json" },
-            body: JSON.stringify(message.push ?? null),
-          });
-          relayed.api!.actAs(request, LINK_PRINCIPAL);
-          const response = await relayed.api!.app.handle(request);
-          const text = await response.text();
-          let body: unknown = null;
-          try {
-            body = text ? JSON.parse(text) : null;
-          } catch {
-            body = { error: { code: "internal", message: `the engine answered ${response.status} with a body that is not JSON` } };
-          }
-          return { status: response.status, body };
-        },
-      },
-    });
-    const api = createApi({
-      baseUrl: () => browserUrl,
-      linkIdentity: () => linkIdentity.read(),
-      linkTunnel: () => tunnel.status(),
-      log,
-      version: VERSION,
-      startedAt,
-      tokens,
-      templates,
-      vcs,
-      proxy: {
-        status: () => requireProxy().status(),
-        addDomain: (service, domain, prefix) => requireProxy().addDomain(service, domain, prefix),
-        removeDomain: (service, domain) => requireProxy().removeDomain(service, domain),
-      },
-      services,
-      daemon,
-      metrics,
-      closing: closing.signal,
-      ready: () => checkReady({ dataDir: config.dataDir, db, logSinks: sinks }),
-    });
+        "upgrade requested: the new binary is in place; draining",
+      );
+      restarting = restartByHandover({
+        drainTimeoutS: request.drain_timeout_s,
+        image: staged.target,
+        upgrade: { staged, healthTimeoutS: request.health_timeout_s },
+      });
+      staging();
+      return {
+        from_version: VERSION,
+        to_version: staged.facts.cli,
+        binary: staged.target,
+        previous: staged.previous,
+        store_schema: staged.facts.store_schema,
+      };
+    },
+  };
 
-    // MCP for assistants lives beside the API on its port, outside /api and its contract
-    // (decision 200): its tool calls go into the API app in-process, as the caller.
-    const mcp = new McpEndpoint({
-      tokens,
-      dispatch: (request, principal) => {
-        if (principal) api.actAs(request, principal);
-        return api.app.handle(request);
-      },
-      log,
-      clock,
-      version: VERSION,
-      hostname: config.proxy.hostname,
-      listenHost: config.host,
-      allowedHosts: config.mcpAllowedHosts,
-    });
-    mcp.start();
-    cleanups.push(() => mcp.stop());
-    relayed.mcp = mcp;
-    relayed.api = api;
-    listeners ??= ApiListeners.bind({ host: config.host, port: config.port, socketPath: config.socketPath, log });
-    const bound = listeners;
-    cleanups.push(() => bound.close());
-    bound.serve(
-      (request) => (mcp.handles(pathOf(request.url)) ? mcp.fetch(request) : api.app.handle(withRoutableUrl(request))),
-      (raw) => {
-        const request = withRoutableUrl(raw);
-        api.markLocal(request);
-        return api.app.handle(request);
-      },
-    );
-    const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
-    browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${bound.port}`;
+  const services = servicesModule(modesBefore, options.decorateServices);
+  const api = apiModule({ startedAt, daemon, closing: closing.signal, logSinks: sinks, tunnel: options.tunnel });
+  const proxy = proxyModule({ proxied: taking?.role.standin !== true, handingOver: () => handingOver, command: options.proxyCommand });
+  // The order is the start's: a successor binds the API's listeners and the shims' notify
+  // socket first and holds the requests that arrive from its switch on until its modules are
+  // up (decision 360); the services adopt the workloads before sampling and the API start.
+  await running.start([
+    { name: "log", start() {}, stop: flush } satisfies Module,
+    rejectionGuard(),
+    supervisorModule(),
+    localCaModule(),
+    ...(taking ? [takeOverModule(taking)] : []),
+    storeModule((opened) => {
+      store = opened;
+    }),
+    tokensModule(),
+    catalogModule(),
+    metricsModule(),
+    services,
+    samplingModule(),
+    api,
+    linkModule(),
+    proxy,
+  ]);
 
-    // A linked engine keeps its hosted base domain current; unlinked, the refresher does nothing.
-    const linkMetadata = new MetadataRefresher({ identity: new IdentityStore(config.dataDir, clock), log });
-    linkMetadata.start();
-    cleanups.push(() => linkMetadata.stop());
-    // Linked or not: an unlinked engine's tunnel waits for an identity (`engine link` while it runs).
-    tunnel.start();
-    cleanups.push(() => tunnel.stop());
+  const port = bus.get("listeners").port;
+  const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
+  log.info(
+    { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: bus.get("templates").list().length },
+    "listening",
+  );
 
-    const port = bound.port;
-    // A stand-in leaves the proxy processes of the engine it stands in for serving their last
-    // routes: the re-executed engine retires them once its own have bound (decision 368).
-    const proxied = taking?.role.standin !== true;
-    const acmeConfig = config.proxy.acme;
-    const acme =
-      acmeConfig && proxied
-        ? new AcmeIssuer({
-            directoryUrl: acmeConfig.directoryUrl,
-            email: acmeConfig.email,
-            eab: acmeConfig.eab,
-            dir: join(pkiDirectory(config.dataDir), "acme"),
-            directoryCa: acmeConfig.directoryCaFile ? readFileSync(acmeConfig.directoryCaFile, "utf8") : undefined,
-            log,
-            clock,
-            onChallenge: (token, keyAuthorization) => proxyHolder.controller?.setChallenge(token, keyAuthorization),
-            onCertificate: (domain, certificate) => proxyHolder.controller?.acceptAcmeCertificate(domain, certificate),
-          })
-        : null;
-    const mdns =
-      proxied && config.proxy.enabled && config.proxy.mdns !== "off" ? new MdnsPublisher({ backend: config.proxy.mdns, log }) : null;
-    await mdns?.start();
-    const proxy = new ProxyController({
-      config: config.proxy,
-      dataDir: config.dataDir,
-      apiPort: port,
-      db,
-      services,
-      log,
-      clock,
-      certificates: new LeafCertificates({
-        ca,
-        dir: leavesDirectory(config.dataDir),
-        clock,
-        lifetimeMs: config.proxy.leafLifetimeMs,
-      }),
-      describeCa,
-      acme,
-      mdns,
-      command: options.proxyCommand,
-    });
-    if (proxied) {
-      proxyHolder.controller = proxy;
-      cleanups.push(() => (handingOver ? proxy.handOver() : proxy.stop()));
-      await proxy.start();
-    }
-    const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
-    log.info(
-      { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: templates.list().length },
-      "listening",
-    );
-
-    // A successor tells its predecessor it serves; a stand-in then waits for its parent,
-    // re-executed in place, to take the work back (decision 361).
-    let standinControl: ControlSocket | null = null;
-    if (taking) {
-      const { role, channel } = taking;
-      if (role.standin) standinControl = new ControlSocket(config.dataDir);
-      channel.send({ type: "active", control: standinControl?.path ?? null });
-      channel.close();
-      if (standinControl) void standIn(standinControl, taking.order.drain_ms);
-      for (const pid of role.peerPids) void reapWhenGone(pid, PEER_REAP_MS);
-    }
-
-    let stopped = false;
-    return {
-      config,
-      url,
-      browserUrl,
-      port,
-      socketPath: config.socketPath,
-      log,
-      proxy,
-      metrics,
-      get restarting() {
-        return restarting;
-      },
-      get keptRunning() {
-        return keptRunning;
-      },
-      standin: standinControl !== null,
-      async stop() {
-        if (stopped) return;
-        stopped = true;
-        await runCleanups();
-        standinControl?.close();
-      },
-    };
-  } catch (error) {
-    await runCleanups();
-    throw error;
+  // A successor tells its predecessor it serves; a stand-in then waits for its parent,
+  // re-executed in place, to take the work back (decision 361).
+  let standinControl: ControlSocket | null = null;
+  if (taking) {
+    const { role, channel } = taking;
+    if (role.standin) standinControl = new ControlSocket(config.dataDir);
+    channel.send({ type: "active", control: standinControl?.path ?? null });
+    channel.close();
+    if (standinControl) void standIn(standinControl, taking.order.drain_ms);
+    for (const pid of role.peerPids) void reapWhenGone(pid, PEER_REAP_MS);
   }
+
+  let stopped = false;
+  return {
+    config,
+    url,
+    browserUrl: api.browserUrl as string,
+    port,
+    socketPath: config.socketPath,
+    log,
+    proxy: proxy.controller as ProxyController,
+    metrics: bus.get("metrics"),
+    get restarting() {
+      return restarting;
+    },
+    get keptRunning() {
+      return services.keptRunning;
+    },
+    standin: standinControl !== null,
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      await running.stop();
+      standinControl?.close();
+    },
+  };
+}
+
+/**
+ * takeOverModule is a successor's side of the switch (decision 360): it binds the API's
+ * listeners and the shims' notify socket, says it switched, and waits for its predecessor to
+ * release the modules it starts next.
+ */
+function takeOverModule(taking: Taking): Module {
+  let listeners: ApiListeners | null = null;
+  return {
+    name: "take-over",
+    async start({ config, log, bus }) {
+      listeners = bus.provide(
+        "listeners",
+        ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log }),
+      );
+      bus.get("supervisor").bindNotify();
+      taking.channel.send({ type: "switched" });
+      await awaitRelease(taking, log);
+    },
+    stop() {
+      listeners?.close();
+    },
+  } satisfies Module;
 }

@@ -18,6 +18,7 @@ export {
   type RestoreResult,
   type RestoreTarget,
 } from "./restore";
+export { type DatabaseRouteDeps, databaseRoutes } from "./routes";
 export { SQLITE_DATABASE_FILE, SqliteEngine, sqliteFile } from "./sqlite";
 export { assertTools, asUser, firstUnreachable, freeTcpPort, lookupUser, type RunAs } from "./tools";
 export {

@@ -35,6 +35,7 @@ export {
   queueOrder,
   type WaitingRequest,
 } from "./placement";
+export { type GpuRouteDeps, gpuRoutes } from "./routes";
 export {
   findGpuOom,
   findPermissionDenied,

@@ -1,3 +1,4 @@
+import { inheritedEnv } from "../config";
 import { asWorkloadUser } from "../users";
 import type { HealthSpec, ProbeResult, ProbeTarget } from "./spec";
 
@@ -17,8 +18,6 @@ const EXEC_OUTPUT_LIMIT = 4096;
 /** How long an exec probe waits for its pipes to close after the process group is gone (a child that escaped the group may hold them). */
 const PIPE_GRACE_MS = 100;
 const DETAIL_LIMIT = 200;
-/** The daemon's variables an exec probe inherits; the service's own come from ProbeTarget.env. */
-const INHERITED_ENV = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR"];
 
 interface Outcome {
   ok: boolean;
@@ -189,7 +188,7 @@ async function probeExec(spec: HealthSpec, target: ProbeTarget, deadline: Deadli
   try {
     proc = Bun.spawn(asWorkloadUser(target.user ?? null, argv), {
       cwd: target.cwd,
-      env: { ...inheritedEnv(), ...target.env },
+      env: { ...inheritedEnv(target.inherited), ...target.env },
       stdin: "ignore",
       stdout: "pipe",
       stderr: "pipe",
@@ -262,15 +261,6 @@ function describeNetworkError(error: unknown, host: string, port: number): strin
   if (code === "ENOTFOUND") return `getaddrinfo ENOTFOUND ${host}`;
   if (typeof code === "string" && /^E[A-Z]+$/.test(code)) return `connect ${code} ${host}:${port}`;
   return errorMessage(error);
-}
-
-function inheritedEnv(): Record<string, string> {
-  const env: Record<string, string> = {};
-  for (const name of INHERITED_ENV) {
-    const value = process.env[name];
-    if (value !== undefined) env[name] = value;
-  }
-  return env;
 }
 
 function urlHost(host: string): string {

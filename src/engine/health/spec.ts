@@ -30,8 +30,10 @@ export interface ProbeTarget {
   host: string;
   port: number | null;
   cwd?: string;
-  /** env is the environment of exec probes, on top of the daemon's PATH, HOME, USER, LOGNAME, LANG and TMPDIR. */
+  /** env is the environment of exec probes, on top of what they inherit of the daemon's (inheritedEnv: PATH, HOME, LANG, ...). */
   env?: Record<string, string>;
+  /** inherited is the daemon's environment exec probes inherit from (config.workloadEnv); this process's by default. */
+  inherited?: Record<string, string | undefined>;
   /** user runs exec probes as the workload's user (through setpriv); null or absent: the engine's own user. */
   user?: WorkloadUser | null;
 }

@@ -16,6 +16,7 @@ export {
 } from "./client";
 export { IDENTITY_FILE, IdentityStore, LINK_DIR, type LinkClaim, type LinkedNode, type NodeIdentity } from "./identity";
 export { METADATA_REFRESH_MS, METADATA_RETRY_MS, MetadataRefresher, type RefreshOutcome } from "./refresh";
+export { type LinkRouteDeps, linkRoutes } from "./routes";
 export {
   type AssertionRefusal,
   assistantPrincipal,

@@ -17,6 +17,7 @@ export { MetricsCollector, type Sample, type ServiceSample } from "./collector";
 export { RESTORE_BOUNDS_S, renderEngineMetrics, SERVICE_STATUSES } from "./exposition";
 export { History } from "./history";
 export { ownCpuTicks, parseStatLine, scanProcesses, sessionOfPid } from "./procfs";
+export { type MetricsRouteDeps, metricsRoutes } from "./routes";
 
 /** RESTARTING_STATUSES are those a service enters when the restart policy restarts it. */
 const RESTARTING_STATUSES = new Set(["restarting", "retrying"]);

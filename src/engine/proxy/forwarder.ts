@@ -2,6 +2,7 @@ import type { Socket, SocketHandler } from "bun";
 import {
   type BodyFraming,
   ChunkedDecoder,
+  type Forwarding,
   fieldValue,
   isIdempotent,
   type LocalAnswer,
@@ -249,6 +250,8 @@ export class ClientConnection {
   lastActive: number;
   /** address is the client's IP address, read once: the socket's getter makes a new string each time. */
   readonly address: string;
+  /** forwarding is what the requests of this connection are forwarded with (one object per connection, not per request). */
+  readonly forwarding: Forwarding;
 
   constructor(
     readonly socket: Socket<ClientConnection>,
@@ -257,6 +260,7 @@ export class ClientConnection {
   ) {
     this.lastActive = forwarder.now;
     this.address = socket.remoteAddress;
+    this.forwarding = { clientAddress: this.address, scheme, fields: { host: null, text: "" } };
   }
 
   /** idle is true between requests: nothing in flight, nothing half-received. */
@@ -508,7 +512,7 @@ class Exchange implements UpstreamOwner {
     private readonly startedAt: number,
   ) {
     this.requestBytes = headBytes;
-    this.requestHead = wire(serializeRequestHead(head, { clientAddress: client.address, scheme: client.scheme }));
+    this.requestHead = wire(serializeRequestHead(head, client.forwarding));
     const framing = head.framing;
     this.requestDone = framing.kind === "none";
     if (framing.kind === "length") this.requestRemaining = framing.length;
@@ -779,7 +783,7 @@ class Exchange implements UpstreamOwner {
     this.upstream = null;
     if (connection !== null) {
       const reusable = (this.response?.keepAlive ?? false) && this.responseFraming.kind !== "close" && this.requestDone && !this.leftover;
-      if (reusable) this.client.forwarder.pool.release(connection);
+      if (reusable) this.client.forwarder.pool.release(connection, this.client.forwarder.now);
       else connection.destroy();
     }
     this.client.exchangeDone(this.closeClient);

@@ -1,4 +1,5 @@
 import { InputError } from "../../lib/validation";
+import { inheritedEnv } from "../config";
 
 /** BoundService is what a binding needs to know of the service it binds to. */
 export interface BoundService {
@@ -97,9 +98,6 @@ export function assertNoBindingCycle(name: string, bindings: string[], graph: Ma
   }
 }
 
-/** PASSED_THROUGH are the daemon's variables a workload inherits; everything else is explicit. */
-export const PASSED_THROUGH = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME"];
-
 export interface RunEnvInput {
   base: Record<string, string | undefined>;
   engine: Record<string, string>;
@@ -110,17 +108,13 @@ export interface RunEnvInput {
 }
 
 /**
- * assembleRunEnv layers a run's environment, later layers winning: the daemon's pass-through
- * variables, the engine's (PORT, SERVICE_DATA_DIR, ...), binding variables, the deploy's env,
+ * assembleRunEnv layers a run's environment, later layers winning: the daemon's variables
+ * workloads inherit (inheritedEnv), the engine's (PORT, SERVICE_DATA_DIR, ...), binding variables, the deploy's env,
  * its secrets, and last the GPU assignment, which no one may override. It returns the keys
  * it injected (never values) for Diagnosis.
  */
 export function assembleRunEnv(input: RunEnvInput): { env: Record<string, string>; injectedKeys: string[] } {
-  const env: Record<string, string> = {};
-  for (const key of PASSED_THROUGH) {
-    const value = input.base[key];
-    if (value !== undefined) env[key] = value;
-  }
+  const env = inheritedEnv(input.base);
   const injected = new Set<string>();
   for (const layer of [input.engine, input.bindings, input.env, input.secrets, input.gpu]) {
     for (const [key, value] of Object.entries(layer)) {

@@ -11,9 +11,11 @@ import type {
 import type { Principal } from "../auth";
 import type { LogCursor, LogRecord } from "./logs";
 
+export { describeExit } from "../scheduler/exit";
 export { followLog, formatCursor, type LogCursor, type LogRecord, parseCursor, parseLogLine, tailLog, tailRecords } from "./logs";
-export { describeExit, type ManagerOptions, ServiceManager } from "./manager";
+export { type ManagerOptions, ServiceManager } from "./manager";
 export { decideAfterExit, defaultRestartPolicy, type RestartPolicy, type RestartState } from "./restart-policy";
+export { type ServiceRouteDeps, serviceRoutes } from "./routes";
 export { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 export { ServiceStore } from "./store";
 

@@ -30,37 +30,28 @@ import {
   type RunAs,
   type ServerControl,
 } from "../databases";
-import { buildDiagnosis, causeRule, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "../diagnose";
-import {
-  checkPossible,
-  describeAllocation,
-  findGpuOom,
-  findPermissionDenied,
-  type GpuAllocation,
-  type GpuInventory,
-  type GpuRequest,
-  planPlacement,
-} from "../gpu";
-import { HealthMonitor, type HealthState } from "../health";
+import { checkPossible, type GpuInventory, type GpuRequest } from "../gpu";
 import type { VcsTokenStore } from "../link";
+import {
+  describeExit,
+  type Holding,
+  type PendingService,
+  planLaunches,
+  RETRY_SOON_MS,
+  type RunnerHost,
+  ServiceRunner,
+  userEnv,
+} from "../scheduler";
 import { type ExitRecord, processTreeUsage, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
 import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
+import { buildDiagnosis, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceDirectory } from "./index";
 import { followLog, type LogCursor, type LogRecord, tailLog, tailRecords } from "./logs";
-import { decideAfterExit, EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
+import { EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
-import {
-  EMPTY_FORENSICS,
-  type Forensics,
-  type GpuHold,
-  handleOf,
-  type RunRow,
-  type ServiceRow,
-  type ServiceStore,
-  type VersionRow,
-} from "./store";
+import { EMPTY_FORENSICS, handleOf, type ServiceRow, type ServiceStore, type VersionRow } from "./store";
 
 /** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
@@ -68,8 +59,6 @@ const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
 const ENDED_STATUSES = new Set(["completed", "failed", "cancelled", "stopped"]);
 /** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
 const GPU_REFRESH_MS = 60_000;
-/** SETTLE_RETRY_MS is how often an exit the store refused (a full disk) is tried again. */
-const SETTLE_RETRY_MS = 1000;
 /** BUILDS_DIR is the folder of data/ that holds build checkouts; no service name starts with a dot. */
 const BUILDS_DIR = ".builds";
 /** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
@@ -101,68 +90,18 @@ export interface ManagerOptions {
   onRestoreEnded?: (service: string, dump: LastDump) => void;
 }
 
-/** READY_POLL_MS bounds how often a starting database is asked whether it accepts connections. */
-const READY_POLL_MS = { first: 50, max: 1000 };
-
-/** Runtime is the in-memory part of a service: timers, monitors and the live run's handle. */
-interface Runtime {
-  handle: RunHandle | null;
-  gpuHold: GpuHold | null;
-  health: HealthMonitor | null;
-  healthState: HealthState | null;
-  healthKill: boolean;
-  retryTimer: ReturnType<typeof setTimeout> | null;
-  build: AbortController | null;
-  /** stopping is set while a user's stop, restart, redeploy or delete ends the run on purpose. */
-  stopping: boolean;
-  exitWaiters: (() => void)[];
-  bindingMessages: string[];
-  pendingEnvKeys: string[];
-  envSource: string;
-  launching: boolean;
-  /** launched settles when the launch under way has started its process (or failed): a stop waits for it. */
-  launched: Promise<void> | null;
-  /** forcedKill is set when a stop had to end the run with SIGKILL after stop_timeout_s. */
-  forcedKill: boolean;
-  /** stopMethod says how the latest purposeful stop asked the process to end ("SIGTERM", "pg_ctl stop -m fast"). */
-  stopMethod: string | null;
-  /** setup aborts a database's initialization when the service is stopped or deleted meanwhile. */
-  setup: AbortController | null;
-  /** user is who the live run (and so its exec probes) runs as; null: the engine's own user. */
-  user: WorkloadUser | null;
-}
-
-function newRuntime(): Runtime {
-  return {
-    handle: null,
-    gpuHold: null,
-    health: null,
-    healthState: null,
-    healthKill: false,
-    retryTimer: null,
-    build: null,
-    stopping: false,
-    exitWaiters: [],
-    bindingMessages: [],
-    pendingEnvKeys: [],
-    envSource: "none",
-    launching: false,
-    launched: null,
-    forcedKill: false,
-    stopMethod: null,
-    setup: null,
-    user: null,
-  };
-}
-
 /**
  * ServiceManager is the one coordinator of services, in the manner of Headscale's state
- * package: deploys, control actions, scheduling (bindings, caps, GPU placement), the restart
- * policy, health and builds all go through it, and it writes every change to the store
- * before acting on it so that a daemon that dies at any point can reconcile on start.
+ * package: deploys, versions and builds, control actions, deletes and reads all go through
+ * it, and it writes every change to the store before acting on it so that a daemon that dies
+ * at any point can reconcile on start. Running is the scheduler's (src/engine/scheduler): the
+ * manager gathers a placement pass's inputs and applies planLaunches' plan, and each service's
+ * ServiceRunner launches (through the prestart hooks), stops, watches health and settles exits
+ * (scheduler/exit.ts). The manager gives the runners the engine's directories, users, secrets,
+ * bound services and logs through one RunnerHost.
  */
 export class ServiceManager implements ServiceDirectory {
-  private readonly runtimes = new Map<string, Runtime>();
+  private readonly runners = new Map<string, ServiceRunner>();
   private scheduleQueued = false;
   private draining = false;
   private stopped = false;
@@ -177,8 +116,11 @@ export class ServiceManager implements ServiceDirectory {
   private readonly users: ServiceUsers;
   private readonly switchUsers: boolean;
 
+  private readonly host: RunnerHost;
+
   constructor(options: ManagerOptions) {
     this.o = options;
+    this.host = this.makeHost();
     this.users = options.users ?? new ServiceUsers();
     this.switchUsers = options.switchUsers ?? canSwitchUsers();
     this.databases = options.databases ?? new DatabaseEngines();
@@ -193,13 +135,49 @@ export class ServiceManager implements ServiceDirectory {
     options.supervisor.onExit((handle, exit) => this.onRunExit(handle, exit));
   }
 
-  private runtime(id: string): Runtime {
-    let runtime = this.runtimes.get(id);
-    if (!runtime) {
-      runtime = newRuntime();
-      this.runtimes.set(id, runtime);
+  /** runner is a service's ServiceRunner, made on first use. */
+  private runner(id: string): ServiceRunner {
+    let runner = this.runners.get(id);
+    if (!runner) {
+      runner = new ServiceRunner(id, {
+        store: this.o.store,
+        supervisor: this.o.supervisor,
+        log: this.o.log,
+        clock: this.o.clock,
+        host: this.host,
+        changed: (serviceId) => this.changed(serviceId),
+        schedule: () => this.schedule(),
+        exited: (runId, exit) => {
+          this.unsettled.set(runId, exit);
+          this.settlePending();
+        },
+        handedOver: () => this.stopped,
+      });
+      this.runners.set(id, runner);
     }
-    return runtime;
+    return runner;
+  }
+
+  /** host is what the runners and their launch hooks read of the engine: directories, users, secrets, bound services, logs. */
+  private makeHost(): RunnerHost {
+    return {
+      baseEnv: this.o.env,
+      serviceDataDir: (name) => this.serviceDataDir(name),
+      serviceDir: (serviceId) => this.serviceDir(serviceId),
+      ensureDir: (dir, mode) => this.ensureDir(dir, mode),
+      dataDirMode: (spec) => this.dataDirMode(spec),
+      findService: (name) => this.o.store.findService(name),
+      boundService: (service) => this.boundService(service),
+      openSecrets: (version) => this.openSecrets(version),
+      workloadUser: (serviceId) => this.workloadUser(serviceId),
+      fileBindingGroups: (spec) => this.fileBindingGroups(spec),
+      appendLog: (serviceId, line) => this.appendLog(serviceId, line),
+      database: (service) => this.databaseOf(service),
+      logFile: (serviceId) => this.logFile(serviceId),
+      runOutput: (serviceId, run) =>
+        tailLog(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles).filter((line) => line.ts >= run.started_at.replace(/Z$/, "")),
+      crashCause: (service, version, output) => this.logCauseOf(service, version, output),
+    };
   }
 
   private now(): Date {
@@ -221,7 +199,6 @@ export class ServiceManager implements ServiceDirectory {
     }, GPU_REFRESH_MS);
     this.gpuTimer.unref?.();
     for (const service of this.o.store.listServices()) {
-      const runtime = this.runtime(service.id);
       const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
       if (run && run.ended_at === null) {
         // A run recorded before its shim reported: find the shim through the run directory.
@@ -229,10 +206,6 @@ export class ServiceManager implements ServiceDirectory {
         if (run.shim_pid === null) this.o.store.recordRunProcesses(run.id, handle);
         const adopted = this.o.supervisor.adopt(handle);
         if (adopted.state === "running") {
-          runtime.handle = handle;
-          runtime.gpuHold = run.gpus;
-          runtime.user = this.recordedUser(service);
-          this.o.log.info({ service: service.name, workload_pid: handle.pid }, "adopted a running service");
           if (this.switchUsers && !service.run_as && this.serverUserOf(this.currentSpec(service).spec) === null) {
             // Started by an older engine, which ran Redis and SQLite services (and every service before decision 117) as root.
             this.o.log.warn(
@@ -240,15 +213,7 @@ export class ServiceManager implements ServiceDirectory {
               "this service was started as root by an older engine: restart it to run it as its own user",
             );
           }
-          const database = this.databaseOf(service);
-          if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
-            // It was still starting: it is running once it accepts connections, as at launch.
-            void this.awaitDatabaseReady(service.id, run.id, database.adapter, database.instance);
-            continue;
-          }
-          if (service.status === "scheduled") this.update(service.id, { status: "running", status_message: null });
-          if (service.desired_state === "stopped") void this.stopRun(service.id, "stopped");
-          else if (service.status !== "paused") this.startHealth(service.id);
+          this.runner(service.id).adopt(service, run, handle, this.recordedUser(service));
           continue;
         }
         this.o.log.info({ service: service.name, exit: adopted.exit }, "a service ended while the daemon was away");
@@ -262,7 +227,7 @@ export class ServiceManager implements ServiceDirectory {
         if (latest?.build_result === "running") void this.runVersionBuild(service.id, latest.version);
         else this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       } else if ((service.status === "restarting" || service.status === "retrying") && service.restart_state.next_retry_at) {
-        this.armRetry(service.id, Date.parse(service.restart_state.next_retry_at) - this.now().getTime());
+        this.runner(service.id).armRetry(Date.parse(service.restart_state.next_retry_at) - this.now().getTime());
       } else if (!SETTLED_STATUSES.has(service.status)) {
         this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       }
@@ -281,12 +246,7 @@ export class ServiceManager implements ServiceDirectory {
     this.stopped = true;
     if (this.gpuTimer) clearInterval(this.gpuTimer);
     if (this.settleTimer) clearTimeout(this.settleTimer);
-    for (const runtime of this.runtimes.values()) {
-      if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
-      runtime.health?.stop();
-      runtime.build?.abort();
-      runtime.setup?.abort();
-    }
+    for (const runner of this.runners.values()) runner.handOver();
   }
 
   /** resumeAfterDrain takes deploys again after a restart that did not go through. */
@@ -299,7 +259,7 @@ export class ServiceManager implements ServiceDirectory {
   async drain(deadline: number): Promise<void> {
     this.draining = true;
     while (Date.now() < deadline) {
-      const launching = [...this.runtimes.values()].some((runtime) => runtime.launching);
+      const launching = [...this.runners.values()].some((runner) => runner.launching);
       const busy = this.o.store
         .listUnsettledServices()
         .some(
@@ -344,7 +304,7 @@ export class ServiceManager implements ServiceDirectory {
 
   record(service: ServiceRow): ServiceRecord {
     const { spec } = this.currentSpec(service);
-    const runtime = this.runtime(service.id);
+    const runner = this.runner(service.id);
     const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
     // An exit the store could not take yet (a full disk) is still an exit: no process is shown.
     const pendingExit = run ? this.unsettled.get(run.id) : undefined;
@@ -366,7 +326,7 @@ export class ServiceManager implements ServiceDirectory {
       secret_keys: spec.secret_keys,
       gpus: spec.gpus,
       gpu_memory_mb: spec.gpu_memory_mb,
-      gpu_devices: live ? (runtime.gpuHold?.visible_ids ?? run.gpus?.visible_ids ?? []) : [],
+      gpu_devices: live ? (runner.gpuHold?.visible_ids ?? run.gpus?.visible_ids ?? []) : [],
       memory_mb: spec.memory_mb,
       priority: spec.priority,
       restart: spec.restart,
@@ -385,17 +345,15 @@ export class ServiceManager implements ServiceDirectory {
   diagnose(ident: string): Diagnosis {
     const service = this.find(ident);
     const version = this.currentSpec(service);
-    const runtime = this.runtime(service.id);
+    const runner = this.runner(service.id);
     return buildDiagnosis({
       service,
       version,
       latest: this.o.store.latestVersion(service.id) ?? version,
       runs: this.o.store.lastRuns(service.id, 1),
-      // The monitor's own state is the latest; runtime.healthState is its last reported change.
-      healthState: runtime.health ? runtime.health.state() : LIVE_STATUSES.has(service.status) ? runtime.healthState : null,
-      bindingMessages: runtime.bindingMessages,
-      pendingEnvKeys: runtime.pendingEnvKeys,
-      envSource: runtime.envSource,
+      // The monitor's own state is the latest; the runner's healthState is its last reported change.
+      healthState: runner.healthNow(LIVE_STATUSES.has(service.status)),
+      ...runner.diagnosisInputs(),
       logs: tailLog(this.logFile(service.id), DIAGNOSIS_LOG_LINES, this.o.logMaxFiles),
       nowMs: this.now().getTime(),
       lastDump: this.o.store.getLastDump(service.id),
@@ -546,52 +504,6 @@ export class ServiceManager implements ServiceDirectory {
     spec.command = adapter.startCommand(instance);
   }
 
-  /**
-   * awaitDatabaseReady keeps a started database `scheduled` until its adapter says it accepts
-   * connections, then makes it `running` (and lets services bound to it start). It gives up
-   * only when the run ends or the daemon hands over: a server in crash recovery may take long.
-   */
-  private async awaitDatabaseReady(serviceId: string, runId: string, adapter: DatabaseEngine, instance: DatabaseInstance): Promise<void> {
-    const runtime = this.runtime(serviceId);
-    let delay = READY_POLL_MS.first;
-    let lastDetail = "";
-    const live = () => !this.stopped && runtime.handle?.runId === runId && this.o.supervisor.isWatching(runId);
-    while (live()) {
-      const result = await adapter
-        .ready(instance, new AbortController().signal)
-        .catch((error: Error) => ({ ready: false, detail: error.message }));
-      if (!live()) return;
-      if (result.ready) {
-        try {
-          await adapter.afterReady?.(instance, { log: (line) => this.appendLog(serviceId, line), signal: new AbortController().signal });
-        } catch (error) {
-          this.appendLog(serviceId, `after start: ${(error as Error).message}`);
-        }
-        if (!live()) return;
-        const service = this.o.store.getService(serviceId);
-        if (service?.status !== "scheduled") return;
-        this.update(serviceId, { status: "running", status_message: null });
-        // SQLite has no server and no port: it is ready at its file.
-        const where = adapter.hasServer ? null : (adapter.location?.(instance) ?? instance.dataDir);
-        this.appendLog(
-          serviceId,
-          where ? `${adapter.label} ready at ${where}` : `${adapter.label} accepts connections on ${instance.host}:${instance.port}`,
-        );
-        this.o.log.info({ service: instance.serviceName, engine: adapter.name }, where ? "database ready" : "database accepts connections");
-        this.startHealth(serviceId);
-        this.schedule(); // services bound to it may now start
-        return;
-      }
-      if (result.detail !== lastDetail) {
-        lastDetail = result.detail;
-        const waiting = adapter.hasServer ? `waiting for ${adapter.label} to accept connections` : `waiting for ${adapter.label}`;
-        this.update(serviceId, { status_message: `${waiting}: ${result.detail}` });
-      }
-      await Bun.sleep(delay);
-      delay = Math.min(READY_POLL_MS.max, delay * 2);
-    }
-  }
-
   /** appendLog writes one line from the engine (stream `engine`) into a service's log, in the shim's format. */
   appendLog(serviceId: string, line: string): void {
     this.ensureServiceDir(serviceId);
@@ -629,7 +541,7 @@ export class ServiceManager implements ServiceDirectory {
       },
       server: (serviceId: string): ServerControl => ({
         stop: async () => {
-          await this.stopRun(serviceId, "restore");
+          await this.runner(serviceId).stop("restore");
           this.update(serviceId, { status: "stopped", status_message: "stopped for a restore" });
         },
         start: async () => {
@@ -667,7 +579,7 @@ export class ServiceManager implements ServiceDirectory {
     const snapshot = this.o.gpus.snapshot();
     const holders = new Map<string, { service: string; whole: boolean; memory_mb: number }[]>();
     for (const service of this.o.store.listUnsettledServices()) {
-      const hold = this.runtimes.get(service.id)?.gpuHold;
+      const hold = this.runners.get(service.id)?.gpuHold;
       if (!hold) continue;
       for (const uuid of hold.device_uuids) {
         const list = holders.get(uuid) ?? [];
@@ -904,7 +816,7 @@ export class ServiceManager implements ServiceDirectory {
 
   /** rollTo ends the current run (if any, not counted as a restart) and schedules `version`. */
   private async rollTo(serviceId: string, version: number): Promise<void> {
-    await this.stopRun(serviceId, "redeployed");
+    await this.runner(serviceId).stop("redeployed");
     if (!this.o.store.getService(serviceId)) return;
     this.requeue(serviceId, { version, restart_state: EMPTY_RESTART_STATE });
   }
@@ -913,10 +825,8 @@ export class ServiceManager implements ServiceDirectory {
     const row = this.o.store.getVersion(serviceId, version);
     const service = this.o.store.getService(serviceId);
     if (!row?.spec.build || !service) return;
-    const runtime = this.runtime(serviceId);
-    runtime.build?.abort();
-    const controller = new AbortController();
-    runtime.build = controller;
+    const runner = this.runner(serviceId);
+    const controller = runner.beginBuild();
     const buildsDir = this.buildsDir(serviceId);
     const workDir = join(buildsDir, String(version));
     rmSync(workDir, { recursive: true, force: true });
@@ -932,20 +842,17 @@ export class ServiceManager implements ServiceDirectory {
       const user = await this.workloadUser(serviceId);
       if (user) chownSync(buildsDir, user.uid, user.gid);
       assertRepositoryReachable(row.spec.build.repo_url, user);
-      for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in row.spec.env)) env[key] = value;
+      for (const [key, value] of Object.entries(userEnv(user))) if (!(key in row.spec.env)) env[key] = value;
       result = await runBuild(row.spec.build, {
         workDir,
         logPath: join(this.serviceDir(serviceId), "build.log"),
         credential: credential ? { username: "x-access-token", password: credential.token } : null,
         env,
+        inherited: this.o.env,
         signal: controller.signal,
         user,
       });
     } catch (error) {
-      if (error instanceof RunNotRecorded) {
-        runtime.gpuHold = null;
-        throw error; // launchFailed: the service is still pending, and tried again a moment later
-      }
       result = {
         ok: false,
         commit: null,
@@ -955,7 +862,7 @@ export class ServiceManager implements ServiceDirectory {
         log_tail: [],
       };
     }
-    if (runtime.build === controller) runtime.build = null;
+    runner.endBuild(controller);
     if (controller.signal.aborted || this.stopped) return;
     this.o.store.updateBuild(serviceId, version, {
       build_result: result.ok ? "succeeded" : "failed",
@@ -985,15 +892,15 @@ export class ServiceManager implements ServiceDirectory {
 
   async control(ident: string, action: "start" | "stop" | "restart" | "pause" | "resume"): Promise<ServiceRecord> {
     const service = this.find(ident);
-    const runtime = this.runtime(service.id);
+    const runner = this.runner(service.id);
     switch (action) {
       case "stop":
         this.update(service.id, { desired_state: "stopped" });
-        runtime.setup?.abort(); // a database still initializing does not start
+        runner.abortSetup(); // a database still initializing does not start
         // A launch under way finishes first, so its process is known and stopped, not left running.
-        await runtime.launched;
-        await this.stopRun(service.id, "stopped");
-        this.cancelPending(service.id);
+        await runner.launched;
+        await runner.stop("stopped");
+        runner.cancelPending();
         this.update(service.id, { status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped by request" });
         break;
       case "start":
@@ -1004,26 +911,21 @@ export class ServiceManager implements ServiceDirectory {
         break;
       case "restart":
         if (service.status === "building") throw new AppError("invalid_transition", `${service.name} is building; wait for the build`);
-        await runtime.launched;
-        await this.stopRun(service.id, "restarted");
+        await runner.launched;
+        await runner.stop("restarted");
         this.requeue(service.id, {});
         break;
       case "pause":
         if (service.status !== "running" && service.status !== "degraded") {
           throw new AppError("invalid_transition", `${service.name} is ${service.status}; only a running service can be paused`);
         }
-        if (!runtime.handle || !this.o.supervisor.signal(runtime.handle, "SIGSTOP")) {
-          throw new AppError("invalid_transition", `${service.name} has no live process to pause`);
-        }
-        runtime.health?.stop();
-        runtime.health = null;
+        if (!runner.pause()) throw new AppError("invalid_transition", `${service.name} has no live process to pause`);
         this.update(service.id, { status: "paused", desired_state: "paused", status_message: "paused by request (SIGSTOP)" });
         break;
       case "resume":
         if (service.status !== "paused") throw new AppError("invalid_transition", `${service.name} is ${service.status}, not paused`);
-        if (runtime.handle) this.o.supervisor.signal(runtime.handle, "SIGCONT");
         this.update(service.id, { status: "running", desired_state: "running", status_message: null });
-        this.startHealth(service.id);
+        runner.resume();
         break;
     }
     // Whatever changed may free a slot (caps, GPUs) or satisfy a binding.
@@ -1039,11 +941,12 @@ export class ServiceManager implements ServiceDirectory {
       .filter((other) => other.id !== service.id && this.currentSpec(other).spec.bindings.includes(service.name))
       .map((other) => other.name);
     this.update(service.id, { desired_state: "stopped" });
-    this.runtime(service.id).setup?.abort();
-    await this.runtime(service.id).launched;
-    await this.stopRun(service.id, "deleted");
-    this.cancelPending(service.id);
-    this.runtimes.delete(service.id);
+    const runner = this.runner(service.id);
+    runner.abortSetup();
+    await runner.launched;
+    await runner.stop("deleted");
+    runner.cancelPending();
+    this.runners.delete(service.id);
     this.o.store.deleteService(service.id);
     this.changed(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
@@ -1055,7 +958,7 @@ export class ServiceManager implements ServiceDirectory {
 
   /** requeue puts a service back in the queue, as submitted now, to be scheduled. */
   private requeue(serviceId: string, patch: Partial<ServiceRow>): void {
-    this.cancelPending(serviceId);
+    this.runner(serviceId).cancelPending();
     this.update(serviceId, {
       desired_state: "running",
       status: "pending",
@@ -1064,70 +967,6 @@ export class ServiceManager implements ServiceDirectory {
       ...patch,
     });
     this.schedule();
-  }
-
-  private cancelPending(serviceId: string): void {
-    const runtime = this.runtime(serviceId);
-    if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
-    runtime.retryTimer = null;
-    runtime.build?.abort();
-    runtime.build = null;
-  }
-
-  /**
-   * stopRun ends the live run on purpose: SIGTERM to the process group (SIGCONT first if it
-   * is paused), then SIGKILL after the spec's stop timeout. It resolves when the shim has
-   * recorded the exit. Purposeful ends are not counted by the restart policy.
-   */
-  private async stopRun(serviceId: string, reason: string): Promise<void> {
-    const runtime = this.runtime(serviceId);
-    const handle = runtime.handle;
-    if (!handle || !this.o.supervisor.isWatching(handle.runId)) return;
-    const service = this.o.store.getService(serviceId);
-    const timeoutS = service ? this.currentSpec(service).spec.stop_timeout_s : 10;
-    runtime.stopping = true;
-    runtime.health?.stop();
-    runtime.health = null;
-    const ended = new Promise<void>((resolve) => runtime.exitWaiters.push(resolve));
-    const database = service ? this.databaseOf(service) : null;
-    const stopArgv = database ? safely(() => database.adapter.stopCommand(database.instance)) : null;
-    runtime.forcedKill = false;
-    runtime.stopMethod = stopArgv ? describeStopCommand(stopArgv) : "SIGTERM";
-    this.o.log.info({ service: service?.name, reason, method: runtime.stopMethod }, "stopping the service's process group");
-    // A paused process must run again to stop; a database's own stop command needs it awake too.
-    this.o.supervisor.signal(handle, "SIGCONT");
-    if (stopArgv && database) {
-      this.appendLog(serviceId, `stop: ${runtime.stopMethod}`);
-      void this.runStopCommand(serviceId, stopArgv, database.instance, handle);
-    } else {
-      this.o.supervisor.signal(handle, "SIGTERM");
-    }
-    const timer = setTimeout(() => {
-      if (!this.o.supervisor.signal(handle, "SIGKILL")) return;
-      runtime.forcedKill = true;
-      this.appendLog(serviceId, `stop: ${runtime.stopMethod} did not end the process within ${timeoutS} s (stop_timeout_s): sent SIGKILL`);
-      this.o.log.warn({ service: service?.name, method: runtime.stopMethod, timeout_s: timeoutS }, "clean stop timed out: killed");
-    }, timeoutS * 1000);
-    await ended;
-    clearTimeout(timer);
-    runtime.stopping = false;
-  }
-
-  /**
-   * runStopCommand runs a database's own clean stop (`pg_ctl stop -m fast`, ...). When it
-   * fails, SIGTERM is sent instead; SIGKILL still waits for stop_timeout_s either way.
-   */
-  private async runStopCommand(serviceId: string, argv: string[], instance: DatabaseInstance, handle: RunHandle): Promise<void> {
-    try {
-      const proc = Bun.spawn(argv, { env: instance.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-      const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
-      if (code === 0) return;
-      const why = `${out}\n${err}`.trim().split("\n").slice(-2).join(" | ");
-      this.appendLog(serviceId, `stop: ${describeStopCommand(argv)} failed (exit ${code}: ${why}); sending SIGTERM`);
-    } catch (error) {
-      this.appendLog(serviceId, `stop: could not run the stop command (${(error as Error).message}); sending SIGTERM`);
-    }
-    this.o.supervisor.signal(handle, "SIGTERM");
   }
 
   // ---------------------------------------------------------------- scheduling
@@ -1151,133 +990,61 @@ export class ServiceManager implements ServiceDirectory {
   }
 
   /**
-   * placementPass reads only the pending rows (the store's listPendingServices), and the live
-   * ones only when a pending service has a token cap or wants GPUs, the only rules that look at
-   * what others hold: a flood of batch jobs no longer makes every pass parse every live row.
-   * Its writes (the waits' messages, each launch's run record and `scheduled`) are one
-   * transaction, committed before the pass returns and before any of its launches spawns a
-   * process (decision 453).
+   * placementPass gathers what a pass needs from the store and the runners, plans it
+   * (scheduler/plan.ts) and applies the plan. It reads only the pending rows (the store's
+   * listPendingServices), and the live ones only when a pending service has a token cap or
+   * wants GPUs, the only rules that look at what others hold: a flood of batch jobs no longer
+   * makes every pass parse every live row. Its writes (the waits' messages, each launch's run
+   * record and `scheduled`) are one transaction, committed before the pass returns and before
+   * any of its launches spawns a process (decision 453).
    */
   private placementPass(): void {
-    const pending = this.o.store
-      .listPendingServices()
-      .filter((service) => !this.runtimes.get(service.id)?.launching)
-      .map((service) => ({ service, spec: this.currentSpec(service).spec }))
-      .sort(
-        (a, b) =>
-          b.spec.priority - a.spec.priority ||
-          Date.parse(a.service.submitted_at) - Date.parse(b.service.submitted_at) ||
-          (a.service.id < b.service.id ? -1 : 1),
-      );
-    if (pending.length === 0) return;
-    this.o.store.transaction(() => this.placePending(pending));
-  }
-
-  private placePending(pending: { service: ServiceRow; spec: ServiceSpec }[]): void {
-    const allocations: GpuAllocation[] = [];
-    const activeByOwner = new Map<string, { jobs: number; gpus: number }>();
-    const capped = pending.some(
-      ({ service, spec }) =>
-        service.owner.max_concurrent_jobs !== null || service.owner.max_gpus !== null || spec.gpus > 0 || spec.gpu_memory_mb > 0,
-    );
-    // Settled services (stopped, failed, completed, cancelled) hold nothing: leave them out.
-    for (const service of capped ? this.o.store.listUnsettledServices() : []) {
-      const runtime = this.runtimes.get(service.id);
-      if (runtime?.gpuHold) {
-        allocations.push({
-          request_id: service.id,
-          device_uuids: runtime.gpuHold.device_uuids,
-          whole: runtime.gpuHold.whole,
-          memory_mb: runtime.gpuHold.memory_mb,
-        });
-      }
-      if (LIVE_STATUSES.has(service.status) || runtime?.launching) {
-        const key = ownerKey(service);
-        const usage = activeByOwner.get(key) ?? { jobs: 0, gpus: 0 };
-        usage.jobs += 1;
-        usage.gpus += runtime?.gpuHold?.whole ? runtime.gpuHold.device_uuids.length : 0;
-        activeByOwner.set(key, usage);
-      }
-    }
-
-    const ready: { service: ServiceRow; spec: ServiceSpec }[] = [];
-    for (const entry of pending) {
-      const { service, spec } = entry;
-      const runtime = this.runtime(service.id);
+    const pending: PendingService[] = [];
+    const byId = new Map<string, ServiceRow>();
+    for (const service of this.o.store.listPendingServices()) {
+      if (this.runners.get(service.id)?.launching) continue;
+      byId.set(service.id, service);
+      const { spec } = this.currentSpec(service);
       const waiting = this.bindingWait(spec);
-      runtime.bindingMessages = waiting.messages;
-      runtime.pendingEnvKeys = waiting.pendingKeys;
-      if (waiting.messages.length > 0) {
-        this.setWaiting(service, waiting.messages.join("; "));
-        continue;
-      }
-      const usage = activeByOwner.get(ownerKey(service)) ?? { jobs: 0, gpus: 0 };
-      if (service.owner.max_concurrent_jobs !== null && usage.jobs >= service.owner.max_concurrent_jobs) {
-        this.setWaiting(
-          service,
-          `waiting for the token cap: ${usage.jobs} of max_concurrent_jobs ${service.owner.max_concurrent_jobs} running`,
-        );
-        continue;
-      }
-      if (service.owner.max_gpus !== null && usage.gpus + spec.gpus > service.owner.max_gpus) {
-        this.setWaiting(service, `waiting for the token cap: ${usage.gpus} GPUs held, max_gpus ${service.owner.max_gpus}`);
-        continue;
-      }
-      usage.jobs += 1;
-      usage.gpus += spec.gpus;
-      activeByOwner.set(ownerKey(service), usage);
-      ready.push(entry);
-    }
-
-    const devices = this.o.gpus.snapshot().devices;
-    const gpuRequests = ready
-      .filter(({ spec }) => spec.gpus > 0 || spec.gpu_memory_mb > 0)
-      .map(({ service, spec }) => this.gpuRequest(service.id, spec, Date.parse(service.submitted_at)));
-    const plan = gpuRequests.length > 0 ? planPlacement(devices, allocations, gpuRequests) : { placed: [], waiting: [] };
-    const placed = new Map(plan.placed.map((allocation) => [allocation.request_id, allocation]));
-    const waitingGpu = new Map(plan.waiting.map((waiting) => [waiting.request_id, waiting.message]));
-    for (const { service, spec } of ready) {
-      const needsGpu = spec.gpus > 0 || spec.gpu_memory_mb > 0;
-      const allocation = placed.get(service.id) ?? null;
-      if (needsGpu && !allocation) {
-        this.setWaiting(service, waitingGpu.get(service.id) ?? "waiting for GPUs");
-        continue;
-      }
-      let hold: GpuHold | null = null;
-      if (allocation) {
-        const visible = describeAllocation(devices, allocation).CUDA_VISIBLE_DEVICES;
-        hold = {
-          device_uuids: allocation.device_uuids,
-          visible_ids: visible.split(","),
-          whole: allocation.whole,
-          memory_mb: allocation.memory_mb,
-        };
-      }
-      const runtime = this.runtime(service.id);
-      const launched = this.launch(service.id, hold).catch((error) => this.launchFailed(service.id, error));
-      runtime.launched = launched;
-      void launched.finally(() => {
-        if (runtime.launched === launched) runtime.launched = null;
+      this.runner(service.id).waitingOn(waiting.messages, waiting.pendingKeys);
+      pending.push({
+        ...this.gpuRequest(service.id, spec, Date.parse(service.submitted_at)),
+        owner: ownerKey(service),
+        caps: { max_concurrent_jobs: service.owner.max_concurrent_jobs, max_gpus: service.owner.max_gpus },
+        bindingWaits: waiting.messages,
       });
     }
+    if (pending.length === 0) return;
+    const plan = planLaunches(pending, this.holdings(pending), this.o.gpus.snapshot().devices);
+    this.o.store.transaction(() => {
+      for (const { id, message } of plan.waiting) {
+        const service = byId.get(id);
+        if (service) this.setWaiting(service, message);
+      }
+      for (const { id, hold } of plan.launch) this.runner(id).start(hold);
+    });
   }
 
   /**
-   * launchFailed handles a launch that threw before its run was settled: on a full disk the
-   * run could not be recorded (so nothing was started, or the supervisor reports its exit).
-   * The service stays pending and is scheduled again a moment later, so it starts once the
-   * disk has room, without a restart of the daemon.
+   * holdings are what the live and launching services hold (GPUs, a token's concurrent jobs),
+   * read only when a pending service's plan depends on them: a token cap or a GPU request.
+   * Settled services (stopped, failed, completed, cancelled) hold nothing and are left out.
    */
-  private launchFailed(serviceId: string, error: unknown): void {
-    const runtime = this.runtime(serviceId);
-    runtime.launching = false;
-    this.o.log.error({ err: error, service: serviceId, disk_full: isDiskFull(error) }, "launch failed: trying again");
-    if (runtime.retryTimer || this.stopped) return;
-    runtime.retryTimer = setTimeout(() => {
-      runtime.retryTimer = null;
-      this.schedule();
-    }, SETTLE_RETRY_MS);
-    runtime.retryTimer.unref?.();
+  private holdings(pending: readonly PendingService[]): Holding[] {
+    const capped = pending.some(
+      (service) =>
+        service.caps.max_concurrent_jobs !== null || service.caps.max_gpus !== null || service.gpus > 0 || service.gpu_memory_mb > 0,
+    );
+    if (!capped) return [];
+    return this.o.store.listUnsettledServices().map((service) => {
+      const runner = this.runners.get(service.id);
+      return {
+        id: service.id,
+        owner: ownerKey(service),
+        active: LIVE_STATUSES.has(service.status) || Boolean(runner?.launching),
+        hold: runner?.gpuHold ?? null,
+      };
+    });
   }
 
   private setWaiting(service: ServiceRow, message: string): void {
@@ -1294,7 +1061,7 @@ export class ServiceManager implements ServiceDirectory {
         pendingKeys.push(`${envPrefix(name)}_HOST`, `${envPrefix(name)}_PORT`);
         continue;
       }
-      const health = this.runtimes.get(bound.id)?.healthState;
+      const health = this.runners.get(bound.id)?.healthState;
       const hasProbe = this.currentSpec(bound).spec.health !== null;
       const ready = bound.status === "running" && (!hasProbe || health?.healthy === true);
       if (!ready) {
@@ -1326,244 +1093,9 @@ export class ServiceManager implements ServiceDirectory {
       : {};
   }
 
-  private async launch(serviceId: string, hold: GpuHold | null): Promise<void> {
-    const service = this.o.store.getService(serviceId);
-    if (!service) return;
-    const runtime = this.runtime(serviceId);
-    runtime.launching = true;
-    runtime.gpuHold = hold;
-    const version = this.currentSpec(service);
-    const { spec } = version;
-    const bindingEnv: Record<string, string> = {};
-    for (const name of spec.bindings) {
-      const bound = this.o.store.findService(name);
-      if (bound) Object.assign(bindingEnv, bindingVariables(this.boundService(bound)));
-    }
-    const dataDir = this.serviceDataDir(service.name);
-    this.ensureDir(dataDir, this.dataDirMode(spec));
-    this.ensureServiceDir(serviceId);
-    this.ensureDir(join(this.serviceDir(serviceId), "logs"));
-    this.ensureDir(join(this.serviceDir(serviceId), "runs"));
-    const runId = randomId("run");
-    const runDir = join(this.serviceDir(serviceId), "runs", runId);
-    const engineVars: Record<string, string> = {
-      SERVICE_NAME: service.name,
-      SERVICE_ID: service.id,
-      SERVICE_VERSION: String(service.version),
-      SERVICE_DATA_DIR: dataDir,
-      ENGINE_RUN_ID: runId,
-    };
-    if (spec.port !== null) engineVars.PORT = String(spec.port);
-    const gpuEnv: Record<string, string> = hold
-      ? { CUDA_VISIBLE_DEVICES: hold.visible_ids.join(","), NVIDIA_VISIBLE_DEVICES: hold.visible_ids.join(",") }
-      : {};
-    const database = this.databaseOf(service);
-    // A managed database's server gets no secrets in its environment: its adapter initialized it with them.
-    const secrets = database ? {} : this.openSecrets(version);
-    const { env, injectedKeys } = assembleRunEnv({
-      base: this.o.env,
-      engine: engineVars,
-      bindings: bindingEnv,
-      env: spec.env,
-      secrets,
-      gpu: gpuEnv,
-    });
-    runtime.envSource = [
-      "engine",
-      spec.bindings.length ? `bindings:${spec.bindings.join(",")}` : "",
-      "env",
-      spec.secret_keys.length ? "secrets" : "",
-      hold ? "gpu" : "",
-    ]
-      .filter(Boolean)
-      .join("+");
-    runtime.pendingEnvKeys = [];
-    const cwd = version.build_dir ?? spec.cwd ?? dataDir;
-    const run: RunRow = {
-      id: runId,
-      service_id: serviceId,
-      version: service.version,
-      run_dir: runDir,
-      shim_pid: null,
-      shim_start: null,
-      pid: null,
-      pid_start: null,
-      cgroup_dir: null,
-      gpus: hold,
-      env_keys: injectedKeys,
-      started_at: iso(this.now()),
-      ended_at: null,
-      exit: null,
-      end_reason: null,
-    };
-    // The run is on record before its shim exists: a daemon that dies while the shim starts
-    // finds the run on start and recovers it from its directory, never starting a second copy.
-    this.o.store.transaction(() => {
-      this.o.store.insertRun(run);
-      this.update(serviceId, {
-        status: "scheduled",
-        status_message: hold ? `placed on GPU ${hold.visible_ids.join(",")}` : null,
-        current_run_id: runId,
-      });
-    });
-    let result: Awaited<ReturnType<Supervisor["launch"]>>;
-    let user: WorkloadUser | null = null;
-    try {
-      user = await this.workloadUser(serviceId);
-      // The record was written in the placement pass's transaction, committed when the pass
-      // returned: if that commit failed (a full disk), no process may start for a run not on record.
-      if (!this.o.store.getRun(runId)) throw new RunNotRecorded(runId);
-      // The run (and its exec probes) may open the files of the SQLite databases it is bound to:
-      // their groups, from this version's bindings, so a binding removed takes them away.
-      if (user) user = { ...user, groups: [...new Set([...user.groups, ...this.fileBindingGroups(spec)])] };
-      runtime.user = user;
-      // The user's own HOME, USER and LOGNAME replace the daemon's; the deploy's env may still set them.
-      for (const [key, value] of Object.entries(ServiceManager.userEnv(user))) if (!(key in spec.env)) env[key] = value;
-      if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
-      // A working directory chosen in the deploy must be one the user could enter by itself (the shim enters it as root).
-      const closed = user && spec.cwd !== null && cwd === spec.cwd ? firstUnreachableBy(cwd, user) : null;
-      if (closed) throw new Error(`the working directory ${cwd} is not reachable by the user ${user?.name}: it may not enter ${closed}`);
-      let argv = spec.command;
-      if (database) {
-        // A Redis or SQLite server runs as the service's user, as this run does: what its adapter writes is that user's.
-        if (!database.adapter.serverUser) database.instance.owner = user ? { user: user.name, uid: user.uid, gid: user.gid } : null;
-        // First start: initdb and the like, with its output in the service's log.
-        const setup = new AbortController();
-        runtime.setup = setup;
-        this.update(serviceId, { status_message: `preparing the ${database.adapter.label} data dir` });
-        try {
-          await database.adapter.initialize(database.instance, { log: (line) => this.appendLog(serviceId, line), signal: setup.signal });
-        } finally {
-          runtime.setup = null;
-        }
-        if (setup.signal.aborted) throw new Error("the service was stopped while its database was being initialized");
-        argv = database.adapter.startCommand(database.instance);
-      }
-      result = await this.o.supervisor.launch({
-        runId,
-        runDir,
-        logFile: this.logFile(serviceId),
-        argv,
-        env,
-        cwd,
-        memoryMb: spec.memory_mb,
-        user,
-      });
-    } catch (error) {
-      result = {
-        ok: false,
-        exit: {
-          exitCode: null,
-          signal: null,
-          endedAt: iso(this.now()),
-          // A run directory or data dir refused for lack of space is the disk's fault, not the
-          // service's: settleExit queues it again instead of failing it.
-          execError: isDiskFull(error) ? "ENOSPC" : "ESETUP",
-          execStage: "setup",
-          execMessage: (error as Error).message,
-          oomKilled: false,
-          lost: false,
-        },
-      };
-    }
-    runtime.launching = false;
-    if (this.stopped) return; // handed over: the next daemon recovers the run from its directory
-    if (!this.o.store.getService(serviceId)) {
-      if (result.ok) this.o.supervisor.signal(result.handle, "SIGKILL");
-      return;
-    }
-    if (!result.ok) {
-      this.unsettled.set(runId, result.exit);
-      this.settlePending();
-      return;
-    }
-    // A workload that exits at once can be reported, and settled, before this point.
-    if (this.o.store.getRun(runId)?.ended_at !== null) {
-      this.o.store.recordRunProcesses(runId, result.handle);
-      return;
-    }
-    if (database) {
-      // A database is `running` only once it accepts connections: until then it stays scheduled.
-      this.o.store.transaction(() => {
-        this.o.store.recordRunProcesses(runId, result.handle);
-        this.update(serviceId, { status_message: `waiting for ${database.adapter.label} to accept connections` });
-      });
-      runtime.handle = result.handle;
-      this.o.log.info({ service: service.name, workload_pid: result.handle.pid, run: runId }, "database server started");
-      void this.awaitDatabaseReady(serviceId, runId, database.adapter, database.instance);
-      return;
-    }
-    this.o.store.transaction(() => {
-      this.o.store.recordRunProcesses(runId, result.handle);
-      this.update(serviceId, { status: "running", status_message: null });
-    });
-    runtime.handle = result.handle;
-    this.o.log.info({ service: service.name, workload_pid: result.handle.pid, run: runId }, "service started");
-    this.startHealth(serviceId);
-    this.schedule(); // services bound to this one may now start
-  }
-
-  // ---------------------------------------------------------------- health
-
-  private startHealth(serviceId: string): void {
-    const service = this.o.store.getService(serviceId);
-    if (!service || this.stopped) return;
-    const { spec } = this.currentSpec(service);
-    const runtime = this.runtime(serviceId);
-    runtime.health?.stop();
-    runtime.health = null;
-    if (!spec.health) return;
-    // The start period counts from the run's start: a monitor started again for a workload that
-    // has been up a while (resumed, or adopted by a restarted daemon) gives it no fresh grace.
-    const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
-    const startedAt = run?.started_at ? Date.parse(run.started_at) : undefined;
-    const monitor = new HealthMonitor(
-      spec.health,
-      {
-        host: "127.0.0.1",
-        port: spec.health.port ?? spec.port,
-        cwd: spec.cwd ?? undefined,
-        env: ServiceManager.userEnv(runtime.user),
-        // An exec probe is the service's code too: it runs as the workload's user.
-        user: runtime.user,
-      },
-      { onChange: (state) => this.onHealth(serviceId, monitor, state) },
-      { now: () => this.now().getTime(), startedAt: Number.isFinite(startedAt) ? startedAt : undefined },
-    );
-    runtime.health = monitor;
-    runtime.healthState = null;
-    monitor.start();
-  }
-
-  private onHealth(serviceId: string, monitor: HealthMonitor, state: HealthState): void {
-    const runtime = this.runtime(serviceId);
-    if (runtime.health !== monitor) return;
-    runtime.healthState = state;
-    const service = this.o.store.getService(serviceId);
-    if (!service) return;
-    if (state.healthy === true && service.status === "degraded") {
-      this.update(serviceId, { status: "running", status_message: null });
-    } else if (state.healthy === false && service.status === "running") {
-      this.update(serviceId, { status: "degraded", status_message: `health check failing: ${state.last?.detail ?? "no detail"}` });
-    }
-    if (state.healthy === true) this.schedule(); // dependents may be waiting on this
-    const { spec } = this.currentSpec(service);
-    if (state.threshold_reached && spec.restart.policy !== "never" && runtime.handle) {
-      this.o.log.warn(
-        { service: service.name, failures: state.consecutive_failures },
-        "health check failed past its threshold: restarting",
-      );
-      runtime.healthKill = true;
-      runtime.health?.stop();
-      runtime.health = null;
-      const handle = runtime.handle;
-      this.o.supervisor.signal(handle, "SIGTERM");
-      setTimeout(() => this.o.supervisor.signal(handle, "SIGKILL"), spec.stop_timeout_s * 1000);
-    }
-  }
-
   // ---------------------------------------------------------------- exits
 
+  /** onRunExit queues an exit the supervisor reported; the service's runner settles it (what follows: scheduler/exit.ts). */
   private onRunExit(handle: RunHandle, exit: ExitRecord): void {
     this.unsettled.set(handle.runId, exit);
     this.settlePending();
@@ -1581,7 +1113,7 @@ export class ServiceManager implements ServiceDirectory {
     for (const [runId, exit] of this.unsettled) {
       try {
         const run = this.o.store.getRun(runId);
-        if (run && run.ended_at === null) this.settleExit(run.service_id, run, exit);
+        if (run && run.ended_at === null) this.runner(run.service_id).onExit(run, exit);
         this.unsettled.delete(runId);
       } catch (error) {
         if (!this.settleFailing) {
@@ -1599,162 +1131,8 @@ export class ServiceManager implements ServiceDirectory {
     this.settleTimer = setTimeout(() => {
       this.settleTimer = null;
       this.settlePending();
-    }, SETTLE_RETRY_MS);
+    }, RETRY_SOON_MS);
     this.settleTimer.unref?.();
-  }
-
-  /**
-   * settleExit records how a run ended and decides what follows: nothing more for a run
-   * ended on purpose; otherwise the restart policy (restart after backoff, or settle as
-   * completed or failed). Its writes are one transaction, made before anything in memory
-   * changes: if the disk refuses them, nothing was half-settled and the settle can be retried.
-   */
-  private settleExit(serviceId: string, run: RunRow, exit: ExitRecord): void {
-    const service = this.o.store.getService(serviceId);
-    if (!service) return;
-    const runtime = this.runtime(serviceId);
-    const version = this.currentSpec(service);
-    const { spec } = version;
-    const runLines = tailLog(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles).filter(
-      (line) => line.ts >= run.started_at.replace(/Z$/, ""),
-    );
-    const logTail = runLines.map((line) => line.line);
-    const gpuOom = findGpuOom(logTail) !== null;
-    const privDenied = exit.execError === "EACCES" || exit.execError === "EPERM" || findPermissionDenied(logTail) !== null;
-    const endReason = runtime.stopping ? "stopped" : runtime.healthKill ? "health" : exit.lost ? "lost" : "exit";
-    const endedAt = exit.endedAt;
-    const stopped = runtime.stopping ? { forced_kill: runtime.forcedKill, stop_method: runtime.stopMethod } : {};
-    const wasHealthKill = runtime.healthKill;
-    const succeeded = exit.exitCode === 0 && !exit.lost;
-    const crashed = !succeeded && !runtime.stopping;
-    const logCause = crashed ? this.logCauseOf(service, version, runLines) : null;
-    const forensics: Forensics = crashed
-      ? {
-          last_exit_code: exit.exitCode,
-          last_signal: exit.signal,
-          oom_killed: exit.oomKilled,
-          gpu_oom: gpuOom,
-          priv_denied: privDenied,
-          exec_error: exit.execError,
-          last_crash_at: endedAt,
-          error: classify(exit, gpuOom, privDenied, wasHealthKill, spec.memory_mb, logCause, service.name),
-          log_cause: logCause,
-        }
-      : { ...service.forensics, last_exit_code: exit.exitCode, last_signal: exit.signal };
-
-    // What follows the exit, decided before anything is written.
-    let patch: Partial<ServiceRow>;
-    let retryDelayMs: number | null = null;
-    let requeue = false;
-    const waiting = runtime.exitWaiters.length > 0 || runtime.stopping;
-    if (waiting) {
-      patch = { forensics, current_run_id: run.id };
-    } else if (service.desired_state === "stopped") {
-      patch = { forensics, status: service.kind === "batch" ? "cancelled" : "stopped", status_message: "stopped" };
-    } else if (exit.execError === "ENOSPC" && exit.execStage === "setup") {
-      // Never started for lack of space: no crash, no restart counted; pending again, and
-      // scheduled again until the disk has room (issue 13).
-      patch = { status: "pending", status_message: "could not start: the disk is full; trying again when it has room" };
-      requeue = true;
-    } else {
-      // An exec that failed (no such program, permission denied) fails the same way every time.
-      const decision = exit.execError
-        ? ({
-            action: "settle",
-            status: "failed",
-            budgetSpent: false,
-            state: { ...service.restart_state, last_exit_at: endedAt, next_retry_at: null },
-          } as const)
-        : decideAfterExit(service.kind, spec.restart, service.restart_state, succeeded, Date.parse(endedAt) || this.now().getTime());
-      if (decision.action === "restart") {
-        retryDelayMs = Math.max(0, Date.parse(decision.state.next_retry_at ?? endedAt) - this.now().getTime());
-        patch = {
-          forensics,
-          restart_state: decision.state,
-          status: service.kind === "batch" ? "retrying" : "restarting",
-          status_message: `${describeExit(exit)}; restarting in ${(retryDelayMs / 1000).toFixed(1)} s (restart ${decision.state.restarts.length} of ${spec.restart.max_restarts} in ${spec.restart.window_seconds} s)`,
-        };
-      } else {
-        const message =
-          decision.status === "completed"
-            ? `${describeExit(exit)}`
-            : decision.budgetSpent
-              ? `${describeExit(exit)}; gave up after ${spec.restart.max_restarts} restarts in ${spec.restart.window_seconds} s`
-              : describeExit(exit);
-        patch = {
-          forensics: decision.budgetSpent ? { ...forensics, error: crashLoopError(forensics.error, message, spec.restart) } : forensics,
-          restart_state: decision.state,
-          status: decision.status,
-          desired_state: decision.status === "completed" ? "completed" : service.desired_state,
-          status_message: message,
-        };
-      }
-    }
-
-    const pruned = this.o.store.transaction(() => {
-      this.o.store.endRun(run.id, endedAt, { ...exit, gpu_oom: gpuOom, priv_denied: privDenied, ...stopped }, endReason);
-      this.o.store.updateService({ ...service, ...patch, updated_at: iso(this.now()) });
-      return this.o.store.pruneRuns(serviceId);
-    });
-
-    // Stored: now the process's own state follows.
-    for (const dir of pruned) rmSync(dir, { recursive: true, force: true });
-    runtime.forcedKill = false;
-    runtime.handle = null;
-    runtime.gpuHold = null;
-    runtime.health?.stop();
-    runtime.health = null;
-    runtime.healthKill = false;
-    this.changed(serviceId);
-    this.o.log.info(
-      { service: service.name, run: run.id, exit_code: exit.exitCode, signal: exit.signal, oom_killed: exit.oomKilled, reason: endReason },
-      "service process ended",
-    );
-    if (waiting) for (const resolve of runtime.exitWaiters.splice(0)) resolve();
-    if (retryDelayMs !== null) this.armRetry(serviceId, retryDelayMs);
-    if (requeue && !runtime.retryTimer && !this.stopped) {
-      runtime.retryTimer = setTimeout(() => {
-        runtime.retryTimer = null;
-        this.schedule();
-      }, SETTLE_RETRY_MS);
-      runtime.retryTimer.unref?.();
-      return;
-    }
-    this.schedule();
-  }
-
-  /** armRetry makes a restarting (or retrying) service pending again after its backoff; with none, at once, without a timer's turn. */
-  private armRetry(serviceId: string, delayMs: number): void {
-    const runtime = this.runtime(serviceId);
-    if (runtime.retryTimer) clearTimeout(runtime.retryTimer);
-    runtime.retryTimer = null;
-    if (delayMs <= 0) {
-      this.retryNow(serviceId);
-      return;
-    }
-    runtime.retryTimer = setTimeout(() => {
-      runtime.retryTimer = null;
-      this.retryNow(serviceId);
-    }, delayMs);
-  }
-
-  private retryNow(serviceId: string): void {
-    const service = this.o.store.getService(serviceId);
-    if (service?.desired_state !== "running") return;
-    if (service.status !== "restarting" && service.status !== "retrying") return;
-    try {
-      this.update(serviceId, {
-        status: "pending",
-        status_message: "waiting to be scheduled",
-        restart_state: { ...service.restart_state, next_retry_at: null },
-      });
-    } catch (error) {
-      // A timer must not throw (that ends the daemon): on a full disk, try again shortly.
-      this.o.log.error({ err: error, service: service.name, disk_full: isDiskFull(error) }, "cannot schedule a restart yet: retrying");
-      this.armRetry(serviceId, SETTLE_RETRY_MS);
-      return;
-    }
-    this.schedule();
   }
 
   // ---------------------------------------------------------------- users
@@ -1814,8 +1192,8 @@ export class ServiceManager implements ServiceDirectory {
   private serviceOfPid(pid: number): string | null {
     const byPid = new Map<number, string>();
     const byRun = new Map<string, string>();
-    for (const [id, runtime] of this.runtimes) {
-      const handle = runtime.handle;
+    for (const [id, runner] of this.runners) {
+      const handle = runner.handle;
       const name = handle ? this.o.store.getService(id)?.name : undefined;
       if (!handle || !name) continue;
       byPid.set(handle.pid, name);
@@ -1940,11 +1318,6 @@ export class ServiceManager implements ServiceDirectory {
     return user;
   }
 
-  /** userEnv is HOME, USER and LOGNAME of the user a workload runs as (the daemon's own would name root). */
-  private static userEnv(user: WorkloadUser | null): Record<string, string> {
-    return user ? { HOME: user.home, USER: user.name, LOGNAME: user.name } : {};
-  }
-
   // ---------------------------------------------------------------- helpers
 
   private update(serviceId: string, patch: Partial<ServiceRow>): void {
@@ -2016,35 +1389,6 @@ export class ServiceManager implements ServiceDirectory {
   }
 }
 
-/** describeStopCommand names a stop command for logs and Diagnosis: "pg_ctl stop -m fast", without paths or the setpriv prefix. */
-function describeStopCommand(argv: string[]): string {
-  const start = argv.indexOf("--") >= 0 && basename(argv[0] ?? "") === "setpriv" ? argv.indexOf("--") + 1 : 0;
-  let words = argv.slice(start);
-  // `sh -c <script> <file> <tool> ...` hands the tool a secret from a file (Redis's REDISCLI_AUTH): describe the tool.
-  if (basename(words[0] ?? "") === "sh" && words[1] === "-c") words = words.slice(4);
-  const program = basename(words[0] ?? "");
-  // Keep the verbs and flags, not the paths nor the long options that say how to connect: "pg_ctl stop -m fast", "mariadb-admin shutdown".
-  const rest: string[] = [];
-  for (let index = 1; index < words.length; index++) {
-    const word = words[index] as string;
-    if (word === "-D") {
-      index++;
-      continue;
-    }
-    if (word === "-W" || word.startsWith("/") || word.startsWith("--")) continue;
-    rest.push(word);
-  }
-  return [program, ...rest].join(" ");
-}
-
-function safely<T>(fn: () => T): T | null {
-  try {
-    return fn();
-  } catch {
-    return null;
-  }
-}
-
 function ownerKey(service: ServiceRow): string {
   return service.owner.token_id ?? "local";
 }
@@ -2055,63 +1399,6 @@ const PASSWORD_MASK = "****";
 /** kindInWords names a kind of service with its article: "a service", "a batch job". */
 function kindInWords(kind: string): string {
   return kind === "batch" ? "a batch job" : `a ${kind}`;
-}
-
-/** describeExit says in words how a run ended: "exited with code 3", "killed by SIGKILL (OOM)". */
-export function describeExit(exit: ExitRecord): string {
-  if (exit.lost) return "the process was lost: its shim ended without recording an exit";
-  if (exit.execError) return `could not start: ${exit.execMessage ?? exit.execError} (${exit.execError})`;
-  // A shell between the engine and the workload turns the OOM kill into exit code 137.
-  const oom = exit.oomKilled ? " (out of memory)" : "";
-  if (exit.signal) return `killed by ${exit.signal}${oom}`;
-  return `exited with code ${exit.exitCode}${oom}`;
-}
-
-type ErrorCause = NonNullable<Forensics["error"]>;
-
-/**
- * classify names why a run ended, the engine's own facts first: an OOM kill, an exec failure,
- * GPU memory, a denied permission, a health kill, a lost shim, the shell's 127; then the cause
- * the run's output names (LOG_CAUSES); else how it exited. The key line comes along whatever
- * the class, so even an OOM kill shows the last thing the process said.
- */
-function classify(
-  exit: ExitRecord,
-  gpuOom: boolean,
-  privDenied: boolean,
-  healthKill: boolean,
-  memoryMb: number | null,
-  logCause: LogCause | null,
-  serviceName: string,
-): ErrorCause {
-  const key_line = logCause?.key_line ?? null;
-  const cause = (errorClass: string, message: string): ErrorCause => ({ class: errorClass, message, key_line });
-  if (exit.oomKilled) return cause("oom_killed", `the kernel's OOM killer ended the process at its memory limit of ${memoryMb} MiB`);
-  if (exit.execError === "ENOENT") return cause("command_not_found", describeExit(exit));
-  if (exit.execError) return cause(privDenied ? "permission_denied" : "exec_failed", describeExit(exit));
-  if (gpuOom) return cause("gpu_oom", `the process ran out of GPU memory (${describeExit(exit)})`);
-  if (privDenied) return cause("permission_denied", `the process hit "Permission denied" (${describeExit(exit)})`);
-  if (healthKill) return cause("health_check_failed", `restarted after its health check kept failing (${describeExit(exit)})`);
-  if (exit.lost) return cause("lost", describeExit(exit));
-  if (exit.exitCode === 127) return cause("command_not_found", `${describeExit(exit)}: the shell could not find the command`);
-  const rule = logCause ? causeRule(logCause) : null;
-  if (logCause?.class && rule) return cause(logCause.class, `${rule.summary(logCause, serviceName)}; ${describeExit(exit)}`);
-  if (exit.signal) return cause("signal", describeExit(exit));
-  return cause("exit_code", describeExit(exit));
-}
-
-/** GENERIC_CAUSES say only how a run ended; a crash loop of them is reported as crash_loop. */
-const GENERIC_CAUSES = new Set(["exit_code", "signal", "lost", "health_check_failed"]);
-
-/**
- * crashLoopError is the error of a service the engine gave up restarting. A known cause keeps
- * its class (an OOM kill stays oom_killed, a port clash port_in_use), with the give-up added to
- * its message; a run that only exited becomes crash_loop, naming its last cause.
- */
-function crashLoopError(last: Forensics["error"], message: string, restart: { max_restarts: number; window_seconds: number }): ErrorCause {
-  if (last && !GENERIC_CAUSES.has(last.class))
-    return { ...last, message: `${last.message}; gave up after ${restart.max_restarts} restarts in ${restart.window_seconds} s` };
-  return { class: "crash_loop", message: `${message} (last cause: ${last?.class ?? "exit"})`, key_line: last?.key_line ?? null };
 }
 
 /**
@@ -2148,11 +1435,4 @@ function sameSpec(a: ServiceSpec, b: ServiceSpec): boolean {
 
 function sameSecrets(a: Record<string, string>, b: Record<string, string>): boolean {
   return stableJson(a) === stableJson(b);
-}
-
-/** RunNotRecorded stops a launch whose run record was rolled back with its placement pass. */
-class RunNotRecorded extends Error {
-  constructor(runId: string) {
-    super(`the run ${runId} was not recorded: its placement pass did not commit`);
-  }
 }

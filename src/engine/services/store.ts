@@ -1,8 +1,8 @@
 import type { Database } from "bun:sqlite";
 import type { LastDump } from "../databases";
-import type { LogCause } from "../diagnose";
 import type { ExitRecord, RunHandle } from "../supervisor";
 import type { RecordedUser } from "../users";
+import type { LogCause } from "./diagnose";
 import { EMPTY_RESTART_STATE, type RestartState } from "./restart-policy";
 import type { ServiceSpec } from "./spec";
 

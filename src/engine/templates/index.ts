@@ -6,6 +6,8 @@ import { AppError } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
 import { toValidationDetail } from "../../lib/validation";
 
+export { type TemplateRouteDeps, templateRoutes } from "./routes";
+
 /** TemplateSource is one template file's name and text, read from disk or embedded in the binary. */
 export interface TemplateSource {
   file: string;

@@ -1,8 +1,8 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import { chmodSync, chownSync, existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { resolveConfig } from "../../../src/engine/config";
 import { startDaemon } from "../../../src/engine/daemon";
-import { resolveConfig } from "../../../src/lib/config";
 import { buildBinaries } from "../../e2e/binaries";
 import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir, testShim, workloadPath } from "../../helpers";
 

@@ -165,6 +165,22 @@ describe("request heads that are accepted", () => {
     expect(sent).not.toContain("Host: other");
   });
 
+  test("a connection's kept forwarding fields follow each request's host and a client's own X-Forwarded-For", () => {
+    // One Forwarding per client connection, as the forwarder keeps it: the fields are written
+    // once per host, and a request that brings its own X-Forwarded-For gets its own line.
+    const forwarding = { clientAddress: "10.0.0.9", scheme: "https" as const, fields: { host: null, text: "" } };
+    const sent = (text: string) => serializeRequestHead(request(text), forwarding);
+    const first = sent("GET / HTTP/1.1\r\nHost: a.localhost\r\n\r\n");
+    expect(first).toContain("X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: a.localhost\r\n");
+    expect(sent("GET /2 HTTP/1.1\r\nHost: a.localhost\r\n\r\n")).toBe(first.replace("GET / ", "GET /2 "));
+    const other = sent("GET / HTTP/1.1\r\nHost: b.localhost\r\n\r\n");
+    expect(other).toContain("X-Forwarded-Host: b.localhost\r\n");
+    expect(other).not.toContain("a.localhost");
+    const chained = sent("GET / HTTP/1.1\r\nHost: b.localhost\r\nX-Forwarded-For: 192.0.2.1\r\n\r\n");
+    expect(chained).toContain("X-Forwarded-For: 192.0.2.1, 10.0.0.9\r\n");
+    expect(sent("GET / HTTP/1.1\r\nHost: b.localhost\r\n\r\n")).toBe(other);
+  });
+
   test("empty lines before the request line are skipped (RFC 9112 §2.2) and counted in its length", () => {
     const result = parseRequestHead(bytes("\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"));
     expect(result?.ok && result.length).toBe(4 + 27);

@@ -233,7 +233,7 @@ describe("restart policy", () => {
 });
 
 describe("forensics", () => {
-  // A real cgroup OOM kill: test/engine/diagnose/diagnose.test.ts ("an OOM kill stays oom_killed ...").
+  // A real cgroup OOM kill: test/engine/services/diagnose/diagnose.test.ts ("an OOM kill stays oom_killed ...").
 
   test("a GPU OOM in the log is reported as gpu_oom", async () => {
     await api.deploy({

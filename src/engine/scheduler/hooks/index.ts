@@ -1,0 +1,35 @@
+/**
+ * Package hooks is a launch as an ordered list of small steps, the way Nomad's task runner
+ * launches a task through its prestart hooks. The runner (../runner.ts) builds a Launch, runs
+ * PREPARE_HOOKS, records the run, runs PRESTART_HOOKS and hands the launch to the supervisor.
+ *
+ * The order, and why:
+ * - directories first: every later step, and the shim, writes there; a full disk fails the
+ *   launch here, before anything is recorded, and the service simply stays pending.
+ * - bindings, secrets, gpu fill the environment's parts; environment assembles them in their
+ *   precedence (a secret beats a binding of the same name, the GPU variables beat both).
+ * - The run is recorded between the two lists: its row keeps the env's keys, and a daemon that
+ *   dies from here on finds the run and recovers it from its directory, never starting a
+ *   second copy. That is why the prepare hooks are synchronous and the slow ones come after.
+ * - user next (it may create an OS user and chown the data dir: slow, and it needs the data dir);
+ *   workdir then checks the directory against that user; database last, since initdb runs as
+ *   the server's user, is the slowest step, and is aborted by a stop.
+ */
+import { bindingsHook } from "./bindings";
+import { databaseHook } from "./database";
+import { directoriesHook } from "./directories";
+import { environmentHook } from "./environment";
+import { gpuHook } from "./gpu";
+import { secretsHook } from "./secrets";
+import type { PrepareHook, PrestartHook } from "./types";
+import { userHook } from "./user";
+import { workdirHook } from "./workdir";
+
+export type { EnvParts, HookHost, Launch, ManagedDatabase, PrepareHook, PrestartHook } from "./types";
+export { userEnv } from "./user";
+
+/** PREPARE_HOOKS run, in order and synchronously, before the run is recorded. */
+export const PREPARE_HOOKS: readonly PrepareHook[] = [directoriesHook, bindingsHook, secretsHook, gpuHook, environmentHook];
+
+/** PRESTART_HOOKS run, in order, once the run is on record and before its process is spawned. */
+export const PRESTART_HOOKS: readonly PrestartHook[] = [userHook, workdirHook, databaseHook];
