@@ -524,17 +524,20 @@ console.log(
     `cgroups ${cgroupDriver ? `v${cgroupDriver.version}` : "none"}; PM2 ${"dir" in pm2 ? "installed from npm for this bench" : `not measured: ${pm2.reason}`}`,
 );
 const runs: Figures[] = [];
-for (let run = 1; run <= RUNS; run++) {
-  const t = performance.now();
-  const figures = await runOnce(run, "dir" in pm2 ? pm2.dir : null);
-  runs.push(figures);
-  const jobLine = [...figures.jobs].map(([m, j]) => `${m} jobs ${fmt(j.enginePerS / j.bunPerS, 3)}×`).join(", ");
-  console.log(
-    `run ${run}: ${fmt((performance.now() - t) / 1000, 1)} s, load ${figures.load.map((l) => fmt(l, 1)).join(" → ")}; ` +
-      `submit→running p50 ${fmt(figures.servicesP50)} ms; kill→restarted p50 ${fmt(figures.restartP50)} ms p99 ${fmt(figures.restartP99)} ms; ${jobLine}`,
-  );
+try {
+  for (let run = 1; run <= RUNS; run++) {
+    const t = performance.now();
+    const figures = await runOnce(run, "dir" in pm2 ? pm2.dir : null);
+    runs.push(figures);
+    const jobLine = [...figures.jobs].map(([m, j]) => `${m} jobs ${fmt(j.enginePerS / j.bunPerS, 3)}×`).join(", ");
+    console.log(
+      `run ${run}: ${fmt((performance.now() - t) / 1000, 1)} s, load ${figures.load.map((l) => fmt(l, 1)).join(" → ")}; ` +
+        `submit→running p50 ${fmt(figures.servicesP50)} ms; kill→restarted p50 ${fmt(figures.restartP50)} ms p99 ${fmt(figures.restartP99)} ms; ${jobLine}`,
+    );
+  }
+} finally {
+  if ("dir" in pm2) rmSync(pm2.dir, { recursive: true, force: true });
 }
-if ("dir" in pm2) rmSync(pm2.dir, { recursive: true, force: true });
 
 const of = (pick: (f: Figures) => number) => runs.map(pick);
 const ratioRows: string[][] = [];
