@@ -298,7 +298,12 @@ export const ENGINE_ENTRY = [process.execPath, join(REPO_ROOT, "cli", "engine.ts
  */
 export async function spawnEngine(
   dataDir: string,
-  { command = ENGINE_ENTRY, env = {}, args = [] }: { command?: string[]; env?: Record<string, string>; args?: string[] } = {},
+  {
+    command = ENGINE_ENTRY,
+    env = {},
+    args = [],
+    startTimeoutMs = 20000,
+  }: { command?: string[]; env?: Record<string, string>; args?: string[]; startTimeoutMs?: number } = {},
 ): Promise<SpawnedEngine> {
   const proc = Bun.spawn([...command, "serve", "--data-dir", dataDir, "--port", "0", ...args], {
     env: {
@@ -321,8 +326,11 @@ export async function spawnEngine(
         : null;
       return match ? Number(match[1]) : 0;
     },
-    { timeoutMs: 20000 },
-  );
+    { timeoutMs: startTimeoutMs },
+  ).catch((error) => {
+    proc.kill("SIGKILL"); // an engine that did not start in time is not left running
+    throw error;
+  });
   return {
     proc,
     port,

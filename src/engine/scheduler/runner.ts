@@ -14,6 +14,13 @@ import { planExit } from "./exit";
 import { type HookHost, type Launch, type ManagedDatabase, PREPARE_HOOKS, PRESTART_HOOKS, userEnv } from "./hooks";
 import { describeStopCommand, runStopCommand, stopCommandOf } from "./stop";
 
+/** RunNotRecorded stops a launch whose run record was rolled back with its placement pass. */
+class RunNotRecorded extends Error {
+  constructor(runId: string) {
+    super(`the run ${runId} was not recorded: its placement pass did not commit`);
+  }
+}
+
 /** RETRY_SOON_MS is how soon a launch or a requeue the disk refused is tried again. */
 export const RETRY_SOON_MS = 1000;
 /** READY_POLL_MS bounds how often a starting database is asked whether it accepts connections. */
@@ -191,6 +198,9 @@ export class ServiceRunner {
     this.setup = setup;
     try {
       for (const hook of PRESTART_HOOKS) await hook.run(launch, host);
+      // The record was written in the placement pass's transaction, committed when the pass
+      // returned: if that commit failed (a full disk), no process may start for a run not on record.
+      if (!store.getRun(runId)) throw new RunNotRecorded(runId);
       const { argv, env, cwd, user } = launch;
       result = await supervisor.launch({
         runId,
@@ -203,6 +213,10 @@ export class ServiceRunner {
         user,
       });
     } catch (error) {
+      if (error instanceof RunNotRecorded) {
+        this.hold = null;
+        throw error; // launchFailed: the service is still pending, and tried again a moment later
+      }
       result = {
         ok: false,
         exit: {
@@ -432,34 +446,40 @@ export class ServiceRunner {
     else this.ctx.schedule();
   }
 
-  /** armRetry makes a restarting (or retrying) service pending again after `delayMs`, the restart policy's backoff. */
+  /**
+   * armRetry makes a restarting (or retrying) service pending again after `delayMs`, the restart
+   * policy's backoff. With no backoff it does so at once, without a timer's turn of the event loop.
+   */
   armRetry(delayMs: number): void {
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    this.retryTimer = setTimeout(
-      () => {
-        this.retryTimer = null;
-        const service = this.ctx.store.getService(this.serviceId);
-        if (service?.desired_state !== "running") return;
-        if (service.status !== "restarting" && service.status !== "retrying") return;
-        try {
-          this.update({
-            status: "pending",
-            status_message: "waiting to be scheduled",
-            restart_state: { ...service.restart_state, next_retry_at: null },
-          });
-        } catch (error) {
-          // A timer must not throw (that ends the daemon): on a full disk, try again shortly.
-          this.ctx.log.error(
-            { err: error, service: service.name, disk_full: isDiskFull(error) },
-            "cannot schedule a restart yet: retrying",
-          );
-          this.armRetry(RETRY_SOON_MS);
-          return;
-        }
-        this.ctx.schedule();
-      },
-      Math.max(0, delayMs),
-    );
+    this.retryTimer = null;
+    if (delayMs <= 0) {
+      this.retryNow();
+      return;
+    }
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      this.retryNow();
+    }, delayMs);
+  }
+
+  private retryNow(): void {
+    const service = this.ctx.store.getService(this.serviceId);
+    if (service?.desired_state !== "running") return;
+    if (service.status !== "restarting" && service.status !== "retrying") return;
+    try {
+      this.update({
+        status: "pending",
+        status_message: "waiting to be scheduled",
+        restart_state: { ...service.restart_state, next_retry_at: null },
+      });
+    } catch (error) {
+      // A timer must not throw (that ends the daemon): on a full disk, try again shortly.
+      this.ctx.log.error({ err: error, service: service.name, disk_full: isDiskFull(error) }, "cannot schedule a restart yet: retrying");
+      this.armRetry(RETRY_SOON_MS);
+      return;
+    }
+    this.ctx.schedule();
   }
 
   /** scheduleSoon asks for a placement pass a moment from now (the disk may have room by then). */

@@ -1,4 +1,4 @@
-import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import type {
   DatabaseConnection,
@@ -989,22 +989,21 @@ export class ServiceManager implements ServiceDirectory {
     });
   }
 
-  /** placementPass gathers what a pass needs from the store and the runtimes, plans it (scheduler/plan.ts) and applies the plan. */
+  /**
+   * placementPass gathers what a pass needs from the store and the runners, plans it
+   * (scheduler/plan.ts) and applies the plan. It reads only the pending rows (the store's
+   * listPendingServices), and the live ones only when a pending service has a token cap or
+   * wants GPUs, the only rules that look at what others hold: a flood of batch jobs no longer
+   * makes every pass parse every live row. Its writes (the waits' messages, each launch's run
+   * record and `scheduled`) are one transaction, committed before the pass returns and before
+   * any of its launches spawns a process (decision 453).
+   */
   private placementPass(): void {
-    // Settled services (stopped, failed, completed, cancelled) hold nothing: leave them out.
-    const services = this.o.store.listUnsettledServices();
-    const byId = new Map(services.map((service) => [service.id, service]));
     const pending: PendingService[] = [];
-    const holdings: Holding[] = [];
-    for (const service of services) {
-      const runner = this.runners.get(service.id);
-      holdings.push({
-        id: service.id,
-        owner: ownerKey(service),
-        active: LIVE_STATUSES.has(service.status) || Boolean(runner?.launching),
-        hold: runner?.gpuHold ?? null,
-      });
-      if (service.desired_state !== "running" || service.status !== "pending" || runner?.launching) continue;
+    const byId = new Map<string, ServiceRow>();
+    for (const service of this.o.store.listPendingServices()) {
+      if (this.runners.get(service.id)?.launching) continue;
+      byId.set(service.id, service);
       const { spec } = this.currentSpec(service);
       const waiting = this.bindingWait(spec);
       this.runner(service.id).waitingOn(waiting.messages, waiting.pendingKeys);
@@ -1016,12 +1015,36 @@ export class ServiceManager implements ServiceDirectory {
       });
     }
     if (pending.length === 0) return;
-    const plan = planLaunches(pending, holdings, this.o.gpus.snapshot().devices);
-    for (const { id, message } of plan.waiting) {
-      const service = byId.get(id);
-      if (service) this.setWaiting(service, message);
-    }
-    for (const { id, hold } of plan.launch) this.runner(id).start(hold);
+    const plan = planLaunches(pending, this.holdings(pending), this.o.gpus.snapshot().devices);
+    this.o.store.transaction(() => {
+      for (const { id, message } of plan.waiting) {
+        const service = byId.get(id);
+        if (service) this.setWaiting(service, message);
+      }
+      for (const { id, hold } of plan.launch) this.runner(id).start(hold);
+    });
+  }
+
+  /**
+   * holdings are what the live and launching services hold (GPUs, a token's concurrent jobs),
+   * read only when a pending service's plan depends on them: a token cap or a GPU request.
+   * Settled services (stopped, failed, completed, cancelled) hold nothing and are left out.
+   */
+  private holdings(pending: readonly PendingService[]): Holding[] {
+    const capped = pending.some(
+      (service) =>
+        service.caps.max_concurrent_jobs !== null || service.caps.max_gpus !== null || service.gpus > 0 || service.gpu_memory_mb > 0,
+    );
+    if (!capped) return [];
+    return this.o.store.listUnsettledServices().map((service) => {
+      const runner = this.runners.get(service.id);
+      return {
+        id: service.id,
+        owner: ownerKey(service),
+        active: LIVE_STATUSES.has(service.status) || Boolean(runner?.launching),
+        hold: runner?.gpuHold ?? null,
+      };
+    });
   }
 
   private setWaiting(service: ServiceRow, message: string): void {
@@ -1274,10 +1297,14 @@ export class ServiceManager implements ServiceDirectory {
     if (owner.uid !== user.uid || owner.gid !== user.gid) {
       // First run as this user (an upgraded engine's services ran as root, or an admin changed
       // `user`): what is inside becomes the user's too, else it could not change its own files.
-      // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir.
-      const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
-      const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
-      if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir. A dir
+      // just made (a new service's, the usual case) is empty: one chown of it is all, without a process.
+      if (readdirSync(dataDir).length === 0) chownSync(dataDir, user.uid, user.gid);
+      else {
+        const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
+        const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
+        if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
+      }
       // An older engine made a database's dir 0750: the user's own is 0700, or a SQLite
       // database's 2770 (ensureDir sets it once per daemon; chown cleared the setgid bit).
       chmodSync(dataDir, dataDirMode);

@@ -148,6 +148,19 @@ export class ServiceStore {
       .map(parseService);
   }
 
+  /**
+   * listPendingServices are those meant to run and waiting to be launched, in submission order
+   * (created_at, name): what a placement pass starts from. Only their rows are read and parsed,
+   * however many services are live or launching beside them (issue 16: a pass used to parse
+   * every unsettled row, quadratic under a flood of batch jobs).
+   */
+  listPendingServices(): ServiceRow[] {
+    return this.db
+      .query<Raw<ServiceRow>, []>("SELECT * FROM services WHERE status = 'pending' AND desired_state = 'running' ORDER BY created_at, name")
+      .all()
+      .map(parseService);
+  }
+
   getService(id: string): ServiceRow | null {
     const raw = this.db.query<Raw<ServiceRow>, [string]>("SELECT * FROM services WHERE id = ?").get(id);
     return raw ? parseService(raw) : null;

@@ -1,6 +1,8 @@
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { AppError } from "../../lib/errors";
+import { libc } from "./libc";
+import { AccountFiles, type AddResult, removeAccounts, type SystemAccount } from "./passwd";
 
 /**
  * WorkloadUser is the identity a workload (and its builds and exec probes) runs as: the
@@ -88,8 +90,57 @@ function readText(path: string): string {
   }
 }
 
-/** getent asks NSS (LDAP, sssd, ...) for what the local files do not have; "" when it has nothing. */
+/**
+ * Local is what /etc/passwd and /etc/group hold, parsed once per change of the files (their
+ * inode, size and mtime): a new service's user is looked up several times, and with hundreds of
+ * services each lookup used to parse both files again.
+ */
+interface Local {
+  key: string;
+  passwd: PasswdEntry[];
+  users: Map<string, PasswdEntry>;
+  groups: Map<string, number>;
+  ids: Set<number>;
+}
+let local: Local | null = null;
+
+function fileKey(path: string): string {
+  try {
+    const stat = statSync(path);
+    return `${stat.ino}:${stat.size}:${stat.mtimeMs}`;
+  } catch {
+    return "-";
+  }
+}
+
+function localAccounts(): Local {
+  const key = `${fileKey("/etc/passwd")}|${fileKey("/etc/group")}`;
+  if (local?.key === key) return local;
+  const passwd = parsePasswd(readText("/etc/passwd"));
+  const groups = new Map<string, number>();
+  const ids = new Set<number>();
+  for (const entry of passwd) ids.add(entry.uid).add(entry.gid);
+  for (const line of readText("/etc/group").split("\n")) {
+    const [name, , gid] = line.split(":");
+    if (!name || !gid || !/^\d+$/.test(gid)) continue;
+    groups.set(name, Number(gid));
+    ids.add(Number(gid));
+  }
+  local = { key, passwd, users: new Map(passwd.map((entry) => [entry.name, entry])), groups, ids };
+  return local;
+}
+
+/**
+ * getent asks NSS (LDAP, sssd, ...) for what the local files do not have; "" when it has nothing.
+ * Where the C library is loaded, whether NSS knows the key at all is asked in-process first: the
+ * answer is almost always no, and a process for it cost milliseconds on every new service.
+ */
 function getent(database: "passwd" | "group", key: string): string {
+  const lib = libc();
+  if (lib) {
+    const id = /^\d+$/.test(key) ? Number(key) : key;
+    if (!(database === "passwd" ? lib.userExists(id) : lib.groupExists(id))) return "";
+  }
   const getentPath = Bun.which("getent");
   if (!getentPath) return "";
   const result = Bun.spawnSync([getentPath, database, key], { stdout: "pipe", stderr: "ignore" });
@@ -100,7 +151,9 @@ function getent(database: "passwd" | "group", key: string): string {
 function findPasswd(nameOrUid: string): PasswdEntry | null {
   const numeric = /^\d+$/.test(nameOrUid);
   const match = (entry: PasswdEntry) => (numeric ? entry.uid === Number(nameOrUid) : entry.name === nameOrUid);
-  return parsePasswd(readText("/etc/passwd")).find(match) ?? parsePasswd(getent("passwd", nameOrUid)).find(match) ?? null;
+  const { passwd, users } = localAccounts();
+  const found = numeric ? passwd.find(match) : users.get(nameOrUid);
+  return found ?? parsePasswd(getent("passwd", nameOrUid)).find(match) ?? null;
 }
 
 /** groupIds returns the gids of the named groups that exist on this host. */
@@ -117,23 +170,15 @@ function groupIds(names: string[]): number[] {
 
 /** findGroup returns the gid of a group by name, or null when the host has none. */
 function findGroup(name: string): number | null {
-  const line =
-    readText("/etc/group")
-      .split("\n")
-      .find((l) => l.startsWith(`${name}:`)) ?? getent("group", name).trim();
-  const gid = line.split(":")[2];
+  const found = localAccounts().groups.get(name);
+  if (found !== undefined) return found;
+  const gid = getent("group", name).trim().split(":")[2];
   return gid && /^\d+$/.test(gid) ? Number(gid) : null;
 }
 
-/** usedIds are the uids and gids the local passwd and group files hold. */
+/** usedIds are the uids and gids the local passwd and group files hold (a copy: callers add to it). */
 function usedIds(): Set<number> {
-  const ids = new Set<number>();
-  for (const entry of parsePasswd(readText("/etc/passwd"))) ids.add(entry.uid).add(entry.gid);
-  for (const line of readText("/etc/group").split("\n")) {
-    const gid = line.split(":")[2];
-    if (gid && /^\d+$/.test(gid)) ids.add(Number(gid));
-  }
-  return ids;
+  return new Set(localAccounts().ids);
 }
 
 /** runTool runs useradd or groupadd and answers its exit code and the start of its stderr. */
@@ -162,22 +207,31 @@ function memberGroups(user: string): number[] {
 /**
  * ServiceUsers makes and finds the users workloads run as. A root engine runs each service as
  * a system user of its own (as systemd's DynamicUser= and Nomad's exec driver do), made on
- * first launch with `groupadd` and `useradd --system`, numbered from WORKLOAD_ID_RANGE, no
+ * first launch: written into the account files in-process (AccountFiles), or with `groupadd`
+ * and `useradd --system` where those cannot be written; numbered from WORKLOAD_ID_RANGE, no
  * login shell, and the service's data dir as home.
  */
 export class ServiceUsers {
   private gpuGroupIds: number[] | null = null;
+  /** queued are the accounts asked for since the last write: written together, one rewrite of each file for all. */
+  private queued: { account: SystemAccount; done: (result: AddResult | Error) => void }[] | null = null;
+  /** reserved are the ids of queued accounts: not in the files yet, and not to be handed out twice. */
+  private readonly reserved = new Set<number>();
 
-  constructor(private readonly idRange: { min: number; max: number } = WORKLOAD_ID_RANGE) {}
+  constructor(
+    private readonly idRange: { min: number; max: number } = WORKLOAD_ID_RANGE,
+    private readonly accountFiles: AccountFiles = new AccountFiles(),
+  ) {}
 
   /** idFree says whether an id is neither a user's nor a group's, locally or through NSS. */
   private idFree(id: number): boolean {
-    return !usedIds().has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
+    return !this.reserved.has(id) && !usedIds().has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
   }
 
   /** freeId is the lowest id of the range that no user or group has, locally or through NSS. */
   private freeId(): number {
     const used = usedIds();
+    for (const id of this.reserved) used.add(id);
     for (let id = this.idRange.min; id <= this.idRange.max; id++) {
       if (used.has(id)) continue;
       if (getent("passwd", String(id)) === "" && getent("group", String(id)) === "") return id;
@@ -207,6 +261,38 @@ export class ServiceUsers {
   }
 
   /**
+   * addAccount queues an account for the next write of the account files, on the next turn of
+   * the event loop: the launches of one scheduling pass make their users in one write.
+   */
+  private addAccount(account: SystemAccount): Promise<AddResult> {
+    this.reserved.add(account.uid);
+    if (account.makeGroup) this.reserved.add(account.gid);
+    return new Promise<AddResult>((resolve, reject) => {
+      if (!this.queued) {
+        this.queued = [];
+        setImmediate(() => this.writeQueued());
+      }
+      this.queued.push({ account, done: (result) => (result instanceof Error ? reject(result) : resolve(result)) });
+    }).finally(() => {
+      this.reserved.delete(account.uid);
+      if (account.makeGroup) this.reserved.delete(account.gid);
+    });
+  }
+
+  private writeQueued(): void {
+    const queued = this.queued ?? [];
+    this.queued = null;
+    let results: AddResult[];
+    try {
+      results = this.accountFiles.add(queued.map((entry) => entry.account));
+    } catch (error) {
+      for (const entry of queued) entry.done(error as Error);
+      return;
+    }
+    for (const [index, entry] of queued.entries()) entry.done(results[index] ?? "busy");
+  }
+
+  /**
    * ensureServiceUser returns the service's own user, making it when it does not exist. A
    * recorded uid (from the service's row) is asked for again when the user must be remade,
    * so files the old user owned stay its own. A user of that name the engine did not make (its
@@ -231,6 +317,26 @@ export class ServiceUsers {
       // files the old user owned stay its own.
       const id = recorded !== null && recorded.name === name && this.idFree(recorded.uid) ? recorded.uid : this.freeId();
       const existingGroup = findGroup(name);
+      const added = await this.addAccount({
+        name,
+        uid: id,
+        gid: existingGroup ?? id,
+        makeGroup: existingGroup === null,
+        comment: `${SERVICE_USER_COMMENT} ${serviceName}`,
+        home,
+        shell: Bun.which("nologin") ?? "/usr/sbin/nologin",
+      });
+      if (added === "added" || (added === "taken" && attempt < 20)) continue; // read it back, or choose again
+      if (added === "busy" && attempt < 20) {
+        await Bun.sleep(5 + attempt * 10);
+        continue;
+      }
+      if (added !== "unsupported") {
+        throw new AppError(
+          "internal",
+          `could not make the service's user ${name}: the account files stayed ${added} through ${attempt} tries`,
+        );
+      }
       if (existingGroup === null) {
         const made = await runTool("groupadd", ["--system", "--gid", String(id), name]);
         if (made.code === ID_TAKEN_EXIT && attempt < 20) continue; // another process took the gid: choose again
@@ -284,13 +390,40 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
     return;
   }
   const homes = `${join(dataDir, "data")}/`;
+  const users: { name: string; uid: number }[] = [];
   for (const line of passwd.split("\n")) {
-    const [name, , , , comment, home] = line.split(":");
+    const [name, , uid, , comment, home] = line.split(":");
     if (!name?.startsWith(SERVICE_USER_PREFIX) || !comment?.startsWith(SERVICE_USER_COMMENT) || !home?.startsWith(homes)) continue;
     if (options.only && !options.only.some((service) => serviceUserName(service) === name)) continue;
+    users.push({ name, uid: Number(uid) });
+  }
+  // Users with no process left go in one rewrite of the account files (userdel costs a process
+  // and four rewrites each); the others, and all where the files cannot be written, go through
+  // userdel, which waits for their processes as before.
+  const busy = uidsInUse();
+  const idle = users.filter((user) => !busy.has(user.uid));
+  const removed = removeAccounts(idle.map((user) => user.name));
+  for (const { name } of removed ? users.filter((user) => busy.has(user.uid)) : users) {
     const deadline = Date.now() + (options.waitMs ?? 0);
     while (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode === 8 && Date.now() < deadline) {
       Bun.sleepSync(20);
     }
   }
+}
+
+/** uidsInUse are the real, effective, saved and filesystem uids of every process, from /proc (zombies included, as userdel counts them). */
+function uidsInUse(): Set<number> {
+  const uids = new Set<number>();
+  let entries: string[] = [];
+  try {
+    entries = readdirSync("/proc");
+  } catch {
+    return uids;
+  }
+  for (const entry of entries) {
+    if (!/^\d+$/.test(entry)) continue;
+    const match = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(readText(`/proc/${entry}/status`));
+    if (match) for (const uid of match.slice(1)) uids.add(Number(uid));
+  }
+  return uids;
 }

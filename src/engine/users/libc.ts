@@ -1,0 +1,56 @@
+import { dlopen, FFIType, ptr } from "bun:ffi";
+
+/**
+ * Libc is the few C library calls the account code makes in-process: an advisory fcntl lock
+ * (the lock lckpwdf(3) takes, without its blocking wait) and NSS lookups (getpwnam(3) and
+ * friends: LDAP, sssd, systemd's dynamic users), each of which used to cost a process.
+ */
+export interface Libc {
+  /** tryWriteLock takes a whole-file write lock on an open fd without waiting; false when another process holds it. */
+  tryWriteLock(fd: number): boolean;
+  /** userExists says whether NSS knows a user by name or uid. */
+  userExists(nameOrUid: string | number): boolean;
+  /** groupExists says whether NSS knows a group by name or gid. */
+  groupExists(nameOrGid: string | number): boolean;
+}
+
+// Linux's generic values (x86_64 and aarch64 alike): F_SETLK, F_WRLCK, SEEK_SET, and struct flock
+// { short l_type; short l_whence; off_t l_start; off_t l_len; pid_t l_pid; }, 32 bytes on 64-bit.
+const F_SETLK = 6;
+const F_WRLCK = 1;
+const FLOCK_SIZE = 32;
+
+let loaded: Libc | null | undefined;
+
+/** libc returns the calls, or null where the C library cannot be loaded (musl, not 64-bit Linux): callers fall back to tools. */
+export function libc(): Libc | null {
+  if (loaded !== undefined) return loaded;
+  loaded = null;
+  if (process.platform !== "linux" || (process.arch !== "x64" && process.arch !== "arm64")) return null;
+  try {
+    const { symbols } = dlopen("libc.so.6", {
+      fcntl: { args: [FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
+      getpwnam: { args: [FFIType.cstring], returns: FFIType.ptr },
+      getpwuid: { args: [FFIType.u32], returns: FFIType.ptr },
+      getgrnam: { args: [FFIType.cstring], returns: FFIType.ptr },
+      getgrgid: { args: [FFIType.u32], returns: FFIType.ptr },
+    });
+    const cstring = (text: string) => ptr(Buffer.from(`${text}\0`, "utf8"));
+    loaded = {
+      tryWriteLock(fd) {
+        const flock = new Uint8Array(FLOCK_SIZE);
+        new DataView(flock.buffer).setInt16(0, F_WRLCK, true); // l_whence, l_start, l_len 0: SEEK_SET, the whole file
+        return symbols.fcntl(fd, F_SETLK, ptr(flock)) === 0;
+      },
+      userExists(key) {
+        return (typeof key === "number" ? symbols.getpwuid(key) : symbols.getpwnam(cstring(key))) !== null;
+      },
+      groupExists(key) {
+        return (typeof key === "number" ? symbols.getgrgid(key) : symbols.getgrnam(cstring(key))) !== null;
+      },
+    };
+  } catch {
+    loaded = null;
+  }
+  return loaded;
+}

@@ -1,0 +1,263 @@
+import {
+  closeSync,
+  existsSync,
+  fchmodSync,
+  fchownSync,
+  fsyncSync,
+  linkSync,
+  lstatSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  statSync,
+  unlinkSync,
+  writeSync,
+} from "node:fs";
+import { join } from "node:path";
+import { libc } from "./libc";
+
+/** SystemAccount is one service user and, unless its group exists already, its group of the same number. */
+export interface SystemAccount {
+  name: string;
+  uid: number;
+  gid: number;
+  /** makeGroup adds the group `name` with `gid`; false when a group of that name exists (its gid is `gid`). */
+  makeGroup: boolean;
+  comment: string;
+  home: string;
+  shell: string;
+}
+
+/**
+ * AddResult: `added`; `taken` when the name or an id is in the files by now (another process was
+ * first: look again, choose again); `busy` when another process holds the lock (try again in a
+ * moment); `unsupported` when these files cannot be written here (use groupadd and useradd).
+ */
+export type AddResult = "added" | "taken" | "busy" | "unsupported";
+
+/** FIELD_SAFE is what a field may hold: no separator, no line break. */
+const FIELD_SAFE = /^[^:\n\r]*$/;
+
+/**
+ * AccountFiles adds system accounts to /etc/passwd, /etc/shadow, /etc/group and /etc/gshadow
+ * from the daemon's own process, as systemd-sysusers does, where groupadd and useradd cost two
+ * processes, a dozen file rewrites and 30-40 ms per new service (decision 450). It takes the
+ * locks those tools take, so it never interleaves with them: the fcntl lock on .pwd.lock
+ * (lckpwdf(3): useradd, passwd, vipw and systemd take it first) and shadow-utils' own
+ * `<file>.lock` (a link to a file holding the owner's pid, a dead owner's taken over). Each file
+ * is written whole beside itself (`<file>+`, with the original's owner and mode), synced and
+ * renamed over: a reader sees the old file or the new one, and a crash leaves the old one. The
+ * group goes first, so the user's gid never names a group that is not there yet.
+ */
+export class AccountFiles {
+  constructor(private readonly etc = "/etc") {}
+
+  /**
+   * add writes several accounts under one lock and one rewrite of each file (the costly part,
+   * and the same for one account or fifty), each checked against the files and the ones before
+   * it: one result per account, in order.
+   */
+  add(accounts: SystemAccount[]): AddResult[] {
+    const all = (result: AddResult) => accounts.map(() => result);
+    const lib = libc();
+    const files = {
+      passwd: join(this.etc, "passwd"),
+      shadow: join(this.etc, "shadow"),
+      group: join(this.etc, "group"),
+      gshadow: join(this.etc, "gshadow"),
+    };
+    if (accounts.length === 0) return [];
+    if (!lib || !existsSync(files.passwd) || !existsSync(files.group)) return all("unsupported");
+    for (const path of Object.values(files)) {
+      // A link or anything but a plain file is the administrator's arrangement: leave it to the tools.
+      if (existsSync(path) && !lstatSync(path).isFile()) return all("unsupported");
+    }
+    let lockFd: number;
+    try {
+      lockFd = openSync(join(this.etc, ".pwd.lock"), "w", 0o600);
+    } catch {
+      return all("unsupported");
+    }
+    const held: string[] = [];
+    try {
+      if (!lib.tryWriteLock(lockFd)) return all("busy");
+      for (const path of Object.values(files).filter((file) => existsSync(file))) {
+        const taken = takeLockFile(path);
+        if (taken !== "taken") return all(taken);
+        held.push(`${path}.lock`);
+      }
+      let passwd = readFileSync(files.passwd, "utf8");
+      let group = readFileSync(files.group, "utf8");
+      const lines = { passwd: [] as string[], shadow: [] as string[], group: [] as string[], gshadow: [] as string[] };
+      // Locked password ("!"), last changed today in days since the epoch, no ageing: as `useradd --system` writes it.
+      const days = Math.floor(Date.now() / 86_400_000);
+      const results = accounts.map((account): AddResult => {
+        if (![account.name, account.comment, account.home, account.shell].every((field) => FIELD_SAFE.test(field))) return "unsupported";
+        // The local files are checked here, under the lock; NSS (LDAP, sssd), which no lock of ours
+        // holds still, the caller asked moments before (ServiceUsers.freeId, findPasswd, findGroup).
+        if (hasEntry(passwd, account.name, account.uid)) return "taken";
+        if (account.makeGroup && hasEntry(group, account.name, account.gid)) return "taken";
+        if (account.makeGroup) {
+          const line = `${account.name}:x:${account.gid}:`;
+          group = appendLine(group, line);
+          lines.group.push(line);
+          lines.gshadow.push(`${account.name}:!::`);
+        }
+        const line = `${account.name}:x:${account.uid}:${account.gid}:${account.comment}:${account.home}:${account.shell}`;
+        passwd = appendLine(passwd, line);
+        lines.passwd.push(line);
+        lines.shadow.push(`${account.name}:!:${days}::::::`);
+        return "added";
+      });
+      // The groups first: a user's gid never names a group that is not there yet.
+      if (lines.group.length > 0) {
+        replaceWith(files.group, group);
+        if (existsSync(files.gshadow)) replaceWith(files.gshadow, appendLines(readFileSync(files.gshadow, "utf8"), lines.gshadow));
+      }
+      if (lines.passwd.length > 0) {
+        replaceWith(files.passwd, passwd);
+        if (existsSync(files.shadow)) replaceWith(files.shadow, appendLines(readFileSync(files.shadow, "utf8"), lines.shadow));
+      }
+      return results;
+    } finally {
+      for (const lock of held) unlinkQuietly(lock);
+      closeSync(lockFd); // closing the fd releases the fcntl lock
+    }
+  }
+}
+
+/**
+ * removeAccounts deletes users and their groups of the same name (userdel's USERGROUPS_ENAB
+ * rule) from the four files under the same locks as AccountFiles.add, in one rewrite of each;
+ * false when the files cannot be written here or the lock is busy (the caller runs userdel).
+ * The caller has made sure no process of these users lives: userdel's own refusal.
+ */
+export function removeAccounts(names: readonly string[], etc = "/etc"): boolean {
+  if (names.length === 0) return true;
+  const files = ["group", "gshadow", "passwd", "shadow"].map((file) => join(etc, file));
+  const lib = libc();
+  if (!lib || !files.slice(0, 3).every((path) => path.endsWith("gshadow") || existsSync(path))) return false;
+  if (files.some((path) => existsSync(path) && !lstatSync(path).isFile())) return false;
+  let lockFd: number;
+  try {
+    lockFd = openSync(join(etc, ".pwd.lock"), "w", 0o600);
+  } catch {
+    return false;
+  }
+  const held: string[] = [];
+  try {
+    if (!lib.tryWriteLock(lockFd)) return false;
+    const present = files.filter((path) => existsSync(path));
+    for (const path of present) {
+      if (takeLockFile(path) !== "taken") return false;
+      held.push(`${path}.lock`);
+    }
+    const gone = new Set(names);
+    for (const path of present) {
+      const text = readFileSync(path, "utf8");
+      const kept = text.split("\n").filter((line) => !gone.has(line.split(":")[0] ?? ""));
+      const next = kept.join("\n");
+      if (next !== text) replaceWith(path, next);
+    }
+    return true;
+  } finally {
+    for (const lock of held) unlinkQuietly(lock);
+    closeSync(lockFd);
+  }
+}
+
+/** hasEntry says whether a passwd- or group-format text has the name, or the id in its third field. */
+function hasEntry(text: string, name: string, id: number): boolean {
+  for (const line of text.split("\n")) {
+    const fields = line.split(":");
+    if (fields[0] === name || fields[2] === String(id)) return true;
+  }
+  return false;
+}
+
+function appendLine(text: string, line: string): string {
+  return appendLines(text, [line]);
+}
+
+function appendLines(text: string, lines: string[]): string {
+  return `${text}${text === "" || text.endsWith("\n") ? "" : "\n"}${lines.map((line) => `${line}\n`).join("")}`;
+}
+
+/** replaceWith writes `path+` with the owner and mode of `path`, syncs it and renames it over `path`. */
+function replaceWith(path: string, content: string): void {
+  const before = statSync(path);
+  const next = `${path}+`;
+  const fd = openSync(next, "w", 0o600);
+  try {
+    const bytes = Buffer.from(content, "utf8");
+    let written = 0;
+    while (written < bytes.length) written += writeSync(fd, bytes, written);
+    // Owner before mode: chown clears set-id bits, and a mode set first could be lost.
+    fchownSync(fd, before.uid, before.gid);
+    fchmodSync(fd, before.mode & 0o7777);
+    fsyncSync(fd);
+  } catch (error) {
+    closeSync(fd);
+    unlinkQuietly(next);
+    throw error;
+  }
+  closeSync(fd);
+  renameSync(next, path);
+}
+
+/**
+ * takeLockFile takes shadow-utils' lock of one file: `<file>.<pid>` holding this pid, linked to
+ * `<file>.lock`; a lock whose owner is gone is removed and taken. Answers "taken" when it holds it.
+ */
+function takeLockFile(path: string): "taken" | "busy" | "unsupported" {
+  const lock = `${path}.lock`;
+  const mine = `${path}.${process.pid}`;
+  try {
+    const fd = openSync(mine, "w", 0o600);
+    writeSync(fd, String(process.pid));
+    closeSync(fd);
+  } catch {
+    return "unsupported";
+  }
+  try {
+    for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        linkSync(mine, lock);
+        return "taken";
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code !== "EEXIST") return "unsupported";
+      }
+      const owner = Number(readQuietly(lock).trim());
+      if (Number.isInteger(owner) && owner > 0 && processAlive(owner)) return "busy";
+      unlinkQuietly(lock); // its owner died holding it, as shadow-utils' commonio_lock treats it
+    }
+    return "busy";
+  } finally {
+    unlinkQuietly(mine);
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+function readQuietly(path: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch {
+    return "";
+  }
+}
+
+function unlinkQuietly(path: string): void {
+  try {
+    unlinkSync(path);
+  } catch {
+    // gone already
+  }
+}

@@ -1,0 +1,140 @@
+import { afterEach, beforeEach, describe, expect, test } from "bun:test";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { libc } from "../../../src/engine/users/libc";
+import { AccountFiles, removeAccounts, type SystemAccount } from "../../../src/engine/users/passwd";
+import { eventually, tempDir } from "../../helpers";
+
+const BASE = {
+  passwd: "root:x:0:0:root:/root:/bin/bash\nold:x:61184:61184:engine service old:/srv/old:/usr/sbin/nologin\n",
+  shadow: "root:*:19000:0:99999:7:::\nold:!:19000::::::\n",
+  group: "root:x:0:\nold:x:61184:\nvideo:x:44:\n",
+  gshadow: "root:*::\nold:!::\nvideo:*::\n",
+};
+
+function account(name: string, id: number, makeGroup = true): SystemAccount {
+  return { name, uid: id, gid: id, makeGroup, comment: `engine service ${name}`, home: `/srv/${name}`, shell: "/usr/sbin/nologin" };
+}
+
+let etc: string;
+beforeEach(() => {
+  etc = tempDir("engine-test-etc-");
+  for (const [file, text] of Object.entries(BASE)) writeFileSync(join(etc, file), text);
+  chmodSync(join(etc, "shadow"), 0o640);
+  chmodSync(join(etc, "gshadow"), 0o640);
+});
+afterEach(() => rmSync(etc, { recursive: true, force: true }));
+
+const read = (file: string) => readFileSync(join(etc, file), "utf8");
+
+describe("AccountFiles", () => {
+  test.skipIf(libc() === null)("adds users and their groups in one write, each file keeping its mode, and leaves no lock behind", () => {
+    const files = new AccountFiles(etc);
+    expect(files.add([account("eng-a", 61185), account("eng-b", 61186)])).toEqual(["added", "added"]);
+    expect(read("passwd")).toBe(
+      `${BASE.passwd}eng-a:x:61185:61185:engine service eng-a:/srv/eng-a:/usr/sbin/nologin\neng-b:x:61186:61186:engine service eng-b:/srv/eng-b:/usr/sbin/nologin\n`,
+    );
+    expect(read("group")).toBe(`${BASE.group}eng-a:x:61185:\neng-b:x:61186:\n`);
+    expect(read("gshadow")).toBe(`${BASE.gshadow}eng-a:!::\neng-b:!::\n`);
+    const days = Math.floor(Date.now() / 86_400_000);
+    expect(read("shadow")).toBe(`${BASE.shadow}eng-a:!:${days}::::::\neng-b:!:${days}::::::\n`);
+    expect(statSync(join(etc, "shadow")).mode & 0o777).toBe(0o640);
+    expect(statSync(join(etc, "passwd")).mode & 0o777).toBe(0o644 & ~process.umask());
+    for (const leftover of ["passwd.lock", "group.lock", "shadow.lock", "gshadow.lock", "passwd+", `passwd.${process.pid}`]) {
+      expect(existsSync(join(etc, leftover))).toBe(false);
+    }
+  });
+
+  test.skipIf(libc() === null)(
+    "a user of an existing group gets no group; a taken name or id is refused and nothing is written for it",
+    () => {
+      const files = new AccountFiles(etc);
+      const results = files.add([
+        { ...account("eng-v", 61190, false), gid: 44 },
+        account("old", 61191),
+        account("eng-c", 61184),
+        account("eng-d", 61192),
+        account("eng-d", 61193),
+      ]);
+      expect(results).toEqual(["added", "taken", "taken", "added", "taken"]);
+      expect(read("passwd")).toContain("eng-v:x:61190:44:");
+      expect(read("group")).toBe(`${BASE.group}eng-d:x:61192:\n`);
+      expect(read("passwd").match(/^eng-d:/gm)?.length).toBe(1);
+      expect(read("passwd")).not.toContain("eng-c");
+    },
+  );
+
+  test.skipIf(libc() === null)(
+    "another process holding the passwd lock (lckpwdf's fcntl lock) makes it busy; released, it goes",
+    async () => {
+      const ready = join(etc, "ready");
+      const holder = Bun.spawn(
+        [
+          process.execPath,
+          "-e",
+          `const { openSync } = require("node:fs"); const { libc } = require(${JSON.stringify(join(import.meta.dir, "../../../src/engine/users/libc.ts"))});
+         const fd = openSync(${JSON.stringify(join(etc, ".pwd.lock"))}, "w", 0o600);
+         if (!libc().tryWriteLock(fd)) process.exit(3);
+         require("node:fs").writeFileSync(${JSON.stringify(ready)}, "");
+         setTimeout(() => {}, 30000);`,
+        ],
+        { stdout: "ignore", stderr: "inherit" },
+      );
+      try {
+        await eventually(() => existsSync(ready), { timeoutMs: 10_000 });
+        const files = new AccountFiles(etc);
+        expect(files.add([account("eng-e", 61194)])).toEqual(["busy"]);
+        expect(read("passwd")).toBe(BASE.passwd);
+        holder.kill("SIGKILL");
+        await holder.exited;
+        expect(files.add([account("eng-e", 61194)])).toEqual(["added"]);
+      } finally {
+        holder.kill("SIGKILL");
+      }
+    },
+  );
+
+  test.skipIf(libc() === null)("shadow-utils' lock file: a live owner makes it busy, a dead one's is taken over", async () => {
+    const files = new AccountFiles(etc);
+    writeFileSync(join(etc, "group.lock"), String(process.ppid));
+    expect(files.add([account("eng-f", 61195)])).toEqual(["busy"]);
+    expect(readFileSync(join(etc, "group.lock"), "utf8")).toBe(String(process.ppid)); // not ours to remove
+    const gone = Bun.spawn(["true"]);
+    await gone.exited;
+    writeFileSync(join(etc, "group.lock"), String(gone.pid));
+    expect(files.add([account("eng-f", 61195)])).toEqual(["added"]);
+    expect(existsSync(join(etc, "group.lock"))).toBe(false);
+  });
+
+  test("a file that is a link, a field with a separator, or files that are not there: left to groupadd and useradd", () => {
+    const files = new AccountFiles(etc);
+    expect(files.add([{ ...account("eng-g", 61196), comment: "a:b" }])).toEqual(["unsupported"]);
+    mkdirSync(join(etc, "real"));
+    writeFileSync(join(etc, "real", "shadow"), BASE.shadow);
+    rmSync(join(etc, "shadow"));
+    symlinkSync(join(etc, "real", "shadow"), join(etc, "shadow"));
+    expect(files.add([account("eng-g", 61196)])).toEqual(["unsupported"]);
+    expect(new AccountFiles(join(etc, "nowhere")).add([account("eng-g", 61196)])).toEqual(["unsupported"]);
+    expect(read("passwd")).toBe(BASE.passwd);
+  });
+
+  test.skipIf(libc() === null)(
+    "removeAccounts takes users and their own groups out of all four files in one write, leaving the rest",
+    () => {
+      const files = new AccountFiles(etc);
+      expect(files.add([account("eng-h", 61197), account("eng-i", 61198)])).toEqual(["added", "added"]);
+      expect(removeAccounts(["eng-h", "old"], etc)).toBe(true);
+      expect(read("passwd")).toBe(
+        `root:x:0:0:root:/root:/bin/bash\neng-i:x:61198:61198:engine service eng-i:/srv/eng-i:/usr/sbin/nologin\n`,
+      );
+      expect(read("group")).toBe("root:x:0:\nvideo:x:44:\neng-i:x:61198:\n");
+      expect(read("gshadow")).toBe("root:*::\nvideo:*::\neng-i:!::\n");
+      expect(read("shadow")).not.toContain("eng-h");
+      expect(read("shadow")).not.toContain("old:");
+      expect(statSync(join(etc, "shadow")).mode & 0o777).toBe(0o640);
+      writeFileSync(join(etc, "passwd.lock"), String(process.ppid));
+      expect(removeAccounts(["eng-i"], etc)).toBe(false);
+      expect(read("passwd")).toContain("eng-i");
+    },
+  );
+});
