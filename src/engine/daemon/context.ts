@@ -31,13 +31,17 @@ export interface EngineContext {
 
 /**
  * Module is one long-lived part of the daemon, with one lifecycle (Caddy's provision, start,
- * cleanup). start(ctx) does the module's work in the composition root's order and publishes on
- * ctx.bus what later modules reach of it; stop() undoes it. The root stops the started modules
- * in reverse, also when a later one failed to start, so stop() must be safe after a partial
- * start (the failing module's own included) and twice.
+ * cleanup). provision(ctx), where a module has one, builds what needs nothing exclusive (no
+ * port, no write to what a running predecessor owns) and publishes on ctx.bus what later
+ * modules reach of it; start(ctx) does the module's work in the composition root's order; stop()
+ * undoes both. A plain start provisions and starts each module in turn; a restart's successor
+ * provisions every module before it starts the first (ModuleRunner, decision 441). The root
+ * stops the modules in reverse, also when a later one failed, so stop() must be safe after a
+ * provision alone, after a partial start (the failing module's own included) and twice.
  */
 export interface Module {
   readonly name: string;
+  provision?(ctx: EngineContext): void | Promise<void>;
   start(ctx: EngineContext): void | Promise<void>;
   stop(): void | Promise<void>;
 }
@@ -100,21 +104,35 @@ export class EngineBus {
 }
 
 /**
- * ModuleRunner starts modules in order and stops the started ones in reverse. A module counts
- * as started from the moment its start is called, so a failed start stops it too, then every
- * one before it. stop() may come at any time, also while a later module still starts (a
- * restart requested as soon as the API answers): it stops what has started by then.
+ * ModuleRunner provisions and starts modules in order and stops them in reverse. A module counts
+ * as started from the moment its provision (or start) is called, so a failed one is stopped too,
+ * then every one before it. stop() may come at any time, also while a later module still starts
+ * (a restart requested as soon as the API answers): it stops what has started by then.
  */
 export class ModuleRunner {
   readonly #started: Module[] = [];
 
   constructor(private readonly ctx: EngineContext) {}
 
-  /** start starts each module in order; on a failure it stops every started one in reverse and throws the error. */
-  async start(modules: readonly Module[]): Promise<void> {
+  /**
+   * start provisions and starts each module in order; on a failure it stops every started one
+   * in reverse and throws the error. With `provisionFirst` every module is provisioned before the
+   * first one starts (Caddy's Provision, then Start): a successor builds all it can before a
+   * module of the list (the take-over) waits for its predecessor's release.
+   */
+  async start(modules: readonly Module[], options: { provisionFirst?: boolean } = {}): Promise<void> {
     try {
+      if (options.provisionFirst) {
+        for (const module of modules) {
+          this.#started.push(module);
+          await module.provision?.(this.ctx);
+        }
+        for (const module of modules) await module.start(this.ctx);
+        return;
+      }
       for (const module of modules) {
         this.#started.push(module);
+        await module.provision?.(this.ctx);
         await module.start(this.ctx);
       }
     } catch (error) {

@@ -14,8 +14,8 @@ import { warmMcpTools } from "../mcp";
 import type { EngineMetrics } from "../metrics";
 import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
-import { appliedMigrations, type Database } from "../store";
-import { readProcessStat } from "../supervisor";
+import { appliedMigrations, type Database, storeIsCurrent } from "../store";
+import { readProcessStat, type Supervisor } from "../supervisor";
 import { dataDirModes } from "../users";
 import { EngineBus, type EngineContext, type Module, ModuleRunner } from "./context";
 import {
@@ -25,6 +25,7 @@ import {
   type HandingOver,
   HandoverError,
   handOver,
+  Phases,
   type SuccessorChannel,
   type SuccessorRole,
   type ToSuccessor,
@@ -275,6 +276,8 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
   }
 }
 
+/** FIRST_ANSWER_WAIT_MS bounds how long a successor defers its slower start-up work for the first request after its switch. */
+const FIRST_ANSWER_WAIT_MS = 250;
 /** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
 const HELLO_TIMEOUT_MS = 120_000;
 /** PEER_REAP_MS bounds the wait for the children of the pid before its execve to exit (a proxy process drains for up to 30 s). */
@@ -378,6 +381,8 @@ interface Taking {
   role: SuccessorRole;
   channel: SuccessorChannel;
   order: Extract<ToSuccessor, { type: "switch" }>;
+  /** phases time the successor's steps from the switch on (decision 440). */
+  phases: Phases;
 }
 
 /**
@@ -412,7 +417,7 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
     if (role.priority !== null) restorePriority(0, role.priority);
   }
   try {
-    return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order });
+    return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order, phases: new Phases() });
   } catch (error) {
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
@@ -705,30 +710,48 @@ async function startIn(
     },
   };
 
+  // A successor provisions every module (the store, the tokens, the catalog, the metrics, the
+  // service manager, the API and MCP, warmed) before its take-over binds the ports, when the
+  // store is shared with its predecessor through WAL, i.e. opening it writes nothing (decision
+  // 441); with a migration pending it takes the ports first and provisions and starts each
+  // module in turn, as a plain start does.
+  const provisionFirst = taking !== null && storeIsCurrent(join(config.dataDir, "engine.db"));
   const services = servicesModule(modesBefore, options.decorateServices);
-  const api = apiModule({ startedAt, daemon, closing: closing.signal, logSinks: sinks, tunnel: options.tunnel });
+  const api = apiModule({
+    startedAt,
+    daemon,
+    closing: closing.signal,
+    logSinks: sinks,
+    tunnel: options.tunnel,
+    warmPort: provisionFirst ? taking?.order.port : undefined,
+  });
   const proxy = proxyModule({ proxied: taking?.role.standin !== true, handingOver: () => handingOver, command: options.proxyCommand });
+  const sampling = samplingModule();
   // The order is the start's: a successor binds the API's listeners and the shims' notify
-  // socket first and holds the requests that arrive from its switch on until its modules are
-  // up (decision 360); the services adopt the workloads before sampling and the API start.
-  await running.start([
-    { name: "log", start() {}, stop: flush } satisfies Module,
-    rejectionGuard(),
-    supervisorModule(),
-    localCaModule(),
-    ...(taking ? [takeOverModule(taking)] : []),
-    storeModule((opened) => {
-      store = opened;
-    }),
-    tokensModule(),
-    catalogModule(),
-    metricsModule(),
-    services,
-    samplingModule(),
-    api,
-    linkModule(),
-    proxy,
-  ]);
+  // socket before anything that owns state starts, and holds the requests that arrive from its
+  // switch on until the API serves (decision 360); the services adopt the workloads before
+  // sampling and the API start. A successor samples after its first answer (decision 441).
+  await running.start(
+    [
+      { name: "log", start() {}, stop: flush } satisfies Module,
+      rejectionGuard(),
+      supervisorModule(),
+      localCaModule(),
+      ...(taking ? [takeOverModule(taking)] : []),
+      storeModule((opened) => {
+        store = opened;
+      }),
+      tokensModule(),
+      catalogModule(),
+      metricsModule(),
+      ...(taking ? [phaseMark(taking, "start")] : []),
+      services,
+      ...(taking ? [phaseMark(taking, "adopt"), api, firstAnswerModule(taking), sampling] : [sampling, api]),
+      linkModule(),
+      proxy,
+    ],
+    { provisionFirst },
+  );
 
   const port = bus.get("listeners").port;
   const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
@@ -778,23 +801,76 @@ async function startIn(
 /**
  * takeOverModule is a successor's side of the switch (decision 360): it binds the API's
  * listeners and the shims' notify socket, says it switched, and waits for its predecessor to
- * release the modules it starts next.
+ * release the modules it starts next. Its start follows every module's provision where the
+ * successor provisions first (decision 441): `prepare` is then the time they took.
  */
 function takeOverModule(taking: Taking): Module {
   let listeners: ApiListeners | null = null;
   return {
     name: "take-over",
     async start({ config, log, bus }) {
-      listeners = bus.provide(
-        "listeners",
-        ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log }),
-      );
-      bus.get("supervisor").bindNotify();
-      taking.channel.send({ type: "switched" });
+      taking.phases.mark("prepare");
+      listeners = bus.provide("listeners", bindAsSuccessor(taking, config, bus.get("supervisor"), log));
       await awaitRelease(taking, log);
+      taking.phases.mark("wait_release");
     },
     stop() {
       listeners?.close();
     },
+  } satisfies Module;
+}
+
+/**
+ * bindAsSuccessor is a successor's switch: it binds the API port beside its predecessor's and
+ * renames its unix sockets over the paths (new connections are this process's from then on,
+ * held until it serves), and says `switched`; the predecessor then releases its work.
+ */
+function bindAsSuccessor(taking: Taking, config: EngineConfig, supervisor: Supervisor, log: Logger): ApiListeners {
+  const listeners = ApiListeners.bind({ host: config.host, port: taking.order.port, socketPath: config.socketPath, log });
+  try {
+    supervisor.bindNotify();
+  } catch (error) {
+    listeners.close();
+    throw error;
+  }
+  taking.channel.send({ type: "switched" });
+  taking.phases.mark("bind");
+  return listeners;
+}
+
+/** phaseMark marks a step of a successor's take-over where the list reaches it (decision 440). */
+function phaseMark(taking: Taking, name: string): Module {
+  return {
+    name: `phase ${name}`,
+    start() {
+      taking.phases.mark(name);
+    },
+    stop() {},
+  } satisfies Module;
+}
+
+/**
+ * firstAnswerModule follows a successor's API: it logs, once the first request held since the
+ * switch has been answered (or after 10 s without one), how long each step of the take-over
+ * took (decision 440; `window_ms`, from its bind to that answer, is when new requests wait),
+ * and holds the modules after it (the first metrics sample scans /proc, the proxy processes
+ * start) until that answer, at most FIRST_ANSWER_WAIT_MS (decision 441).
+ */
+function firstAnswerModule(taking: Taking): Module {
+  return {
+    name: "first-answer",
+    async start({ log, bus }) {
+      const listeners = bus.get("listeners");
+      taking.phases.mark("api");
+      void Promise.race([listeners.firstAnswer(), Bun.sleep(10_000)]).then(() => {
+        taking.phases.mark("first_answer");
+        log.info(
+          { standin: taking.role.standin, phases_ms: taking.phases.ms, window_ms: taking.phases.since("bind") },
+          "took the work over",
+        );
+      });
+      await Promise.race([listeners.firstAnswer(), Bun.sleep(FIRST_ANSWER_WAIT_MS)]);
+    },
+    stop() {},
   } satisfies Module;
 }

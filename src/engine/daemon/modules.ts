@@ -39,7 +39,7 @@ import {
   tightened,
 } from "../users";
 import type { Module } from "./context";
-import { ApiListeners } from "./listeners";
+import { ApiListeners, warmHandlers } from "./listeners";
 import { checkReady } from "./ready";
 
 // The daemon's modules, in the order startIn lists them. Each adapts one part of the engine
@@ -55,13 +55,14 @@ export function rejectionGuard(): Module {
   let onRejection: ((reason: unknown) => void) | null = null;
   return {
     name: "rejection-guard",
-    start({ log }) {
+    provision({ log }) {
       onRejection = (reason: unknown) => {
         if (!isDiskFull(reason)) throw reason;
         log.error({ err: reason }, "a background write was refused for lack of space");
       };
       process.on("unhandledRejection", onRejection);
     },
+    start() {},
     stop() {
       if (onRejection) process.off("unhandledRejection", onRejection);
       onRejection = null;
@@ -78,7 +79,7 @@ export function supervisorModule(): Module {
   let supervisor: Supervisor | null = null;
   return {
     name: "supervisor",
-    start({ config, log, bus }) {
+    provision({ config, log, bus }) {
       removeStaleNames(config.dataDir);
       supervisor = bus.provide(
         "supervisor",
@@ -92,6 +93,7 @@ export function supervisorModule(): Module {
         }),
       );
     },
+    start() {},
     stop() {
       supervisor?.stop();
     },
@@ -106,41 +108,58 @@ export function supervisorModule(): Module {
 export function localCaModule(): Module {
   return {
     name: "local-ca",
-    start({ config, clock, bus }) {
+    provision({ config, clock, bus }) {
       const ca = new LocalCa({ dir: pkiDirectory(config.dataDir), clock, hostname: config.proxy.hostname });
       const rootPem = ca.rootPem();
       bus.provide("ca", { ca, rootPem, trust: trustStatus(rootPem).catch(() => ({ system: false, nss: null })) });
     },
+    start() {},
     stop() {},
   } satisfies Module;
 }
 
-/** storeModule opens the engine's database; the context's store reads it from then on. */
+/**
+ * storeModule opens the engine's database; the context's store reads it from then on. A
+ * successor provisions it before its switch only when opening it writes nothing (storeIsCurrent:
+ * the store is shared with the predecessor through WAL); otherwise it starts the plain way,
+ * opening it after the release (decision 441).
+ */
 export function storeModule(open: (store: ReturnType<typeof openStore>) => void): Module {
   let db: ReturnType<typeof openStore> | null = null;
   return {
     name: "store",
-    start({ config }) {
+    provision({ config }) {
       db = openStore(join(config.dataDir, "engine.db"));
       open(db);
     },
+    start() {},
     stop() {
       db?.close();
     },
   } satisfies Module;
 }
 
-/** tokensModule starts the token store (its coalesced `last_used_at` writes) and makes the admin token on a first start. */
+/**
+ * tokensModule makes the token store (provision: it only reads until started) and starts it (its
+ * coalesced `last_used_at` writes), making the admin token on a first start.
+ */
 export function tokensModule(): Module {
   let tokens: TokenStore | null = null;
+  let started = false;
   return {
     name: "tokens",
-    start({ config, store, clock, log, bus }) {
+    provision({ store, clock, bus }) {
       tokens = bus.provide("tokens", new TokenStore(store, clock));
+    },
+    start({ config, log }) {
+      if (!tokens) return;
+      started = true;
       tokens.start(config.lastUsedFlushMs);
       bootstrapAdminToken(tokens, config.dataDir, config.adminToken, log);
     },
     stop() {
+      if (!started) return;
+      started = false;
       tokens?.stop();
     },
   } satisfies Module;
@@ -150,7 +169,7 @@ export function tokensModule(): Module {
 export function catalogModule(): Module {
   return {
     name: "catalog",
-    start({ config, store, clock, log, bus }) {
+    provision({ config, store, clock, log, bus }) {
       bus.provide(
         "templates",
         new TemplateCatalog(
@@ -161,6 +180,7 @@ export function catalogModule(): Module {
       const secretKey = bus.provide("secretKey", loadSecretKey(config.dataDir));
       bus.provide("vcs", new VcsTokenStore(store, secretKey, clock));
     },
+    start() {},
     stop() {},
   } satisfies Module;
 }
@@ -169,7 +189,7 @@ export function catalogModule(): Module {
 export function metricsModule(): Module {
   return {
     name: "metrics",
-    start({ config, log, bus }) {
+    provision({ config, log, bus }) {
       bus.provide(
         "metrics",
         new EngineMetrics({
@@ -183,6 +203,7 @@ export function metricsModule(): Module {
         }),
       );
     },
+    start() {},
     stop() {},
   } satisfies Module;
 }
@@ -193,15 +214,16 @@ export interface ServicesModule extends Module {
 }
 
 /**
- * servicesModule starts the supervisor's sweep and the service manager, which adopts the
- * workloads a previous engine left running. Workloads outlive the daemon: stopping it hands
- * them over, it never kills them.
+ * servicesModule makes the GPU inventory and the service manager (provision), then starts the
+ * supervisor's sweep and the manager, which adopts the workloads a previous engine left running.
+ * Workloads outlive the daemon: stopping it hands them over, it never kills them.
  */
 export function servicesModule(
   modesBefore: Map<string, number>,
   decorate: ((services: ServiceDirectory) => ServiceDirectory) | undefined,
 ): ServicesModule {
   let manager: ServiceManager | null = null;
+  let started = false;
   let keptRunning: string[] = [];
   let log: Logger | null = null;
   return {
@@ -209,15 +231,13 @@ export function servicesModule(
     get keptRunning() {
       return keptRunning;
     },
-    async start(ctx) {
+    provision(ctx) {
       const { config, store, clock, bus } = ctx;
       log = ctx.log;
       const supervisor = bus.get("supervisor");
       const metrics = bus.get("metrics");
       // https:// dumps may come from services the engine serves with its local CA.
       const { rootPem } = bus.get("ca");
-      if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
-      supervisor.start();
       const gpus = bus.provide("gpus", new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock }));
       manager = new ServiceManager({
         store: new ServiceStore(store),
@@ -234,14 +254,22 @@ export function servicesModule(
         trustedCas: () => [rootPem],
         onRestoreEnded: (service, dump) => metrics.restoreEnded(service, dump.engine, dump.result, dump.duration_s ?? 0),
       });
-      isolateWorkloads(config.dataDir, log, modesBefore);
-      await manager.start();
-      supervisor.replayEarlyNotices();
       bus.provide("manager", manager);
       bus.provide("services", decorate ? decorate(manager) : manager);
     },
-    stop() {
+    async start({ config, log, bus }) {
       if (!manager) return;
+      const supervisor = bus.get("supervisor");
+      if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
+      started = true;
+      supervisor.start();
+      isolateWorkloads(config.dataDir, log, modesBefore);
+      await manager.start();
+      supervisor.replayEarlyNotices();
+    },
+    stop() {
+      // A manager only provisioned adopted nothing: what runs is still the predecessor's.
+      if (!manager || !started) return;
       keptRunning = manager
         .list()
         .filter((service) => service.pid !== null)
@@ -305,6 +333,11 @@ export interface ApiModuleOptions {
   logSinks: Parameters<typeof checkReady>[0]["logSinks"];
   /** tunnel replaces the link tunnel's timings, and how it opens its socket (tests). */
   tunnel: TunnelTimings | undefined;
+  /**
+   * warmPort, for a successor that provisions before its switch, is the port its first clients
+   * call: the provision then sends its handlers their requests in-process (warmHandlers, decision 441).
+   */
+  warmPort?: number;
 }
 
 /** ApiModule is the API's module; browserUrl is where a browser on this machine reaches the API and the web UI, once it listens. */
@@ -315,19 +348,20 @@ export interface ApiModule extends Module {
 /**
  * apiModule serves the API and, beside it on its port, MCP for assistants (decision 200: its
  * tool calls go into the API app in-process, as the caller), on the listeners a successor bound
- * before its switch or on its own. It makes the tunnel to the console (the relay), which answers
- * with both; the link module starts it.
+ * at its switch or on its own. Its provision builds both and the tunnel to the console (the
+ * relay), which answers with both (the link module starts it); its start binds and serves.
  */
 export function apiModule(options: ApiModuleOptions): ApiModule {
   let browserUrl: string | undefined;
   let mcp: McpEndpoint | null = null;
   let listeners: ApiListeners | null = null;
+  let handlers: Record<"tcp" | "unix", (request: Request) => Response | Promise<Response>> | null = null;
   return {
     name: "api",
     get browserUrl() {
       return browserUrl;
     },
-    start({ config, store, clock, log, bus }) {
+    async provision({ config, store, clock, log, bus }) {
       const gpus = bus.get("gpus");
       const linkIdentity = new IdentityStore(config.dataDir, clock);
       const tunnel: TunnelClient = bus.provide(
@@ -428,17 +462,23 @@ export function apiModule(options: ApiModuleOptions): ApiModule {
       });
       mcp = bus.provide("mcp", endpoint);
       endpoint.start();
-      listeners =
-        bus.find("listeners") ??
-        bus.provide("listeners", ApiListeners.bind({ host: config.host, port: config.port, socketPath: config.socketPath, log }));
-      listeners.serve(
-        (request) => (endpoint.handles(pathOf(request.url)) ? endpoint.fetch(request) : api.app.handle(withRoutableUrl(request))),
-        (raw) => {
+      handlers = {
+        tcp: (request) => (endpoint.handles(pathOf(request.url)) ? endpoint.fetch(request) : api.app.handle(withRoutableUrl(request))),
+        unix: (raw) => {
           const request = withRoutableUrl(raw);
           api.markLocal(request);
           return api.app.handle(request);
         },
-      );
+      };
+      // The first requests after a successor's switch must not pay for cold code (decision 441).
+      if (options.warmPort !== undefined) await warmHandlers(handlers.tcp, handlers.unix, options.warmPort);
+    },
+    start({ config, log, bus }) {
+      if (!handlers) return;
+      listeners =
+        bus.find("listeners") ??
+        bus.provide("listeners", ApiListeners.bind({ host: config.host, port: config.port, socketPath: config.socketPath, log }));
+      listeners.serve(handlers.tcp, handlers.unix);
       const browserHost = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
       browserUrl = `http://${browserHost.includes(":") ? `[${browserHost}]` : browserHost}:${listeners.port}`;
     },

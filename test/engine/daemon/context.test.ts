@@ -69,6 +69,95 @@ describe("ModuleRunner", () => {
   });
 });
 
+/** provisioned makes modules that provision and start, writing both into `events`; the one named `fails` fails its provision. */
+function provisioned(events: string[], names: string[], fails?: string): Module[] {
+  return names.map(
+    (name) =>
+      ({
+        name,
+        async provision() {
+          events.push(`provision ${name}`);
+          await Bun.sleep(1);
+          if (name === fails) throw new Error(`${name} cannot provision`);
+        },
+        start() {
+          events.push(`start ${name}`);
+        },
+        stop() {
+          events.push(`stop ${name}`);
+        },
+      }) satisfies Module,
+  );
+}
+
+describe("ModuleRunner's provision", () => {
+  test("a plain start provisions and starts each module in turn", async () => {
+    const events: string[] = [];
+    const runner = new ModuleRunner(context());
+    await runner.start([...provisioned(events, ["store"]), ...recording(events, ["take-over"]), ...provisioned(events, ["api"])]);
+    await runner.stop();
+    expect(events).toEqual([
+      "provision store",
+      "start store",
+      "start take-over",
+      "provision api",
+      "start api",
+      "stop api",
+      "stop take-over",
+      "stop store",
+    ]);
+  });
+
+  test("provisionFirst provisions every module before the first one starts", async () => {
+    const events: string[] = [];
+    const runner = new ModuleRunner(context());
+    await runner.start([...provisioned(events, ["store"]), ...recording(events, ["take-over"]), ...provisioned(events, ["api"])], {
+      provisionFirst: true,
+    });
+    await runner.stop();
+    expect(events).toEqual([
+      "provision store",
+      "provision api",
+      "start store",
+      "start take-over",
+      "start api",
+      "stop api",
+      "stop take-over",
+      "stop store",
+    ]);
+  });
+
+  test("a failed provision stops every module provisioned so far, none having started", async () => {
+    const events: string[] = [];
+    const runner = new ModuleRunner(context());
+    const failure = await runner
+      .start(provisioned(events, ["store", "services", "api", "proxy"], "api"), { provisionFirst: true })
+      .catch((error: Error) => error);
+    expect((failure as Error).message).toBe("api cannot provision");
+    expect(events).toEqual(["provision store", "provision services", "provision api", "stop api", "stop services", "stop store"]);
+  });
+
+  test("a failed start after every provision stops them all in reverse", async () => {
+    const events: string[] = [];
+    const runner = new ModuleRunner(context());
+    const failure = await runner
+      .start([...provisioned(events, ["store"]), ...recording(events, ["take-over"], "take-over"), ...provisioned(events, ["api"])], {
+        provisionFirst: true,
+      })
+      .catch((error: Error) => error);
+    expect((failure as Error).message).toBe("take-over cannot start");
+    expect(events).toEqual([
+      "provision store",
+      "provision api",
+      "start store",
+      "start take-over",
+      "stop api",
+      "stop take-over",
+      "stop store",
+    ]);
+  });
+});
+
 describe("EngineBus", () => {
   test("get answers what was provided, find answers undefined before, and a second provide is refused", () => {
     const bus = new EngineBus();
