@@ -1,6 +1,7 @@
-import { readdirSync, readFileSync, statSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { AppError } from "../../lib/errors";
+import { processIds } from "../../lib/procfs";
 import { libc } from "./libc";
 import { AccountFiles, type AddResult, removeAccounts, type SystemAccount } from "./passwd";
 
@@ -414,15 +415,8 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
 /** uidsInUse are the real, effective, saved and filesystem uids of every process, from /proc (zombies included, as userdel counts them). */
 function uidsInUse(): Set<number> {
   const uids = new Set<number>();
-  let entries: string[] = [];
-  try {
-    entries = readdirSync("/proc");
-  } catch {
-    return uids;
-  }
-  for (const entry of entries) {
-    if (!/^\d+$/.test(entry)) continue;
-    const match = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(readText(`/proc/${entry}/status`));
+  for (const pid of processIds()) {
+    const match = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(readText(`/proc/${pid}/status`));
     if (match) for (const uid of match.slice(1)) uids.add(Number(uid));
   }
   return uids;

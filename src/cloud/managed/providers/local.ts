@@ -20,6 +20,7 @@ import { dirname, join } from "node:path";
 import { removeServiceUsersOf } from "../../../engine/users";
 import { AppError } from "../../../lib/errors";
 import type { Logger } from "../../../lib/logger";
+import { processIds } from "../../../lib/procfs";
 import type { BackupInfo, BoxEndpoint, BoxProvider, BoxSpec, BoxState, BoxStatus, DestroyResult } from "./provider";
 
 /** BOX_ID is the shape of a box id: it names a directory, so nothing else is accepted. */
@@ -167,14 +168,7 @@ export class LocalProvider implements BoxProvider {
   enginePids(id: string): number[] {
     const dataDir = this.dataDir(id);
     const found: number[] = [];
-    let entries: string[] = [];
-    try {
-      entries = readdirSync("/proc");
-    } catch {
-      return found;
-    }
-    for (const entry of entries) {
-      if (!/^\d+$/.test(entry)) continue;
+    for (const entry of processIds()) {
       let argv: string[];
       try {
         argv = readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0");
@@ -189,7 +183,7 @@ export class LocalProvider implements BoxProvider {
       } catch {
         continue;
       }
-      found.push(Number(entry));
+      found.push(entry);
     }
     return found;
   }
@@ -325,11 +319,11 @@ export class LocalProvider implements BoxProvider {
   #strayPids(id: string): number[] {
     const prefix = `${this.dataDir(id)}/`;
     const found: number[] = [];
-    for (const entry of readdirSync("/proc")) {
-      if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    for (const entry of processIds()) {
+      if (entry === process.pid) continue;
       try {
         const argv = readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0");
-        if (argv.some((arg) => arg.startsWith(prefix))) found.push(Number(entry));
+        if (argv.some((arg) => arg.startsWith(prefix))) found.push(entry);
       } catch {
         // gone while read
       }
