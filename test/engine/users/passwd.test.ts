@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { libc } from "../../../src/engine/users/libc";
 import { AccountFiles, removeAccounts, type SystemAccount } from "../../../src/engine/users/passwd";
@@ -136,5 +136,50 @@ describe("AccountFiles", () => {
       expect(removeAccounts(["eng-i"], etc)).toBe(false);
       expect(read("passwd")).toContain("eng-i");
     },
+  );
+
+  test.skipIf(libc() === null)(
+    "four processes adding and removing colliding accounts at once never write a name or an id twice",
+    async () => {
+      // Each worker adds accounts whose names and ids collide on purpose (31 of each) and removes
+      // some, retrying while busy. The locks must keep every file's names and ids unique and the
+      // four files in step: a user and its group come and go together.
+      const worker = `const { AccountFiles, removeAccounts } = require(${JSON.stringify(join(import.meta.dir, "../../../src/engine/users/passwd.ts"))});
+        const etc = process.argv[1]; const files = new AccountFiles(etc); let added = 0;
+        const pick = () => Math.floor(Math.random() * 31);
+        for (let i = 0; i < 60; i++) {
+          for (;;) {
+            const n = pick();
+            const name = "eng-s" + n;
+            const result = Math.random() < 0.3 ? (removeAccounts([name], etc) ? "removed" : "busy")
+              : files.add([{ name, uid: 61300 + pick(), gid: 0, makeGroup: true, comment: "engine service s", home: "/srv/s", shell: "/usr/sbin/nologin" }].map((a) => ({ ...a, gid: a.uid })))[0];
+            if (result === "added") added++;
+            if (result !== "busy") break;
+            Bun.sleepSync(Math.random() * 2);
+          }
+        }
+        console.log(added);`;
+      const workers = [0, 1, 2, 3].map(() => Bun.spawn([process.execPath, "-e", worker, etc], { stdout: "pipe", stderr: "inherit" }));
+      const outputs = await Promise.all(workers.map(async (proc) => [await new Response(proc.stdout).text(), await proc.exited] as const));
+      for (const [, code] of outputs) expect(code).toBe(0);
+      expect(outputs.reduce((sum, [out]) => sum + Number(out.trim()), 0)).toBeGreaterThan(0);
+      const names = (file: string) => read(file).split("\n").filter(Boolean).map((line) => line.split(":")[0]);
+      const ids = (file: string) => read(file).split("\n").filter(Boolean).map((line) => line.split(":")[2]);
+      for (const file of ["passwd", "shadow", "group", "gshadow"]) expect(new Set(names(file)).size).toBe(names(file).length);
+      expect(new Set(ids("passwd")).size).toBe(ids("passwd").length);
+      expect(new Set(ids("group")).size).toBe(ids("group").length);
+      expect(names("shadow")).toEqual(names("passwd"));
+      expect(names("gshadow")).toEqual(names("group"));
+      const users = names("passwd").filter((name) => name.startsWith("eng-s"));
+      expect(names("group").filter((name) => name.startsWith("eng-s")).sort()).toEqual([...users].sort());
+      for (const line of read("passwd").split("\n").filter((l) => l.startsWith("eng-s"))) {
+        const [name, , uid, gid] = line.split(":");
+        expect(gid).toBe(uid);
+        expect(read("group")).toContain(`${name}:x:${gid}:`);
+      }
+      // .pwd.lock stays, as lckpwdf(3) leaves it; shadow-utils' lock files and half-written files do not.
+      expect(readdirSync(etc).filter((file) => file !== ".pwd.lock" && /\.lock$|\+$|\.\d+$/.test(file))).toEqual([]);
+    },
+    60_000,
   );
 });
