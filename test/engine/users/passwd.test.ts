@@ -163,16 +163,30 @@ describe("AccountFiles", () => {
       const outputs = await Promise.all(workers.map(async (proc) => [await new Response(proc.stdout).text(), await proc.exited] as const));
       for (const [, code] of outputs) expect(code).toBe(0);
       expect(outputs.reduce((sum, [out]) => sum + Number(out.trim()), 0)).toBeGreaterThan(0);
-      const names = (file: string) => read(file).split("\n").filter(Boolean).map((line) => line.split(":")[0]);
-      const ids = (file: string) => read(file).split("\n").filter(Boolean).map((line) => line.split(":")[2]);
+      const names = (file: string) =>
+        read(file)
+          .split("\n")
+          .filter(Boolean)
+          .map((line) => line.split(":")[0]);
+      const ids = (file: string) =>
+        read(file)
+          .split("\n")
+          .filter(Boolean)
+          .map((line) => line.split(":")[2]);
       for (const file of ["passwd", "shadow", "group", "gshadow"]) expect(new Set(names(file)).size).toBe(names(file).length);
       expect(new Set(ids("passwd")).size).toBe(ids("passwd").length);
       expect(new Set(ids("group")).size).toBe(ids("group").length);
       expect(names("shadow")).toEqual(names("passwd"));
       expect(names("gshadow")).toEqual(names("group"));
       const users = names("passwd").filter((name) => name.startsWith("eng-s"));
-      expect(names("group").filter((name) => name.startsWith("eng-s")).sort()).toEqual([...users].sort());
-      for (const line of read("passwd").split("\n").filter((l) => l.startsWith("eng-s"))) {
+      expect(
+        names("group")
+          .filter((name) => name.startsWith("eng-s"))
+          .sort(),
+      ).toEqual([...users].sort());
+      for (const line of read("passwd")
+        .split("\n")
+        .filter((l) => l.startsWith("eng-s"))) {
         const [name, , uid, gid] = line.split(":");
         expect(gid).toBe(uid);
         expect(read("group")).toContain(`${name}:x:${gid}:`);
