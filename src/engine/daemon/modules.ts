@@ -223,6 +223,7 @@ export function servicesModule(
   decorate: ((services: ServiceDirectory) => ServiceDirectory) | undefined,
 ): ServicesModule {
   let manager: ServiceManager | null = null;
+  let serviceStore: ServiceStore | null = null;
   let started = false;
   let keptRunning: string[] = [];
   let log: Logger | null = null;
@@ -239,8 +240,9 @@ export function servicesModule(
       // https:// dumps may come from services the engine serves with its local CA.
       const { rootPem } = bus.get("ca");
       const gpus = bus.provide("gpus", new GpuInventory({ declared: config.gpus, nvidiaSmiPath: config.nvidiaSmi, log, clock }));
+      serviceStore = new ServiceStore(store);
       manager = new ServiceManager({
-        store: new ServiceStore(store),
+        store: serviceStore,
         supervisor,
         gpus,
         templates: bus.get("templates"),
@@ -262,6 +264,8 @@ export function servicesModule(
       const supervisor = bus.get("supervisor");
       if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
       started = true;
+      // A successor provisioned while its predecessor still wrote the store.
+      serviceStore?.forget();
       supervisor.start();
       isolateWorkloads(config.dataDir, log, modesBefore);
       await manager.start();

@@ -128,7 +128,22 @@ export const RUNS_KEPT = 20;
  * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
  */
 export class ServiceStore {
+  /**
+   * versions caches version rows, which never change but for their build fields (updateBuild
+   * drops the entry) and go with their service: a job's launch, exit and API answers read its
+   * version a dozen times, each a query and a JSON parse of its spec. Entries are frozen, so a
+   * caller cannot change what the next one reads, and made only outside a transaction (one
+   * rolled back would leave a row that is not there). The daemon that owns the store is its one
+   * writer; a successor forgets what it read before it took over.
+   */
+  private readonly versions = new Map<string, Map<number, VersionRow>>();
+
   constructor(private readonly db: Database) {}
+
+  /** forget drops the cached rows: what this process read before it owned the store may have changed since. */
+  forget(): void {
+    this.versions.clear();
+  }
 
   transaction<T>(fn: () => T): T {
     return this.db.transaction(fn)();
@@ -196,6 +211,7 @@ export class ServiceStore {
 
   deleteService(id: string): void {
     this.db.query("DELETE FROM services WHERE id = ?").run(id);
+    this.versions.delete(id);
   }
 
   insertVersion(row: VersionRow): void {
@@ -227,13 +243,23 @@ export class ServiceStore {
         "UPDATE service_versions SET build_result = ?, build_reason = ?, build_commit = ?, build_dir = ? WHERE service_id = ? AND version = ?",
       )
       .run(build.build_result, build.build_reason, build.build_commit, build.build_dir, serviceId, version);
+    this.versions.get(serviceId)?.delete(version);
   }
 
   getVersion(serviceId: string, version: number): VersionRow | null {
+    const cached = this.versions.get(serviceId)?.get(version);
+    if (cached) return cached;
     const raw = this.db
       .query<Raw<VersionRow>, [string, number]>("SELECT * FROM service_versions WHERE service_id = ? AND version = ?")
       .get(serviceId, version);
-    return raw ? { ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) } : null;
+    if (!raw) return null;
+    const row: VersionRow = deepFreeze({ ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) });
+    if (!this.db.inTransaction) {
+      const rows = this.versions.get(serviceId) ?? new Map<number, VersionRow>();
+      rows.set(version, row);
+      this.versions.set(serviceId, rows);
+    }
+    return row;
   }
 
   latestVersion(serviceId: string): VersionRow | null {
@@ -350,4 +376,13 @@ function serviceParams(row: ServiceRow) {
     current_run_id: row.current_run_id,
     run_as: row.run_as ? JSON.stringify(row.run_as) : null,
   };
+}
+
+/** deepFreeze freezes an object and everything it holds (a parsed JSON value: no cycles). */
+function deepFreeze<T>(value: T): T {
+  if (value !== null && typeof value === "object" && !Object.isFrozen(value)) {
+    for (const inner of Object.values(value)) deepFreeze(inner);
+    Object.freeze(value);
+  }
+  return value;
 }

@@ -123,4 +123,10 @@ export const MIGRATIONS: readonly Migration[] = [
     id: "2026-11-23-01-service-run-as",
     sql: `ALTER TABLE services ADD COLUMN run_as TEXT;`,
   },
+  {
+    // A placement pass reads the pending services only (listPendingServices): without an index
+    // each pass scanned every row, settled batch jobs included, quadratic under a flood of jobs.
+    id: "2026-11-28-01-services-pending",
+    sql: `CREATE INDEX services_pending ON services(created_at, name) WHERE status = 'pending' AND desired_state = 'running';`,
+  },
 ];
