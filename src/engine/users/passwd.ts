@@ -88,6 +88,10 @@ export class AccountFiles {
       }
       let passwd = readFileSync(files.passwd, "utf8");
       let group = readFileSync(files.group, "utf8");
+      // Each file's names and ids, read once: checking each account against the text again was
+      // quadratic in the number of users (one per service name, batch jobs included).
+      const users = entriesOf(passwd);
+      const groups = entriesOf(group);
       const lines = { passwd: [] as string[], shadow: [] as string[], group: [] as string[], gshadow: [] as string[] };
       // Locked password ("!"), last changed today in days since the epoch, no ageing: as `useradd --system` writes it.
       const days = Math.floor(Date.now() / 86_400_000);
@@ -95,16 +99,18 @@ export class AccountFiles {
         if (![account.name, account.comment, account.home, account.shell].every((field) => FIELD_SAFE.test(field))) return "unsupported";
         // The local files are checked here, under the lock; NSS (LDAP, sssd), which no lock of ours
         // holds still, the caller asked moments before (ServiceUsers.freeId, findPasswd, findGroup).
-        if (hasEntry(passwd, account.name, account.uid)) return "taken";
-        if (account.makeGroup && hasEntry(group, account.name, account.gid)) return "taken";
+        if (users.has(account.name, account.uid)) return "taken";
+        if (account.makeGroup && groups.has(account.name, account.gid)) return "taken";
         if (account.makeGroup) {
           const line = `${account.name}:x:${account.gid}:`;
           group = appendLine(group, line);
+          groups.add(account.name, account.gid);
           lines.group.push(line);
           lines.gshadow.push(`${account.name}:!::`);
         }
         const line = `${account.name}:x:${account.uid}:${account.gid}:${account.comment}:${account.home}:${account.shell}`;
         passwd = appendLine(passwd, line);
+        users.add(account.name, account.uid);
         lines.passwd.push(line);
         lines.shadow.push(`${account.name}:!:${days}::::::`);
         return "added";
@@ -166,13 +172,30 @@ export function removeAccounts(names: readonly string[], etc = "/etc"): boolean 
   }
 }
 
-/** hasEntry says whether a passwd- or group-format text has the name, or the id in its third field. */
-function hasEntry(text: string, name: string, id: number): boolean {
+/** Entries are the names and ids (third field) of a passwd- or group-format text. */
+interface Entries {
+  has(name: string, id: number): boolean;
+  add(name: string, id: number): void;
+}
+
+function entriesOf(text: string): Entries {
+  const names = new Set<string>();
+  const ids = new Set<string>();
   for (const line of text.split("\n")) {
-    const fields = line.split(":");
-    if (fields[0] === name || fields[2] === String(id)) return true;
+    const first = line.indexOf(":");
+    if (first < 0) continue;
+    names.add(line.slice(0, first));
+    const second = line.indexOf(":", first + 1);
+    const third = second < 0 ? -1 : line.indexOf(":", second + 1);
+    if (second >= 0) ids.add(line.slice(second + 1, third < 0 ? undefined : third));
   }
-  return false;
+  return {
+    has: (name, id) => names.has(name) || ids.has(String(id)),
+    add: (name, id) => {
+      names.add(name);
+      ids.add(String(id));
+    },
+  };
 }
 
 function appendLine(text: string, line: string): string {

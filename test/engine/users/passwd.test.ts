@@ -167,12 +167,12 @@ describe("AccountFiles", () => {
         read(file)
           .split("\n")
           .filter(Boolean)
-          .map((line) => line.split(":")[0]);
+          .map((line) => line.split(":")[0] ?? "");
       const ids = (file: string) =>
         read(file)
           .split("\n")
           .filter(Boolean)
-          .map((line) => line.split(":")[2]);
+          .map((line) => line.split(":")[2] ?? "");
       for (const file of ["passwd", "shadow", "group", "gshadow"]) expect(new Set(names(file)).size).toBe(names(file).length);
       expect(new Set(ids("passwd")).size).toBe(ids("passwd").length);
       expect(new Set(ids("group")).size).toBe(ids("group").length);
