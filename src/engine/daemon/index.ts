@@ -460,7 +460,7 @@ async function startIn(
   // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
   if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
 
-  /** leftChildren are this process's children that outlive its release: the proxy processes the successor retires. */
+  /** leftChildren are this process's children that outlive its release: the proxy processes the successor retires, the shim launcher. */
   let leftChildren: number[] = [];
   /** handingOverSide is what this daemon does at each step of handing its work to a successor. */
   const handingOverSide = (): HandingOver => ({
@@ -478,6 +478,10 @@ async function startIn(
       } catch {
         leftChildren = [];
       }
+      // The shim launcher exits once the supervisor stops (its stdin closes); if Bun has not
+      // reaped it by the execve, the new image does.
+      const launcher = bus.find("supervisor")?.launcherPid;
+      if (launcher) leftChildren = [...leftChildren, launcher];
       handingOver = true;
       await running.stop();
     },

@@ -4,6 +4,7 @@ import type { Logger } from "../../lib/logger";
 import { bindUnixAt, ownsPath, removeIfOwned, type UnixSocketName } from "../../lib/sockets";
 import { credentialsArg, type WorkloadUser } from "../users";
 import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
+import { ShimLauncher } from "./launcher";
 import { isSameProcess, readProcessStat } from "./procfs";
 import { ensureShim } from "./shim";
 
@@ -79,6 +80,7 @@ export class Supervisor {
   readonly cgroup: CgroupDriver | null;
   readonly cgroupReason: string | null;
   private readonly shimPath: string;
+  private readonly launcher: ShimLauncher;
   private readonly watched = new Map<string, Watched>();
   private readonly byRunDir = new Map<string, string>();
   private readonly earlyExits = new Set<string>();
@@ -92,6 +94,7 @@ export class Supervisor {
   constructor(private readonly options: SupervisorOptions) {
     this.notifySocket = join(options.dataDir, "shim.sock");
     this.shimPath = ensureShim(join(options.dataDir, "bin"), options.shimPath);
+    this.launcher = new ShimLauncher(this.shimPath, options.log);
     if (options.cgroups === false) {
       this.cgroup = null;
       this.cgroupReason = "cgroups are turned off by configuration";
@@ -175,7 +178,13 @@ export class Supervisor {
     });
   }
 
+  /** launcherPid is the shim launcher's pid while it runs: a restart in place must reap it. */
+  get launcherPid(): number | null {
+    return this.launcher.pid;
+  }
+
   stop(): void {
+    this.launcher.stop();
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
     this.listener?.stop(true);
@@ -207,23 +216,26 @@ export class Supervisor {
       procs = group.procsPath;
     }
     this.byRunDir.set(spec.runDir, spec.runId);
-    const proc = Bun.spawn(
-      [
-        this.shimPath,
-        spec.runDir,
-        spec.logFile,
-        this.notifySocket,
-        String(this.options.logMaxBytes),
-        String(this.options.logMaxFiles),
-        procs,
-        credentialsArg(spec.user),
-        "--",
-        ...spec.argv,
-      ],
-      { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" },
-    );
-    const report = (await new Response(proc.stdout).text()).trim();
-    await proc.exited;
+    const argv = [
+      this.shimPath,
+      spec.runDir,
+      spec.logFile,
+      this.notifySocket,
+      String(this.options.logMaxBytes),
+      String(this.options.logMaxFiles),
+      procs,
+      credentialsArg(spec.user),
+      "--",
+      ...spec.argv,
+    ];
+    let report: string;
+    try {
+      report = await this.startShim(argv, spec);
+    } catch (error) {
+      this.byRunDir.delete(spec.runDir);
+      if (cgroupDir) this.cgroup?.remove(cgroupDir);
+      throw error;
+    }
     const ok = /^ok (\d+) (\d+)$/.exec(report);
     if (!ok) {
       this.byRunDir.delete(spec.runDir);
@@ -232,7 +244,7 @@ export class Supervisor {
         ...lostExit(),
         execError: "ESHIM",
         execStage: "setup",
-        execMessage: `the shim failed: ${report || (await new Response(proc.stderr).text()).trim()}`,
+        execMessage: `the shim failed: ${report}`,
         lost: false,
       };
       if (cgroupDir) this.cgroup?.remove(cgroupDir);
@@ -255,6 +267,33 @@ export class Supervisor {
       queueMicrotask(() => this.finish(spec.runId));
     }
     return { ok: true, handle };
+  }
+
+  /**
+   * startShim starts the shim through the launcher (no fork in this process), or spawns it
+   * where no launcher runs, and answers its one-line report (its stdout, else its stderr). A
+   * working directory that cannot be entered throws, as a spawn would. A report lost with its
+   * launcher is read back from the run's `pids` file, which the shim writes before it reports:
+   * without it, the shim never got going.
+   */
+  private async startShim(argv: string[], spec: LaunchSpec): Promise<string> {
+    const launched = await this.launcher.launch(argv, spec.env, spec.cwd);
+    if (launched === undefined) {
+      const proc = Bun.spawn(argv, { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+      const [stdout, stderr] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+      return stdout.trim() || stderr.trim();
+    }
+    if (launched === null) {
+      const recovered = this.recover(spec.runId, spec.runDir);
+      return recovered.shimPid > 0 ? `ok ${recovered.shimPid} ${recovered.pid}` : "err 0 setup (the shim launcher ended)";
+    }
+    const chdir = /^err (\d+) chdir$/.exec(launched);
+    if (chdir) {
+      const error = new Error(`cannot enter the working directory ${spec.cwd} (errno ${chdir[1]})`) as NodeJS.ErrnoException;
+      error.code = Number(chdir[1]) === 2 ? "ENOENT" : "EACCES";
+      throw error;
+    }
+    return launched;
   }
 
   /**

@@ -364,7 +364,7 @@ static void report(int fd, const char *line) {
   close(fd);
 }
 
-int main(int argc, char **argv) {
+static int shim_main(int argc, char **argv) {
   if (argc < 10 || strcmp(argv[8], "--") != 0) {
     fprintf(stderr, "usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...\n");
     return 2;
@@ -585,4 +585,149 @@ int main(int argc, char **argv) {
   close(exit_record);
   if (log_fd >= 0) fsync(log_fd);
   return 0;
+}
+
+/* ---------------------------------------------------------------- launcher mode
+ *
+ * `engine-shim --launcher` is started once by the daemon and starts every shim from then on,
+ * so the daemon's own process never forks (a spawn from a large, many-threaded process costs
+ * it a millisecond of its event loop; a fork of this small one costs ~0.1 ms elsewhere). It
+ * says "ready\n", then reads requests on stdin, each `LEN\n` and LEN bytes of NUL-terminated
+ * fields: ID, CWD, ARGC, ARGC arguments (a shim's command line, argv[0] included), ENVC, ENVC
+ * `KEY=VALUE` entries. For each it forks a child that starts the shim exactly as a spawn
+ * would (that cwd and environment, default signals, stdin on /dev/null), reads the shim's
+ * one-line report (its stdout and stderr) to the end and writes `ID REPORT\n` on stdout in one
+ * write (atomic on a pipe: under PIPE_BUF), `ID err 0 setup` when the shim said nothing. It
+ * exits when stdin closes: the daemon that started it is gone; the shims it started are not
+ * its children and keep running.
+ */
+#define REQUEST_MAX (1 << 20)
+
+static void launch_one(char *fields, size_t len, int reply_fd) {
+  char *cursor = fields, *end = fields + len;
+  char *items[4096 + 8];
+  size_t count = 0;
+  /* One slot stays free past the last field: envp's terminating NULL goes there. */
+  while (cursor < end && count < sizeof items / sizeof items[0] - 1) {
+    items[count++] = cursor;
+    cursor += strlen(cursor) + 1;
+  }
+  if (count < 3) return;
+  const char *id = items[0];
+  const char *cwd = items[1];
+  long argc = atol(items[2]);
+  char reply[1024];
+  if (argc < 1 || (size_t)(3 + argc) >= count) {
+    int n = snprintf(reply, sizeof reply, "%s err 0 request\n", id);
+    write_all(reply_fd, reply, (size_t)n);
+    return;
+  }
+  char **argv = items + 3;
+  long envc = atol(items[3 + argc]);
+  if (envc < 0 || (size_t)(4 + argc + envc) > count) {
+    int n = snprintf(reply, sizeof reply, "%s err 0 request\n", id);
+    write_all(reply_fd, reply, (size_t)n);
+    return;
+  }
+  char **envp = items + 4 + argc;
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    int n = snprintf(reply, sizeof reply, "%s err %d setup\n", id, errno);
+    write_all(reply_fd, reply, (size_t)n);
+    return;
+  }
+  pid_t top = fork();
+  if (top == 0) {
+    /* What the daemon's spawn gave a shim: stdin /dev/null, stdout and stderr to the report. */
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    dup2(report[1], 1);
+    dup2(report[1], 2);
+    /* Only 0-2 may stay: the shim never execs, and a copy of the report pipe it kept would hold
+       the report open for as long as the run lasts. */
+    if (devnull > 2) close(devnull);
+    if (report[0] > 2) close(report[0]);
+    if (report[1] > 2) close(report[1]);
+    if (chdir(cwd) != 0) {
+      char line[64];
+      int n = snprintf(line, sizeof line, "err %d chdir\n", errno);
+      write_all(1, line, (size_t)n);
+      _exit(1);
+    }
+    argv[argc] = NULL; /* the ENVC field after the arguments: no longer needed */
+    envp[envc] = NULL; /* the slot after the last field, kept free above */
+    environ = envp;
+    _exit(shim_main((int)argc, argv));
+  }
+  close(report[1]);
+  char text[900];
+  size_t got = 0;
+  if (top > 0) {
+    for (;;) {
+      ssize_t k = read(report[0], text + got, sizeof text - 1 - got);
+      if (k > 0) {
+        got += (size_t)k;
+        if (got == sizeof text - 1) break;
+      } else if (k == 0 || errno != EINTR) break;
+    }
+    int status;
+    while (waitpid(top, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  close(report[0]);
+  text[got] = 0;
+  while (got > 0 && (text[got - 1] == '\n' || text[got - 1] == ' ')) text[--got] = 0;
+  for (size_t i = 0; i < got; i++)
+    if (text[i] == '\n' || text[i] == '\r') text[i] = ' ';
+  int n = snprintf(reply, sizeof reply, "%s %s\n", id, got > 0 ? text : top < 0 ? "err 0 fork" : "err 0 setup");
+  write_all(reply_fd, reply, (size_t)(n < (int)sizeof reply ? n : (int)sizeof reply - 1));
+}
+
+static int launcher_main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  /* Its children are reaped by the kernel: each starts one shim and exits. */
+  signal(SIGCHLD, SIG_IGN);
+  int reply_fd = 1;
+  write_all(reply_fd, "ready\n", 6);
+  static char buffer[REQUEST_MAX + 64];
+  size_t have = 0;
+  for (;;) {
+    ssize_t k = read(0, buffer + have, sizeof buffer - 1 - have);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return 0;
+    have += (size_t)k;
+    for (;;) {
+      char *newline = memchr(buffer, '\n', have);
+      if (!newline) break;
+      size_t header = (size_t)(newline - buffer) + 1;
+      size_t len = (size_t)atol(buffer);
+      if (len > REQUEST_MAX) return 3; /* not the daemon's framing: stop rather than guess */
+      if (have < header + len) break;
+      char *fields = buffer + header;
+      char saved = fields[len];
+      fields[len] = 0;
+      pid_t worker = fork();
+      if (worker == 0) {
+        signal(SIGCHLD, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        close(0);
+        launch_one(fields, len, reply_fd);
+        _exit(0);
+      }
+      if (worker < 0) {
+        char reply[128];
+        int n = snprintf(reply, sizeof reply, "%s err %d fork\n", fields, errno);
+        write_all(reply_fd, reply, (size_t)n);
+      }
+      fields[len] = saved;
+      memmove(buffer, buffer + header + len, have - header - len);
+      have -= header + len;
+    }
+    if (have == sizeof buffer - 1) return 3;
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--launcher") == 0) return launcher_main();
+  return shim_main(argc, argv);
 }

@@ -1,0 +1,145 @@
+import type { Subprocess } from "bun";
+import type { Logger } from "../../lib/logger";
+
+/**
+ * ShimLauncher starts shims through one long-lived `engine-shim --launcher` process (shim.c),
+ * so the daemon never forks: a spawn from the daemon's large, many-threaded process blocked
+ * its event loop ~1 ms per launch (vfork, exec, the pipes and the exit watch of a child Bun
+ * tracks), most of a batch job's cost once the rest was trimmed (issue 16, decision 457). The
+ * daemon writes a request on the launcher's stdin (framing: `LEN\n`, then NUL-terminated
+ * fields: id, cwd, argc, argv, envc, env) and reads `ID REPORT` lines on its stdout, REPORT
+ * being what the shim printed (`ok SHIM PID`, `err ERRNO STAGE`). The launcher is started on
+ * the first launch, not before (a successor prepares at a lower priority, which its children
+ * would keep), and again after it ended; where it cannot run (a shim from before it, given as
+ * ENGINE_SHIM), launch answers `undefined` and the caller spawns the shim itself, as before.
+ */
+export class ShimLauncher {
+  /** current is the launcher that serves and the requests it has not answered yet. */
+  private current: Launcher | null = null;
+  private starting: Promise<boolean> | null = null;
+  private unsupported = false;
+  private nextId = 0;
+
+  constructor(
+    private readonly shimPath: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** pid is the launcher's while it runs (a restart in place reaps it: it is a child Bun knows of only until the execve). */
+  get pid(): number | null {
+    return this.current?.proc.pid ?? null;
+  }
+
+  /**
+   * launch starts `argv` (a shim's command line) in `cwd` with `env`, and answers the shim's
+   * report; null when the launcher ended before it answered (the caller reads the run's
+   * directory, as for a shim that said nothing); undefined when no launcher can run here.
+   */
+  async launch(argv: string[], env: Record<string, string>, cwd: string): Promise<string | null | undefined> {
+    const entries = Object.entries(env).map(([key, value]) => `${key}=${value}`);
+    // A NUL cannot travel in the framing (nor in an argv or environment): the caller's spawn refuses it.
+    if ([cwd, ...argv, ...entries].some((field) => field.includes("\0"))) return undefined;
+    if (!(await this.ensure())) return undefined;
+    const launcher = this.current;
+    if (!launcher) return null;
+    const id = String(++this.nextId);
+    const fields = [id, cwd, String(argv.length), ...argv, String(entries.length), ...entries];
+    const payload = Buffer.from(`${fields.join("\0")}\0`, "utf8");
+    const report = new Promise<string | null>((resolve) => launcher.pending.set(id, resolve));
+    try {
+      launcher.proc.stdin.write(`${payload.length}\n`);
+      launcher.proc.stdin.write(payload);
+      launcher.proc.stdin.flush();
+    } catch {
+      launcher.pending.delete(id);
+      return null;
+    }
+    return report;
+  }
+
+  /** stop closes the launcher's stdin: it exits, and the shims it started run on. */
+  stop(): void {
+    const proc = this.current?.proc;
+    this.current = null;
+    this.starting = null;
+    try {
+      proc?.stdin.end();
+    } catch {
+      // it is gone already
+    }
+  }
+
+  private ensure(): Promise<boolean> {
+    if (this.unsupported) return Promise.resolve(false);
+    this.starting ??= this.start();
+    return this.starting;
+  }
+
+  private start(): Promise<boolean> {
+    let proc: Subprocess<"pipe", "pipe", "ignore">;
+    try {
+      proc = Bun.spawn([this.shimPath, "--launcher"], { stdin: "pipe", stdout: "pipe", stderr: "ignore", cwd: "/" });
+    } catch (error) {
+      this.log.warn({ err: (error as Error).message }, "the shim launcher did not start: the daemon spawns each shim itself");
+      this.unsupported = true;
+      return Promise.resolve(false);
+    }
+    const launcher: Launcher = { proc, pending: new Map() };
+    this.current = launcher;
+    return new Promise<boolean>((resolveReady) => {
+      void this.read(launcher, resolveReady).finally(() => {
+        // Every process that could answer has ended (the launcher's workers hold the pipe too).
+        for (const resolve of launcher.pending.values()) resolve(null);
+        launcher.pending.clear();
+        if (this.current === launcher) {
+          this.current = null;
+          this.starting = null;
+        }
+        proc.kill("SIGKILL");
+      });
+    });
+  }
+
+  /** read takes the launcher's lines until its stdout ends: `ready` first, then the reports. */
+  private async read(launcher: Launcher, resolveReady: (ready: boolean) => void): Promise<void> {
+    const decoder = new TextDecoder();
+    let buffer = "";
+    let ready = false;
+    try {
+      const reader = launcher.proc.stdout.getReader();
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        for (let newline = buffer.indexOf("\n"); newline >= 0; newline = buffer.indexOf("\n")) {
+          const line = buffer.slice(0, newline);
+          buffer = buffer.slice(newline + 1);
+          if (!ready) {
+            ready = line === "ready";
+            if (!ready) break;
+            resolveReady(true);
+            continue;
+          }
+          const space = line.indexOf(" ");
+          const id = line.slice(0, space);
+          launcher.pending.get(id)?.(line.slice(space + 1));
+          launcher.pending.delete(id);
+        }
+        if (!ready) break;
+      }
+    } catch {
+      // the pipe broke: handled as its end
+    }
+    if (!ready) {
+      // A shim that does not know --launcher printed its usage and exited.
+      this.unsupported = true;
+      this.log.warn("the shim has no launcher mode: the daemon spawns each shim itself");
+      resolveReady(false);
+    }
+  }
+}
+
+interface Launcher {
+  proc: Subprocess<"pipe", "pipe", "ignore">;
+  pending: Map<string, (report: string | null) => void>;
+}

@@ -1,0 +1,116 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { readProcessStat } from "../../../src/engine/supervisor";
+import { ShimLauncher } from "../../../src/engine/supervisor/launcher";
+import { createLogger } from "../../../src/lib/logger";
+import { eventually, tempDir, testShim } from "../../helpers";
+
+const dir = tempDir("engine-launcher-");
+const log = createLogger({ level: "silent", stdout: false }).log;
+const started: number[] = [];
+afterAll(() => {
+  for (const pid of started) {
+    try {
+      process.kill(-pid, "SIGKILL");
+    } catch {
+      // gone
+    }
+  }
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** shimArgv is a shim's command line for a run in `dir/<name>`, as the supervisor builds it. */
+function shimArgv(shim: string, name: string, argv: string[]): { runDir: string; argv: string[] } {
+  const runDir = join(dir, name);
+  mkdirSync(runDir, { recursive: true });
+  return { runDir, argv: [shim, runDir, join(runDir, "out.log"), "-", "1048576", "2", "-", "-", "--", ...argv] };
+}
+
+describe("ShimLauncher", () => {
+  test("starts shims from one launcher with the env and cwd asked for, and reports while the workload still runs", async () => {
+    const launcher = new ShimLauncher(testShim(), log);
+    try {
+      const first = shimArgv(testShim(), "env", ["/bin/sh", "-c", 'echo "$GREETING from $(pwd)"; exec sleep 30']);
+      const report = await launcher.launch(first.argv, { GREETING: "hello", PATH: "/usr/bin:/bin" }, dir);
+      const match = /^ok (\d+) (\d+)$/.exec(report ?? "");
+      expect(match).not.toBeNull();
+      const [shimPid, pid] = [Number(match?.[1]), Number(match?.[2])];
+      started.push(pid);
+      // The shim is nobody's child here: it detached from the launcher's worker.
+      expect(readProcessStat(shimPid)?.ppid).not.toBe(launcher.pid ?? -1);
+      await eventually(
+        () => existsSync(join(first.runDir, "out.log")) && readFileSync(join(first.runDir, "out.log"), "utf8").includes("\n"),
+      );
+      expect(readFileSync(join(first.runDir, "out.log"), "utf8")).toContain(`stdout F hello from ${dir}`);
+      const launcherPid = launcher.pid;
+      expect(launcherPid).not.toBeNull();
+      const second = shimArgv(testShim(), "second", ["true"]);
+      expect(await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+$/);
+      expect(launcher.pid).toBe(launcherPid);
+      await eventually(() => existsSync(join(second.runDir, "exit.json")));
+      expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
+    } finally {
+      launcher.stop();
+    }
+  });
+
+  test("an exec failure and a working directory that is not there come back as the shim's reports", async () => {
+    const launcher = new ShimLauncher(testShim(), log);
+    try {
+      const missing = shimArgv(testShim(), "enoent", ["/no/such/program"]);
+      expect(await launcher.launch(missing.argv, {}, dir)).toBe("err 2 exec");
+      const nowhere = shimArgv(testShim(), "nowhere", ["true"]);
+      expect(await launcher.launch(nowhere.argv, {}, join(dir, "not-there"))).toBe("err 2 chdir");
+    } finally {
+      launcher.stop();
+    }
+  });
+
+  test("many launches at once each get their own report", async () => {
+    const launcher = new ShimLauncher(testShim(), log);
+    try {
+      const runs = Array.from({ length: 40 }, (_, i) => shimArgv(testShim(), `many-${i}`, ["/bin/sh", "-c", `exit ${i % 7}`]));
+      const reports = await Promise.all(runs.map((run) => launcher.launch(run.argv, { PATH: "/usr/bin:/bin" }, dir)));
+      const pids = reports.map((report) => Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]));
+      expect(pids.every((pid) => pid > 0)).toBe(true);
+      expect(new Set(pids).size).toBe(runs.length);
+      for (const [i, run] of runs.entries()) {
+        await eventually(() => existsSync(join(run.runDir, "exit.json")));
+        const exit = JSON.parse(readFileSync(join(run.runDir, "exit.json"), "utf8"));
+        expect(exit).toMatchObject({ exit_code: i % 7, pid: pids[i] });
+      }
+    } finally {
+      launcher.stop();
+    }
+  });
+
+  test("a launcher that was killed is started again; stop ends it and the shims run on", async () => {
+    const launcher = new ShimLauncher(testShim(), log);
+    const first = shimArgv(testShim(), "again-1", ["sleep", "30"]);
+    const report = await launcher.launch(first.argv, { PATH: "/usr/bin:/bin" }, dir);
+    const workload = Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]);
+    started.push(workload);
+    const before = launcher.pid as number;
+    process.kill(before, "SIGKILL");
+    await eventually(() => launcher.pid === null);
+    const second = shimArgv(testShim(), "again-2", ["true"]);
+    expect(await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+$/);
+    const after = launcher.pid as number;
+    expect(after).not.toBe(before);
+    launcher.stop();
+    await eventually(() => readProcessStat(after) === null || readProcessStat(after)?.state === "Z");
+    expect(readProcessStat(workload)).not.toBeNull(); // the first run's workload outlived both launchers
+  });
+
+  test("a shim with no launcher mode makes launch answer undefined: the caller spawns it itself", async () => {
+    const old = join(dir, "old-shim");
+    writeFileSync(old, "#!/bin/sh\necho 'usage: engine-shim RUN_DIR ...' >&2\nexit 2\n");
+    chmodSync(old, 0o755);
+    const launcher = new ShimLauncher(old, log);
+    const run = shimArgv(old, "old", ["true"]);
+    expect(await launcher.launch(run.argv, {}, dir)).toBeUndefined();
+    expect(await launcher.launch(run.argv, {}, dir)).toBeUndefined();
+    expect(launcher.pid).toBeNull();
+  });
+});
