@@ -10,6 +10,7 @@ import { bucketIndex } from "../../lib/prometheus";
 import type { Principal } from "../auth";
 import type { GpuTelemetry } from "../gpu";
 import type { RouteCounts } from "../proxy";
+import type { ServiceChange, ServiceChangeListener } from "../services";
 import { MetricsCollector } from "./collector";
 import { RESTORE_BOUNDS_S, type RestoreStats, renderEngineMetrics } from "./exposition";
 
@@ -27,7 +28,7 @@ export interface MetricsServices {
   list(): ServiceRecord[];
   get(ident: string): ServiceRecord;
   gpuInventory(): GpuInventoryRecord;
-  subscribe(listener: (serviceId: string) => void): () => void;
+  subscribe(listener: ServiceChangeListener): () => void;
 }
 
 export interface EngineMetricsOptions {
@@ -61,7 +62,7 @@ export class EngineMetrics {
   start(services: MetricsServices): void {
     this.services = services;
     for (const service of services.list()) this.lastStatus.set(service.id, service.status);
-    this.unsubscribe = services.subscribe((id) => this.noticeChange(id));
+    this.unsubscribe = services.subscribe((id, change) => this.noticeChange(id, change));
     this.collector = new MetricsCollector({
       services,
       nvidiaSmiPath: this.o.nvidiaSmiPath,
@@ -84,13 +85,8 @@ export class EngineMetrics {
     await this.collector?.sample();
   }
 
-  private noticeChange(id: string): void {
-    let status: string | null;
-    try {
-      status = this.services?.get(id).status ?? null;
-    } catch {
-      status = null; // deleted
-    }
+  private noticeChange(id: string, change: ServiceChange): void {
+    const status = change?.status ?? null; // null: deleted
     const before = this.lastStatus.get(id);
     if (status === null) {
       this.lastStatus.delete(id);

@@ -164,7 +164,11 @@ export class ProxyController {
   async start(): Promise<void> {
     this.loadAcmeCertificates();
     for (const service of this.o.services.list()) this.routesByService.set(service.id, this.routesFor(service));
-    this.unsubscribe = this.o.services.subscribe((serviceId) => this.markDirty(serviceId));
+    this.unsubscribe = this.o.services.subscribe((serviceId, change) => {
+      // A service with no port has no route, and had none if none is recorded: nothing to recompute.
+      if (change && change.port === null && !this.routesByService.has(serviceId)) return;
+      this.markDirty(serviceId);
+    });
     this.ensureCertificates();
     if (!this.processes) return;
     const previous = this.processes.previous();

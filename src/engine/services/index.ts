@@ -22,6 +22,14 @@ export { ServiceStore } from "./store";
 export type ServiceAction = "start" | "stop" | "restart" | "pause" | "resume";
 
 /**
+ * ServiceChange is what a change listener is told besides the id: the service's status and
+ * port after the change, or null once it is deleted, so that listeners that care about few
+ * services (the proxy's routes: those with a port) need not read the whole record of each.
+ */
+export type ServiceChange = { status: string; port: number | null } | null;
+export type ServiceChangeListener = (serviceId: string, change: ServiceChange) => void;
+
+/**
  * ServiceDirectory is what the API asks of the services module; ServiceManager implements it.
  * Handlers stay thin: they validate, check scope, call one of these and answer.
  */
@@ -56,7 +64,7 @@ export interface ServiceDirectory {
   /** resumeAfterDrain takes deploys again after a restart that did not go through. */
   resumeAfterDrain(): void;
   /** subscribe calls `listener` with a service's id after every change of its record, its deletion included. */
-  subscribe(listener: (serviceId: string) => void): () => void;
+  subscribe(listener: ServiceChangeListener): () => void;
   /** handOver stops in-process work and leaves workloads running for the next daemon. */
   handOver(): void;
 }

@@ -47,7 +47,7 @@ import type { TemplateCatalog } from "../templates";
 import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
 import { buildDiagnosis, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
-import type { ServiceDirectory } from "./index";
+import type { ServiceChange, ServiceChangeListener, ServiceDirectory } from "./index";
 import { followLog, type LogCursor, type LogRecord, tailLog, tailRecords } from "./logs";
 import { EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
@@ -1323,22 +1323,29 @@ export class ServiceManager implements ServiceDirectory {
   private update(serviceId: string, patch: Partial<ServiceRow>): void {
     const service = this.o.store.getService(serviceId);
     if (!service) return;
-    this.o.store.updateService({ ...service, ...patch, updated_at: iso(this.now()) });
-    this.changed(serviceId);
+    const updated = { ...service, ...patch, updated_at: iso(this.now()) };
+    this.o.store.updateService(updated);
+    this.changed(serviceId, updated);
   }
 
-  private readonly changeListeners = new Set<(serviceId: string) => void>();
+  private readonly changeListeners = new Set<ServiceChangeListener>();
 
   /** subscribe calls `listener` with a service's id after every change of its record, its deletion included. */
-  subscribe(listener: (serviceId: string) => void): () => void {
+  subscribe(listener: ServiceChangeListener): () => void {
     this.changeListeners.add(listener);
     return () => this.changeListeners.delete(listener);
   }
 
-  private changed(serviceId: string): void {
+  /** changed tells the listeners of a change of a service's row (`row`, when the caller has it). */
+  private changed(serviceId: string, row?: ServiceRow): void {
+    if (this.changeListeners.size === 0) return;
+    const service = row ?? this.o.store.getService(serviceId);
+    const change: ServiceChange = service
+      ? { status: service.status, port: this.o.store.getVersion(service.id, service.version)?.spec.port ?? null }
+      : null;
     for (const listener of this.changeListeners) {
       try {
-        listener(serviceId);
+        listener(serviceId, change);
       } catch (error) {
         this.o.log.error({ err: error }, "service change listener failed");
       }
