@@ -1,4 +1,5 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmdirSync } from "node:fs";
+import { constants as osConstants } from "node:os";
 import { join } from "node:path";
 import type { Logger } from "../../lib/logger";
 import { bindUnixAt, ownsPath, removeIfOwned, type UnixSocketName } from "../../lib/sockets";
@@ -204,8 +205,6 @@ export class Supervisor {
    * that fails to exec resolves with its exit record and is never watched.
    */
   async launch(spec: LaunchSpec): Promise<LaunchResult> {
-    // The caller made the parent; a plain mkdir is much cheaper than a recursive one.
-    mkdirSync(spec.runDir, { mode: 0o750 });
     let cgroupDir: string | null = null;
     let procs = "-";
     // Joining a cgroup costs ~10 ms per launch on cgroup v1 (the kernel's migration lock), a
@@ -231,6 +230,10 @@ export class Supervisor {
     let report: string;
     try {
       report = await this.startShim(argv, spec);
+      // What a spawn would have thrown: a working directory it cannot enter, a run directory
+      // it cannot make (a full disk is the disk's fault, not the service's: the caller knows it by its code).
+      const setup = /^err (\d+) (chdir|rundir)$/.exec(report);
+      if (setup) throw setupError(Number(setup[1]), setup[2] === "chdir" ? `cannot enter the working directory ${spec.cwd}` : `cannot make the run's directory ${spec.runDir}`);
     } catch (error) {
       this.byRunDir.delete(spec.runDir);
       if (cgroupDir) this.cgroup?.remove(cgroupDir);
@@ -279,6 +282,8 @@ export class Supervisor {
   private async startShim(argv: string[], spec: LaunchSpec): Promise<string> {
     const launched = await this.launcher.launch(argv, spec.env, spec.cwd);
     if (launched === undefined) {
+      // A shim from before it made its run's directory itself.
+      mkdirSync(spec.runDir, { recursive: true, mode: 0o750 });
       const proc = Bun.spawn(argv, { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
       const [stdout, stderr] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
       return stdout.trim() || stderr.trim();
@@ -286,12 +291,6 @@ export class Supervisor {
     if (launched === null) {
       const recovered = this.recover(spec.runId, spec.runDir);
       return recovered.shimPid > 0 ? `ok ${recovered.shimPid} ${recovered.pid}` : "err 0 setup (the shim launcher ended)";
-    }
-    const chdir = /^err (\d+) chdir$/.exec(launched);
-    if (chdir) {
-      const error = new Error(`cannot enter the working directory ${spec.cwd} (errno ${chdir[1]})`) as NodeJS.ErrnoException;
-      error.code = Number(chdir[1]) === 2 ? "ENOENT" : "EACCES";
-      throw error;
     }
     return launched;
   }
@@ -417,4 +416,13 @@ function lostExit(): ExitRecord {
     oomKilled: false,
     lost: true,
   };
+}
+
+/** setupError is the error a failed chdir or mkdir would have thrown here, its code (ENOSPC, ENOENT, ...) from the errno the shim reported. */
+function setupError(errno: number, what: string): NodeJS.ErrnoException {
+  const code = Object.entries(osConstants.errno).find(([, value]) => value === errno)?.[0] ?? `errno ${errno}`;
+  const error = new Error(`${code}: ${what}`) as NodeJS.ErrnoException;
+  error.code = code;
+  error.errno = -errno;
+  return error;
 }

@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { readProcessStat } from "../../../src/engine/supervisor";
 import { ShimLauncher } from "../../../src/engine/supervisor/launcher";
@@ -62,6 +62,25 @@ describe("ShimLauncher", () => {
       expect(await launcher.launch(missing.argv, {}, dir)).toBe("err 2 exec");
       const nowhere = shimArgv(testShim(), "nowhere", ["true"]);
       expect(await launcher.launch(nowhere.argv, {}, join(dir, "not-there"))).toBe("err 2 chdir");
+    } finally {
+      launcher.stop();
+    }
+  });
+
+  test("the shim makes its run's directory and the log's, with their parents; one it cannot make is reported as such", async () => {
+    const launcher = new ShimLauncher(testShim(), log);
+    try {
+      const service = join(dir, "services", "svc_1");
+      const runDir = join(service, "runs", "run_1");
+      const argv = [testShim(), runDir, join(service, "logs", "output.log"), "-", "1048576", "2", "-", "-", "--", "true"];
+      expect(await launcher.launch(argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+$/);
+      const mode = (path: string) => statSync(path).mode & 0o777;
+      expect(mode(runDir)).toBe(0o750 & ~process.umask());
+      for (const made of [service, join(service, "runs"), join(service, "logs")]) expect(mode(made)).toBe(0o700 & ~process.umask());
+      await eventually(() => existsSync(join(runDir, "exit.json")));
+      writeFileSync(join(dir, "a-file"), "");
+      const blocked = [testShim(), join(dir, "a-file", "run"), join(dir, "out.log"), "-", "1048576", "2", "-", "-", "--", "true"];
+      expect(await launcher.launch(blocked, {}, dir)).toBe("err 20 rundir"); // ENOTDIR
     } finally {
       launcher.stop();
     }
