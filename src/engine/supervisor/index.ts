@@ -233,7 +233,11 @@ export class Supervisor {
       // What a spawn would have thrown: a working directory it cannot enter, a run directory
       // it cannot make (a full disk is the disk's fault, not the service's: the caller knows it by its code).
       const setup = /^err (\d+) (chdir|rundir)$/.exec(report);
-      if (setup) throw setupError(Number(setup[1]), setup[2] === "chdir" ? `cannot enter the working directory ${spec.cwd}` : `cannot make the run's directory ${spec.runDir}`);
+      if (setup)
+        throw setupError(
+          Number(setup[1]),
+          setup[2] === "chdir" ? `cannot enter the working directory ${spec.cwd}` : `cannot make the run's directory ${spec.runDir}`,
+        );
     } catch (error) {
       this.byRunDir.delete(spec.runDir);
       if (cgroupDir) this.cgroup?.remove(cgroupDir);
