@@ -1,4 +1,4 @@
-import { readFileSync, statSync } from "node:fs";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { AppError } from "../../lib/errors";
 import { processIds } from "../../lib/procfs";
@@ -137,6 +137,7 @@ function localAccounts(): Local {
  * answer is almost always no, and a process for it cost milliseconds on every new service.
  */
 function getent(database: "passwd" | "group", key: string): string {
+  if (!nssBeyondFiles(database)) return "";
   const lib = libc();
   if (lib) {
     const id = /^\d+$/.test(key) ? Number(key) : key;
@@ -146,6 +147,58 @@ function getent(database: "passwd" | "group", key: string): string {
   if (!getentPath) return "";
   const result = Bun.spawnSync([getentPath, database, key], { stdout: "pipe", stderr: "ignore" });
   return result.exitCode === 0 ? result.stdout.toString() : "";
+}
+
+/** USERDB_DIRS are where systemd's userdb finds its users besides NSS's files: drop-ins and varlink services (homed, dynamic users). */
+const USERDB_DIRS = [
+  "/run/systemd/userdb",
+  "/run/systemd/dynamic-uid",
+  "/etc/userdb",
+  "/run/userdb",
+  "/run/host/userdb",
+  "/usr/lib/userdb",
+  "/usr/local/lib/userdb",
+];
+/** NSS_RECHECK_MS is how long the answer of nssBeyondFiles stands: a systemd unit with DynamicUser= may start meanwhile. */
+const NSS_RECHECK_MS = 5000;
+let nssAnswer: { at: number; passwd: boolean; group: boolean } | null = null;
+
+/**
+ * nssBeyondFiles says whether NSS may know users or groups that /etc/passwd and /etc/group do
+ * not, so that asking it is worth a call (decision 458): see nssAsks. A miss through
+ * nss-systemd cost ~50 us of failed opens, four per new service user.
+ */
+function nssBeyondFiles(database: "passwd" | "group"): boolean {
+  const now = Date.now();
+  if (!nssAnswer || now - nssAnswer.at > NSS_RECHECK_MS) {
+    const conf = readText("/etc/nsswitch.conf");
+    const userdb = USERDB_DIRS.some((dir) => {
+      try {
+        return readdirSync(dir).length > 0;
+      } catch {
+        return false;
+      }
+    });
+    nssAnswer = { at: now, passwd: nssAsks(conf, "passwd", userdb), group: nssAsks(conf, "group", userdb) };
+  }
+  return nssAnswer[database];
+}
+
+/**
+ * nssAsks says whether a database's NSS sources (nsswitch.conf's line; glibc's default `files`
+ * when there is none) reach beyond the local files: false for `files` alone, or with `systemd`
+ * while systemd's userdb has nothing to offer (`userdb`: no varlink service, no dynamic user, no
+ * drop-in; its module then answers only root and nobody, outside the engine's range). Any other
+ * source (ldap, sss, winbind, compat's NIS) is asked.
+ */
+export function nssAsks(conf: string, database: "passwd" | "group", userdb: boolean): boolean {
+  let sources = ["files"];
+  for (const line of conf.split("\n")) {
+    const [head, ...rest] = line.replace(/#.*/, "").trim().split(/\s+/);
+    // Actions such as [NOTFOUND=return] are not sources.
+    if (head === `${database}:`) sources = rest.filter((word) => word !== "" && !word.startsWith("["));
+  }
+  return sources.some((source) => source !== "files" && (source !== "systemd" || userdb));
 }
 
 /** findPasswd looks a user up by name or numeric uid: /etc/passwd first (no process), then NSS. */
