@@ -1299,7 +1299,8 @@ export class ServiceManager implements ServiceDirectory {
       // `user`): what is inside becomes the user's too, else it could not change its own files.
       // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir. A dir
       // just made (a new service's, the usual case) is empty: one chown of it is all, without a process.
-      if (readdirSync(dataDir).length === 0) chownSync(dataDir, user.uid, user.gid);
+      const empty = readdirSync(dataDir).length === 0;
+      if (empty) chownSync(dataDir, user.uid, user.gid);
       else {
         const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
         const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
@@ -1308,7 +1309,8 @@ export class ServiceManager implements ServiceDirectory {
       // An older engine made a database's dir 0750: the user's own is 0700, or a SQLite
       // database's 2770 (ensureDir sets it once per daemon; chown cleared the setgid bit).
       chmodSync(dataDir, dataDirMode);
-      this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
+      // A new service's empty dir is no news (a line a batch job); files that changed owner are.
+      if (!empty) this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
     }
     const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };
     const current = this.o.store.getService(serviceId);
