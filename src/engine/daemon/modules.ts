@@ -232,7 +232,7 @@ export function servicesModule(
     get keptRunning() {
       return keptRunning;
     },
-    provision(ctx) {
+    async provision(ctx) {
       const { config, store, clock, bus } = ctx;
       log = ctx.log;
       const supervisor = bus.get("supervisor");
@@ -258,6 +258,8 @@ export function servicesModule(
       });
       bus.provide("manager", manager);
       bus.provide("services", decorate ? decorate(manager) : manager);
+      // Reading the GPUs needs nothing exclusive: a successor does it before the switch (decision 463).
+      await gpus.refresh();
     },
     async start({ config, log, bus }) {
       if (!manager) return;

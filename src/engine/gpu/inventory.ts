@@ -391,6 +391,8 @@ export class GpuInventory {
   readonly #timeoutMs: number;
   readonly #seen = new Map<string, string>();
   #snapshot: GpuSnapshot;
+  /** #refreshedAt is when the last refresh ended (performance.now()), null before the first. */
+  #refreshedAt: number | null = null;
 
   constructor(options: GpuInventoryOptions = {}) {
     this.#nvidiaSmiPath = options.nvidiaSmiPath;
@@ -412,7 +414,13 @@ export class GpuInventory {
   /** refresh asks nvidia-smi again, unless GPUs are declared, and returns the new snapshot. */
   async refresh(): Promise<GpuSnapshot> {
     this.#snapshot = this.#declared ? this.#declaredSnapshot() : await this.#detect();
+    this.#refreshedAt = performance.now();
     return this.#snapshot;
+  }
+
+  /** refreshedWithin says whether a refresh ended less than `ms` ago. */
+  refreshedWithin(ms: number): boolean {
+    return this.#refreshedAt !== null && performance.now() - this.#refreshedAt < ms;
   }
 
   #now(): string {

@@ -59,6 +59,8 @@ const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
 const ENDED_STATUSES = new Set(["completed", "failed", "cancelled", "stopped"]);
 /** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
 const GPU_REFRESH_MS = 60_000;
+/** GPU_FRESH_MS is how recent a refresh made before start (a successor's, while it prepared) may be to stand for start's own. */
+const GPU_FRESH_MS = 10_000;
 /** BUILDS_DIR is the folder of data/ that holds build checkouts; no service name starts with a dot. */
 const BUILDS_DIR = ".builds";
 /** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
@@ -192,7 +194,9 @@ export class ServiceManager implements ServiceDirectory {
    * are settled with their recorded exit status; interrupted builds and backoffs resume.
    */
   async start(): Promise<void> {
-    await this.o.gpus.refresh();
+    // A successor refreshed the inventory while it prepared (nvidia-smi takes 50-500 ms on a GPU
+    // host: not in the hand-over's window, when requests wait); anyone else does it now.
+    if (!this.o.gpus.refreshedWithin(GPU_FRESH_MS)) await this.o.gpus.refresh();
     // GPUs can fall off the bus or come back after a reset: look again now and then.
     this.gpuTimer = setInterval(() => {
       void this.o.gpus.refresh().then(() => this.schedule());
