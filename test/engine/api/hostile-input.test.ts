@@ -1,8 +1,9 @@
 import { Database } from "bun:sqlite";
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
-import { startTestEngine, type TestEngine } from "../../helpers";
+import { startTestEngine, type TestEngine, tempDir } from "../../helpers";
 
 /** DEEP is the body that overflowed the 422 serializer's stack: 50,000 nested arrays. */
 const DEEP = `{"name":${"[".repeat(50_000)}${"]".repeat(50_000)}}`;
@@ -258,16 +259,22 @@ describe("422 answers", () => {
 
 describe("listing survives a bad row", () => {
   test("a service stored with a malformed env by an older engine is left out, reported, and deletable", async () => {
-    const good = await engine.json<{ name: string }>("POST", "/api/services", {
+    // The row is rewritten while no engine runs, as an older engine left it: the engine that
+    // starts on the data dir meets it (a running engine is its store's only writer, and caches
+    // what it read).
+    const dataDir = tempDir();
+    const older = await startTestEngine({ dataDir });
+    const good = await older.json<{ name: string }>("POST", "/api/services", {
       body: { name: "listed-ok", kind: "batch", command: ["true"] },
     });
     expect(good.status).toBe(201);
-    const bad = await engine.json<{ id: string }>("POST", "/api/services", {
+    const bad = await older.json<{ id: string }>("POST", "/api/services", {
       body: { name: "listed-bad", kind: "batch", command: ["true"] },
     });
     expect(bad.status).toBe(201);
+    await older.daemon.stop();
     // What the old engine stored for `"env":[["x"]]`: the normalized {"0":["x"]}, written straight into the row.
-    const db = new Database(join(engine.dataDir, "engine.db"));
+    const db = new Database(join(dataDir, "engine.db"));
     try {
       const rows = db.query("SELECT service_id, version, spec FROM service_versions WHERE service_id = ?").all(bad.body.id) as {
         service_id: string;
@@ -287,16 +294,22 @@ describe("listing survives a bad row", () => {
     } finally {
       db.close();
     }
-    const list = await engine.call("GET", "/api/services");
-    expect(list.status).toBe(200);
-    expect(list.headers.get("x-engine-unlisted")).toBe("1");
-    const names = ((await list.json()) as { name: string }[]).map((s) => s.name);
-    expect(names).toContain("listed-ok");
-    expect(names).not.toContain("listed-bad");
-    expect((await engine.call("DELETE", "/api/services/listed-bad")).status).toBe(200);
-    const after = await engine.call("GET", "/api/services");
-    expect(after.status).toBe(200);
-    expect(after.headers.get("x-engine-unlisted")).toBeNull();
+    const current = await startTestEngine({ dataDir });
+    try {
+      const list = await current.call("GET", "/api/services");
+      expect(list.status).toBe(200);
+      expect(list.headers.get("x-engine-unlisted")).toBe("1");
+      const names = ((await list.json()) as { name: string }[]).map((s) => s.name);
+      expect(names).toContain("listed-ok");
+      expect(names).not.toContain("listed-bad");
+      expect((await current.call("DELETE", "/api/services/listed-bad")).status).toBe(200);
+      const after = await current.call("GET", "/api/services");
+      expect(after.status).toBe(200);
+      expect(after.headers.get("x-engine-unlisted")).toBeNull();
+    } finally {
+      await current.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
   });
 });
 
