@@ -1,6 +1,6 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmdirSync } from "node:fs";
 import { constants as osConstants } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import type { Logger } from "../../lib/logger";
 import { bindUnixAt, ownsPath, removeIfOwned, type UnixSocketName } from "../../lib/sockets";
 import { credentialsArg, type WorkloadUser } from "../users";
@@ -279,15 +279,18 @@ export class Supervisor {
   /**
    * startShim starts the shim through the launcher (no fork in this process), or spawns it
    * where no launcher runs, and answers its one-line report (its stdout, else its stderr). A
-   * working directory that cannot be entered throws, as a spawn would. A report lost with its
+   * report lost with its
    * launcher is read back from the run's `pids` file, which the shim writes before it reports:
    * without it, the shim never got going.
    */
   private async startShim(argv: string[], spec: LaunchSpec): Promise<string> {
     const launched = await this.launcher.launch(argv, spec.env, spec.cwd);
     if (launched === undefined) {
-      // A shim from before it made its run's directory itself.
-      mkdirSync(spec.runDir, { recursive: true, mode: 0o750 });
+      // A shim from before the launcher does not make its directories: made here, as the shim
+      // makes them (the service's logs/ and runs/ 0700, the run's 0750).
+      mkdirSync(dirname(spec.logFile), { recursive: true, mode: 0o700 });
+      mkdirSync(dirname(spec.runDir), { recursive: true, mode: 0o700 });
+      mkdirSync(spec.runDir, { mode: 0o750 });
       const proc = Bun.spawn(argv, { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
       const [stdout, stderr] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
       return stdout.trim() || stderr.trim();
