@@ -1,4 +1,15 @@
-import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import {
+  appendFileSync,
+  chmodSync,
+  chownSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+} from "node:fs";
 import { basename, join } from "node:path";
 import type {
   DatabaseConnection,
@@ -44,7 +55,15 @@ import {
 } from "../scheduler";
 import { type ExitRecord, processTreeUsage, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
-import { canSwitchUsers, firstUnreachableBy, type RecordedUser, ServiceUsers, serviceUserName, type WorkloadUser } from "../users";
+import {
+  canSwitchUsers,
+  firstUnreachableBy,
+  type RecordedUser,
+  removeServiceUsersOf,
+  ServiceUsers,
+  serviceUserName,
+  type WorkloadUser,
+} from "../users";
 import { buildDiagnosis, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceChange, ServiceChangeListener, ServiceDirectory } from "./index";
@@ -147,7 +166,7 @@ export class ServiceManager implements ServiceDirectory {
         log: this.o.log,
         clock: this.o.clock,
         host: this.host,
-        changed: (serviceId) => this.changed(serviceId),
+        changed: (serviceId, row) => this.changed(serviceId, row),
         schedule: () => this.schedule(),
         exited: (runId, exit) => {
           this.unsettled.set(runId, exit);
@@ -937,7 +956,11 @@ export class ServiceManager implements ServiceDirectory {
     return this.get(service.id);
   }
 
-  /** remove stops a service and deletes its record, runs, logs and builds; its data directory stays. */
+  /**
+   * remove stops a service and deletes its record, runs, logs and builds. Its data directory
+   * stays, and with it the user who owns it; a data dir left empty goes, and the service's own
+   * user with it (releaseUser).
+   */
   async remove(ident: string): Promise<void> {
     const service = this.find(ident);
     const dependents = this.o.store
@@ -951,13 +974,37 @@ export class ServiceManager implements ServiceDirectory {
     await runner.stop("deleted");
     runner.cancelPending();
     this.runners.delete(service.id);
+    // The row as it ends: a launch under way when the delete came may have recorded its user since.
+    const last = this.o.store.getService(service.id) ?? service;
     this.o.store.deleteService(service.id);
     this.changed(service.id);
     rmSync(this.serviceDir(service.id), { recursive: true, force: true });
     rmSync(this.buildsDir(service.id), { recursive: true, force: true });
     for (const dir of this.madeDirs.keys()) if (dir.startsWith(this.serviceDir(service.id))) this.madeDirs.delete(dir);
-    this.o.log.info({ service: service.name, dependents }, "service deleted");
+    const released = this.releaseUser(last);
+    this.o.log.info({ service: service.name, dependents, ...(released ? { user_removed: released } : {}) }, "service deleted");
     this.schedule();
+  }
+
+  /**
+   * releaseUser removes a deleted service's own user when its data dir is empty (decision 465):
+   * nothing is kept that the user owns, and each batch job under a new name would otherwise
+   * leave a user behind for ever (the ids run out after 4,336 names, and each new user costs a
+   * rewrite of the account files, which grow with them). A data dir with anything in it stays, and its user
+   * with it (decision 118); so does a user a process still runs as, or one the admin chose.
+   * Runs without an await after the row is gone, so no launch of a new service of that name
+   * can find the user in between. Answers the user's name when it was removed.
+   */
+  private releaseUser(service: ServiceRow): string | null {
+    if (!this.switchUsers || service.run_as?.name !== serviceUserName(service.name)) return null;
+    const dataDir = this.serviceDataDir(service.name);
+    try {
+      rmdirSync(dataDir);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ENOENT") return null; // not empty: kept, with its owner
+    }
+    this.madeDirs.delete(dataDir);
+    return removeServiceUsersOf(this.o.dataDir, { only: [service.name] }).length > 0 ? service.run_as.name : null;
   }
 
   /** requeue puts a service back in the queue, as submitted now, to be scheduled. */

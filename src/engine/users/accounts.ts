@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync, statSync } from "node:fs";
+import { lstatSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { AppError } from "../../lib/errors";
 import { processIds } from "../../lib/procfs";
@@ -433,15 +433,17 @@ export class ServiceUsers {
  * `dataDir` (the engine's comment, a home under its `data/`), so a data dir thrown away leaves
  * no users behind; `only` limits it to the users of those service names. userdel refuses while
  * a process of the user lives: it is tried again for up to `waitMs`, then the user stays (it is
- * harmless, and reused by a service of that name).
+ * harmless, and reused by a service of that name). What a removed user left in the shared
+ * scratch dirs goes with it (removeLeftovers), so a later service given the same id cannot
+ * read it. Answers the names removed.
  */
-export function removeServiceUsersOf(dataDir: string, options: { only?: readonly string[]; waitMs?: number } = {}): void {
-  if (process.geteuid?.() !== 0) return;
+export function removeServiceUsersOf(dataDir: string, options: { only?: readonly string[]; waitMs?: number } = {}): string[] {
+  if (process.geteuid?.() !== 0) return [];
   let passwd = "";
   try {
     passwd = readFileSync("/etc/passwd", "utf8");
   } catch {
-    return;
+    return [];
   }
   const homes = `${join(dataDir, "data")}/`;
   const users: { name: string; uid: number }[] = [];
@@ -451,16 +453,51 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
     if (options.only && !options.only.some((service) => serviceUserName(service) === name)) continue;
     users.push({ name, uid: Number(uid) });
   }
+  if (users.length === 0) return [];
   // Users with no process left go in one rewrite of the account files (userdel costs a process
   // and four rewrites each); the others, and all where the files cannot be written, go through
   // userdel, which waits for their processes as before.
   const busy = uidsInUse();
   const idle = users.filter((user) => !busy.has(user.uid));
-  const removed = removeAccounts(idle.map((user) => user.name));
-  for (const { name } of removed ? users.filter((user) => busy.has(user.uid)) : users) {
+  const removed = removeAccounts(idle.map((user) => user.name)) ? idle : [];
+  for (const user of users.filter((candidate) => !removed.includes(candidate))) {
     const deadline = Date.now() + (options.waitMs ?? 0);
-    while (Bun.spawnSync(["userdel", name], { stdout: "ignore", stderr: "ignore" }).exitCode === 8 && Date.now() < deadline) {
+    for (;;) {
+      const code = Bun.spawnSync(["userdel", user.name], { stdout: "ignore", stderr: "ignore" }).exitCode;
+      if (code === 0) removed.push(user);
+      if (code !== 8 || Date.now() >= deadline) break;
       Bun.sleepSync(20);
+    }
+  }
+  removeLeftovers(new Set(removed.map((user) => user.uid)));
+  return removed.map((user) => user.name);
+}
+
+/** SCRATCH_DIRS are the world-writable dirs a workload may leave files in outside its data dir. */
+const SCRATCH_DIRS = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/**
+ * removeLeftovers deletes what users just removed own at the top of the shared scratch dirs
+ * (/tmp, /var/tmp, /dev/shm), as systemd's RemoveIPC= does for a dynamic user's /dev/shm: their
+ * ids are handed out again, and a later service's user must not inherit a job's temp files.
+ * Entries are checked with lstat (a link is removed, never followed).
+ */
+export function removeLeftovers(uids: ReadonlySet<number>, dirs: readonly string[] = SCRATCH_DIRS): void {
+  if (uids.size === 0) return;
+  for (const dir of dirs) {
+    let entries: string[];
+    try {
+      entries = readdirSync(dir);
+    } catch {
+      continue;
+    }
+    for (const entry of entries) {
+      const path = join(dir, entry);
+      try {
+        if (uids.has(lstatSync(path).uid)) rmSync(path, { recursive: true, force: true });
+      } catch {
+        // gone meanwhile, or not ours to remove
+      }
     }
   }
 }

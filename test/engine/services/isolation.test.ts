@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, chownSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { RedisEngine } from "../../../src/engine/databases";
 import { serviceUserName, WORKLOAD_ID_RANGE } from "../../../src/engine/users";
@@ -204,6 +204,55 @@ rootOnly("the data dir's modes", () => {
       await second.close();
       rmSync(dataDir, { recursive: true, force: true });
     }
+  });
+});
+
+rootOnly("a deleted service's user", () => {
+  /** passwdLine is the service user's line in /etc/passwd, or undefined. */
+  const passwdLine = (service: string) =>
+    readFileSync("/etc/passwd", "utf8")
+      .split("\n")
+      .find((line) => line.startsWith(`${serviceUserName(service)}:`));
+  const groupLine = (service: string) =>
+    readFileSync("/etc/group", "utf8")
+      .split("\n")
+      .find((line) => line.startsWith(`${serviceUserName(service)}:`));
+
+  test("goes with the service when its data dir is empty, and what it left in /tmp with it", async () => {
+    const leftover = join("/tmp", `engine-leftover-${process.pid}-${Date.now()}`);
+    await api.deployed({ name: "gone-job", kind: "batch", command: `echo scratch > ${leftover}` });
+    await api.waitFor("gone-job", "completed");
+    expect(passwdLine("gone-job")).toBeDefined();
+    const uid = Number(passwdLine("gone-job")?.split(":")[2]);
+    expect(statSync(leftover).uid).toBe(uid);
+    const dataDir = join(engine.dataDir, "data", "gone-job");
+    expect(existsSync(dataDir)).toBe(true);
+    expect((await engine.call("DELETE", "/api/services/gone-job")).status).toBe(200);
+    expect(passwdLine("gone-job")).toBeUndefined();
+    expect(groupLine("gone-job")).toBeUndefined();
+    expect(readFileSync("/etc/shadow", "utf8")).not.toContain(`${serviceUserName("gone-job")}:`);
+    expect(existsSync(dataDir)).toBe(false);
+    // The id is handed out again: a later service's user must not inherit the job's temp files.
+    expect(existsSync(leftover)).toBe(false);
+    // The same name deployed again gets a user and a data dir afresh.
+    await api.deployed({ name: "gone-job", kind: "batch", command: 'test -w "$SERVICE_DATA_DIR"' });
+    await api.waitFor("gone-job", "completed");
+    expect(passwdLine("gone-job")).toBeDefined();
+    expect((await engine.call("DELETE", "/api/services/gone-job")).status).toBe(200);
+  });
+
+  test("stays with the data it owns (decision 118): deployed again, the name gets both back", async () => {
+    await api.deployed({ name: "kept-job", kind: "batch", command: 'echo result > "$SERVICE_DATA_DIR/result"' });
+    await api.waitFor("kept-job", "completed");
+    const line = passwdLine("kept-job");
+    expect(line).toBeDefined();
+    expect((await engine.call("DELETE", "/api/services/kept-job")).status).toBe(200);
+    expect(passwdLine("kept-job")).toBe(line);
+    const result = join(engine.dataDir, "data", "kept-job", "result");
+    expect(readFileSync(result, "utf8")).toBe("result\n");
+    await api.deployed({ name: "kept-job", kind: "batch", command: 'grep -q result "$SERVICE_DATA_DIR/result"' });
+    await api.waitFor("kept-job", "completed");
+    expect(passwdLine("kept-job")).toBe(line);
   });
 });
 
