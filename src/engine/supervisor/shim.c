@@ -59,6 +59,10 @@ static int log_fd = -1;
 static long long log_size;
 static int sig_pipe[2] = {-1, -1};
 static pid_t child = -1;
+/* launched is set in a shim the launcher forked: the launcher is its parent (the kernel reaps
+   it there, and it is reparented when the launcher ends), so it need not detach with two forks
+   of its own. */
+static int launched = 0;
 /* The free-space floor under which the shim stops writing the service's log (issue 13): 5 % of
    the log's filesystem, at most 1 GiB. On an 8 MiB tmpfs that leaves ~400 KiB for the
    engine's database and exit records; on a 2 TB disk, 1 GiB. Free space is read (statvfs) at
@@ -418,23 +422,32 @@ static int shim_main(int argc, char **argv) {
     return 1;
   }
 
-  /* Detach: the spawned process exits once the workload runs, so the shim is reparented
-     to init (or the nearest subreaper) and never becomes the daemon's zombie. */
-  pid_t first = fork();
-  if (first < 0) {
-    report(1, "err 0 setup\n");
-    return 1;
+  if (launched) {
+    /* The launcher is the parent, never waits for it (SIGCHLD ignored: the kernel reaps it),
+       and two forks are saved: each is a wake-up of another process, and those made most of a
+       restart's wait on a busy machine. It leads a session of its own and opens no terminal
+       (every open here is a plain file or /dev/null); its workload, which could, is not the
+       session's leader. */
+    setsid();
+  } else {
+    /* Detach: the spawned process exits once the workload runs, so the shim is reparented
+       to init (or the nearest subreaper) and never becomes the daemon's zombie. */
+    pid_t first = fork();
+    if (first < 0) {
+      report(1, "err 0 setup\n");
+      return 1;
+    }
+    if (first > 0) {
+      /* Wait for the shim's report to be written before exiting; the pipe carries it. */
+      int status;
+      waitpid(first, &status, 0);
+      return 0;
+    }
+    setsid();
+    pid_t shim = fork();
+    if (shim < 0) _exit(1);
+    if (shim > 0) _exit(0); /* the session leader leaves; the shim can never regain a terminal */
   }
-  if (first > 0) {
-    /* Wait for the shim's report to be written before exiting; the pipe carries it. */
-    int status;
-    waitpid(first, &status, 0);
-    return 0;
-  }
-  setsid();
-  pid_t shim = fork();
-  if (shim < 0) _exit(1);
-  if (shim > 0) _exit(0); /* the session leader leaves; the shim can never regain a terminal */
 
   signal(SIGHUP, SIG_IGN);
   signal(SIGPIPE, SIG_IGN);
@@ -623,15 +636,56 @@ static int shim_main(int argc, char **argv) {
  * it a millisecond of its event loop; a fork of this small one costs ~0.1 ms elsewhere). It
  * says "ready\n", then reads requests on stdin, each `LEN\n` and LEN bytes of NUL-terminated
  * fields: ID, CWD, ARGC, ARGC arguments (a shim's command line, argv[0] included), ENVC, ENVC
- * `KEY=VALUE` entries. For each it forks a child that starts the shim exactly as a spawn
- * would (that cwd and environment, default signals, stdin on /dev/null), reads the shim's
- * one-line report (its stdout and stderr) to the end and writes `ID REPORT\n` on stdout in one
- * write (atomic on a pipe: under PIPE_BUF), `ID err 0 setup` when the shim said nothing. It
- * exits when stdin closes: the daemon that started it is gone; the shims it started are not
- * its children and keep running.
+ * `KEY=VALUE` entries. For each it forks the shim itself, started exactly as a spawn would
+ * start it (that cwd and environment, default signals, stdin on /dev/null), reads the shim's
+ * one-line report (its stdout and stderr) as soon as the line is whole and writes
+ * `ID REPORT\n` on stdout in one write (atomic on a pipe: under PIPE_BUF), `ID err 0 setup`
+ * when the shim ended without a word. It exits when stdin closes (the daemon that started it is
+ * gone) and the reports pending are relayed; the shims it started keep running, reparented.
+ * A shim it starts does not detach with two forks of its own (`launched`): each fork and each
+ * relay is a wake-up of another process, and those made most of a restart's wait (decision 466).
  */
 #define REQUEST_MAX (1 << 20)
+/* MAX_PENDING bounds the reports awaited at once; past it the launcher reads no request until one ends. */
+#define MAX_PENDING 256
 
+/* pending is a started shim whose report line has not come whole yet. */
+struct pending {
+  char id[32];
+  int fd;
+  size_t got;
+  char text[900];
+};
+static struct pending pending[MAX_PENDING];
+static int pending_count = 0;
+
+/* reply writes `ID REPORT\n` in one write (atomic on a pipe: under PIPE_BUF), REPORT on one line. */
+static void reply(int reply_fd, const char *id, const char *text) {
+  char line[1024];
+  int n = snprintf(line, sizeof line, "%s %s\n", id, text);
+  char *body = line + strlen(id) + 1;
+  size_t len = (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1);
+  while (len > strlen(id) + 1 && (line[len - 1] == '\n' || line[len - 1] == ' ')) len--;
+  for (char *c = body; c < line + len; c++)
+    if (*c == '\n' || *c == '\r') *c = ' ';
+  line[len++] = '\n';
+  write_all(reply_fd, line, len);
+}
+
+/* finish relays a pending shim's report (what it said, or `err 0 setup` when it said nothing) and forgets it. */
+static void finish(int index, int reply_fd) {
+  struct pending *p = &pending[index];
+  p->text[p->got] = 0;
+  char *newline = memchr(p->text, '\n', p->got);
+  if (newline) *newline = 0;
+  reply(reply_fd, p->id, p->got > 0 && p->text[0] ? p->text : "err 0 setup");
+  close(p->fd);
+  pending[index] = pending[--pending_count];
+}
+
+/* launch_one forks one shim, as a spawn would start it (that cwd and environment, default
+   signals, stdin on /dev/null, stdout and stderr to its report pipe), and adds it to the
+   pending reports; a request it cannot start is answered at once. */
 static void launch_one(char *fields, size_t len, int reply_fd) {
   char *cursor = fields, *end = fields + len;
   char *items[4096 + 8];
@@ -645,38 +699,32 @@ static void launch_one(char *fields, size_t len, int reply_fd) {
   const char *id = items[0];
   const char *cwd = items[1];
   long argc = atol(items[2]);
-  char reply[1024];
-  if (argc < 1 || (size_t)(3 + argc) >= count) {
-    int n = snprintf(reply, sizeof reply, "%s err 0 request\n", id);
-    write_all(reply_fd, reply, (size_t)n);
-    return;
-  }
+  char text[64];
+  if (strlen(id) >= sizeof pending[0].id || argc < 1 || (size_t)(3 + argc) >= count) return reply(reply_fd, id, "err 0 request");
   char **argv = items + 3;
   long envc = atol(items[3 + argc]);
-  if (envc < 0 || (size_t)(4 + argc + envc) > count) {
-    int n = snprintf(reply, sizeof reply, "%s err 0 request\n", id);
-    write_all(reply_fd, reply, (size_t)n);
-    return;
-  }
+  if (envc < 0 || (size_t)(4 + argc + envc) > count) return reply(reply_fd, id, "err 0 request");
   char **envp = items + 4 + argc;
   int report[2];
   if (pipe2(report, O_CLOEXEC) != 0) {
-    int n = snprintf(reply, sizeof reply, "%s err %d setup\n", id, errno);
-    write_all(reply_fd, reply, (size_t)n);
-    return;
+    snprintf(text, sizeof text, "err %d setup", errno);
+    return reply(reply_fd, id, text);
   }
-  pid_t top = fork();
-  if (top == 0) {
-    /* What the daemon's spawn gave a shim: stdin /dev/null, stdout and stderr to the report. */
+  pid_t shim = fork();
+  if (shim == 0) {
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
     dup2(report[1], 1);
     dup2(report[1], 2);
-    /* Only 0-2 may stay: the shim never execs, and a copy of the report pipe it kept would hold
-       the report open for as long as the run lasts. */
+    /* Only 0-2 may stay: the shim never execs, and a copy of a report pipe it kept (its own,
+       or another pending shim's) would hold that report open for as long as the run lasts. */
     if (devnull > 2) close(devnull);
     if (report[0] > 2) close(report[0]);
     if (report[1] > 2) close(report[1]);
+    for (int i = 0; i < pending_count; i++) close(pending[i].fd);
+    if (reply_fd > 2) close(reply_fd);
     if (chdir(cwd) != 0) {
       char line[64];
       int n = snprintf(line, sizeof line, "err %d chdir\n", errno);
@@ -686,73 +734,82 @@ static void launch_one(char *fields, size_t len, int reply_fd) {
     argv[argc] = NULL; /* the ENVC field after the arguments: no longer needed */
     envp[envc] = NULL; /* the slot after the last field, kept free above */
     environ = envp;
+    launched = 1;
     _exit(shim_main((int)argc, argv));
   }
   close(report[1]);
-  char text[900];
-  size_t got = 0;
-  if (top > 0) {
-    for (;;) {
-      ssize_t k = read(report[0], text + got, sizeof text - 1 - got);
-      if (k > 0) {
-        got += (size_t)k;
-        if (got == sizeof text - 1) break;
-      } else if (k == 0 || errno != EINTR) break;
-    }
-    int status;
-    while (waitpid(top, &status, 0) < 0 && errno == EINTR) {
-    }
+  if (shim < 0) {
+    close(report[0]);
+    snprintf(text, sizeof text, "err %d fork", errno);
+    return reply(reply_fd, id, text);
   }
-  close(report[0]);
-  text[got] = 0;
-  while (got > 0 && (text[got - 1] == '\n' || text[got - 1] == ' ')) text[--got] = 0;
-  for (size_t i = 0; i < got; i++)
-    if (text[i] == '\n' || text[i] == '\r') text[i] = ' ';
-  int n = snprintf(reply, sizeof reply, "%s %s\n", id, got > 0 ? text : top < 0 ? "err 0 fork" : "err 0 setup");
-  write_all(reply_fd, reply, (size_t)(n < (int)sizeof reply ? n : (int)sizeof reply - 1));
+  struct pending *p = &pending[pending_count++];
+  snprintf(p->id, sizeof p->id, "%s", id);
+  p->fd = report[0];
+  p->got = 0;
 }
 
+/* serve_buffered starts the whole requests in `buffer` while a report slot is free; -1 on a
+   request that is not the daemon's framing. */
+static int serve_buffered(char *buffer, size_t *have, int reply_fd) {
+  while (pending_count < MAX_PENDING) {
+    char *newline = memchr(buffer, '\n', *have);
+    if (!newline) break;
+    size_t header = (size_t)(newline - buffer) + 1;
+    size_t len = (size_t)atol(buffer);
+    if (len > REQUEST_MAX) return -1;
+    if (*have < header + len) break;
+    char *fields = buffer + header;
+    char saved = fields[len];
+    fields[len] = 0;
+    launch_one(fields, len, reply_fd);
+    fields[len] = saved;
+    memmove(buffer, buffer + header + len, *have - header - len);
+    *have -= header + len;
+  }
+  return 0;
+}
+
+/*
+ * launcher_main serves requests until stdin closes, then relays the reports still pending and
+ * exits; the shims it started are its children until then (the kernel reaps them: SIGCHLD is
+ * ignored) and keep running after it, reparented.
+ */
 static int launcher_main(void) {
   signal(SIGPIPE, SIG_IGN);
-  /* Its children are reaped by the kernel: each starts one shim and exits. */
   signal(SIGCHLD, SIG_IGN);
   int reply_fd = 1;
   write_all(reply_fd, "ready\n", 6);
   static char buffer[REQUEST_MAX + 64];
   size_t have = 0;
+  int reading = 1;
   for (;;) {
+    /* Not the daemon's framing: stop rather than guess. */
+    if (serve_buffered(buffer, &have, reply_fd) != 0 || have == sizeof buffer - 1) return 3;
+    if (!reading && pending_count == 0) return 0;
+    struct pollfd fds[MAX_PENDING + 1];
+    int n = 0;
+    for (int i = 0; i < pending_count; i++) fds[n++] = (struct pollfd){.fd = pending[i].fd, .events = POLLIN};
+    int watch_stdin = reading && pending_count < MAX_PENDING;
+    if (watch_stdin) fds[n++] = (struct pollfd){.fd = 0, .events = POLLIN};
+    if (poll(fds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 3;
+    }
+    /* Reports first, from the last: finish moves the last pending into the slot it frees. */
+    for (int i = pending_count - 1; i >= 0; i--) {
+      if (!fds[i].revents) continue;
+      struct pending *p = &pending[i];
+      ssize_t k = read(p->fd, p->text + p->got, sizeof p->text - 1 - p->got);
+      if (k < 0 && errno == EINTR) continue;
+      if (k > 0) p->got += (size_t)k;
+      if (k <= 0 || p->got == sizeof p->text - 1 || memchr(p->text, '\n', p->got)) finish(i, reply_fd);
+    }
+    if (!watch_stdin || !fds[n - 1].revents) continue;
     ssize_t k = read(0, buffer + have, sizeof buffer - 1 - have);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return 0;
-    have += (size_t)k;
-    for (;;) {
-      char *newline = memchr(buffer, '\n', have);
-      if (!newline) break;
-      size_t header = (size_t)(newline - buffer) + 1;
-      size_t len = (size_t)atol(buffer);
-      if (len > REQUEST_MAX) return 3; /* not the daemon's framing: stop rather than guess */
-      if (have < header + len) break;
-      char *fields = buffer + header;
-      char saved = fields[len];
-      fields[len] = 0;
-      pid_t worker = fork();
-      if (worker == 0) {
-        signal(SIGCHLD, SIG_DFL);
-        signal(SIGPIPE, SIG_DFL);
-        close(0);
-        launch_one(fields, len, reply_fd);
-        _exit(0);
-      }
-      if (worker < 0) {
-        char reply[128];
-        int n = snprintf(reply, sizeof reply, "%s err %d fork\n", fields, errno);
-        write_all(reply_fd, reply, (size_t)n);
-      }
-      fields[len] = saved;
-      memmove(buffer, buffer + header + len, have - header - len);
-      have -= header + len;
-    }
-    if (have == sizeof buffer - 1) return 3;
+    if (k <= 0) reading = 0;
+    else have += (size_t)k;
   }
 }
 

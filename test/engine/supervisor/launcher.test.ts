@@ -20,6 +20,12 @@ afterAll(() => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+/** sessionOf reads a process's session id (the sixth field of /proc/<pid>/stat). */
+function sessionOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[3]);
+}
+
 /** shimArgv is a shim's command line for a run in `dir/<name>`, as the supervisor builds it. */
 function shimArgv(shim: string, name: string, argv: string[]): { runDir: string; argv: string[] } {
   const runDir = join(dir, name);
@@ -37,8 +43,11 @@ describe("ShimLauncher", () => {
       expect(match).not.toBeNull();
       const [shimPid, pid] = [Number(match?.[1]), Number(match?.[2])];
       started.push(pid);
-      // The shim is nobody's child here: it detached from the launcher's worker.
-      expect(readProcessStat(shimPid)?.ppid).not.toBe(launcher.pid ?? -1);
+      // The shim is the launcher's own child (no worker or double fork between them), and leads
+      // a session and process group of its own: no terminal, no signal to the launcher's group.
+      expect(readProcessStat(shimPid)?.ppid).toBe(launcher.pid ?? -1);
+      expect(sessionOf(shimPid)).toBe(shimPid);
+      expect(readProcessStat(shimPid)?.pgid).toBe(shimPid);
       await eventually(
         () => existsSync(join(first.runDir, "out.log")) && readFileSync(join(first.runDir, "out.log"), "utf8").includes("\n"),
       );
@@ -50,6 +59,9 @@ describe("ShimLauncher", () => {
       expect(launcher.pid).toBe(launcherPid);
       await eventually(() => existsSync(join(second.runDir, "exit.json")));
       expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
+      // A shim that ended is reaped by the kernel (the launcher ignores SIGCHLD): no zombie stays.
+      const secondShim = Number(readFileSync(join(second.runDir, "pids"), "utf8").split(" ")[0]);
+      await eventually(() => readProcessStat(secondShim) === null);
     } finally {
       launcher.stop();
     }
