@@ -1,4 +1,4 @@
-import { rmSync } from "node:fs";
+import { rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { LogLine } from "../../contract/engine";
 import { type Clock, iso } from "../../lib/clock";
@@ -44,8 +44,8 @@ export interface RunnerContext {
   log: Logger;
   clock: Clock;
   host: RunnerHost;
-  /** changed tells the coordinator's subscribers that a service's record changed. */
-  changed(serviceId: string): void;
+  /** changed tells the coordinator's subscribers that a service's record changed (`row`: as written, when the caller has it). */
+  changed(serviceId: string, row?: ServiceRow): void;
   /** schedule asks for a placement pass soon (what ended may free a slot; what started may unblock a binding). */
   schedule(): void;
   /** exited queues an exit the supervisor will never report (a launch that failed before its process existed). */
@@ -425,19 +425,21 @@ export class ServiceRunner {
       nowMs: this.ctx.clock.now().getTime(),
       crashCause: (output) => host.crashCause(service, version, output),
     });
+    const settled = { ...service, ...plan.patch, updated_at: iso(this.ctx.clock.now()) };
     const pruned = store.transaction(() => {
       store.endRun(run.id, exit.endedAt, plan.runExit, plan.endReason);
-      store.updateService({ ...service, ...plan.patch, updated_at: iso(this.ctx.clock.now()) });
+      store.updateService(settled);
       return store.pruneRuns(this.serviceId);
     });
-    // Stored: now the process's own state follows.
-    for (const dir of pruned) rmSync(dir, { recursive: true, force: true });
+    // Stored: now the process's own state follows. The dropped runs' directories go off the
+    // event loop: on a busy disk an unlink waits for the journal, and a restart waited for it.
+    for (const dir of pruned) void rm(dir, { recursive: true, force: true }).catch(() => undefined);
     this.forcedKill = false;
     this.run = null;
     this.hold = null;
     this.stopHealth();
     this.healthKill = false;
-    this.ctx.changed(this.serviceId);
+    this.ctx.changed(this.serviceId, settled);
     const { exitCode: exit_code, signal, oomKilled: oom_killed } = exit;
     log.info({ service: service.name, run: run.id, exit_code, signal, oom_killed, reason: plan.endReason }, "service process ended");
     for (const resolve of this.exitWaiters.splice(0)) resolve();
@@ -577,8 +579,9 @@ export class ServiceRunner {
   private update(patch: Partial<ServiceRow>): void {
     const service = this.ctx.store.getService(this.serviceId);
     if (!service) return;
-    this.ctx.store.updateService({ ...service, ...patch, updated_at: iso(this.ctx.clock.now()) });
-    this.ctx.changed(this.serviceId);
+    const updated = { ...service, ...patch, updated_at: iso(this.ctx.clock.now()) };
+    this.ctx.store.updateService(updated);
+    this.ctx.changed(this.serviceId, updated);
   }
 }
 

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { RUNS_KEPT } from "../../../src/engine/services/store";
 import { createToken, eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { processExists, processState, ServiceClient } from "./harness";
 
@@ -212,6 +213,20 @@ describe("restart policy", () => {
     expect(diagnosis.remediation?.code).toBe("crash_loop");
     expect(diagnosis.error?.class).toBe("crash_loop");
     expect(diagnosis.logs.filter((l) => l.line === "crashing").length).toBe(3);
+  });
+
+  test("a service that restarted many times keeps the newest runs (RUNS_KEPT) and their directories, no more", async () => {
+    const { id } = await api.deployed({
+      name: "many-runs",
+      command: "exit 1",
+      restart: { policy: "always", max_restarts: RUNS_KEPT + 5, window_seconds: 600, backoff_s: 0 },
+    });
+    await api.waitFor("many-runs", "failed", () => true, 30_000);
+    const runsDir = join(engine.dataDir, "services", id, "runs");
+    // The dropped runs' directories are removed off the event loop: soon, not at once.
+    await eventually(() => readdirSync(runsDir).length === RUNS_KEPT, { timeoutMs: 5000 });
+    const kept = readdirSync(runsDir);
+    expect((await api.diagnose("many-runs")).last_run?.id).toBeOneOf(kept);
   });
 
   test("backoff is reported while restarting", async () => {
