@@ -96,8 +96,11 @@ export function serviceRoutes(deps: ServiceRouteDeps, ctx: RequestContext) {
     .get(
       "/api/services/:ident",
       ({ params, request }) => {
-        inScope(request, params.ident);
-        return deps.services.get(params.ident);
+        // One lookup: the record names the service the scope is checked against (an unknown
+        // ident is 404 either way, as it was when the scope was checked first).
+        const record = deps.services.get(params.ident);
+        assertServiceInScope(ctx.principalOf(request), record.name);
+        return record;
       },
       {
         params: ServiceIdentParams,
