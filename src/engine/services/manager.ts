@@ -1,15 +1,5 @@
-import {
-  appendFileSync,
-  chmodSync,
-  chownSync,
-  existsSync,
-  mkdirSync,
-  readdirSync,
-  readFileSync,
-  rmdirSync,
-  rmSync,
-  statSync,
-} from "node:fs";
+import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, statSync } from "node:fs";
+import { chmod, chown, mkdir, readdir, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
 import type {
   DatabaseConnection,
@@ -185,7 +175,7 @@ export class ServiceManager implements ServiceDirectory {
       baseEnv: this.o.env,
       serviceDataDir: (name) => this.serviceDataDir(name),
       serviceDir: (serviceId) => this.serviceDir(serviceId),
-      ensureDir: (dir, mode) => this.ensureDir(dir, mode),
+      ensureDir: (dir, mode) => this.ensureDirAsync(dir, mode),
       dataDirMode: (spec) => this.dataDirMode(spec),
       findService: (name) => this.o.store.findService(name),
       boundService: (service) => this.boundService(service),
@@ -735,32 +725,35 @@ export class ServiceManager implements ServiceDirectory {
     };
     if (!existing) {
       const id = randomId("svc");
+      const row: ServiceRow = {
+        id,
+        name: spec.name,
+        kind: spec.kind,
+        version: 1,
+        desired_state: "running",
+        status: spec.build ? "building" : "pending",
+        status_message: spec.build ? "building version 1" : "waiting to be scheduled",
+        owner,
+        priority: spec.priority,
+        submitted_at: now,
+        created_at: now,
+        updated_at: now,
+        restart_state: EMPTY_RESTART_STATE,
+        forensics: EMPTY_FORENSICS,
+        current_run_id: null,
+        run_as: null,
+      };
       this.o.store.transaction(() => {
-        this.o.store.insertService({
-          id,
-          name: spec.name,
-          kind: spec.kind,
-          version: 1,
-          desired_state: "running",
-          status: spec.build ? "building" : "pending",
-          status_message: spec.build ? "building version 1" : "waiting to be scheduled",
-          owner,
-          priority: spec.priority,
-          submitted_at: now,
-          created_at: now,
-          updated_at: now,
-          restart_state: EMPTY_RESTART_STATE,
-          forensics: EMPTY_FORENSICS,
-          current_run_id: null,
-          run_as: null,
-        });
+        this.o.store.insertService(row);
         this.o.store.insertVersion(this.versionRow(id, 1, spec, seal(id, 1), now));
       });
       this.o.log.info({ service: spec.name, version: 1, kind: spec.kind }, "service deployed");
-      this.changed(id);
+      this.changed(id, row);
       if (spec.build) void this.runVersionBuild(id, 1);
       else this.schedule();
-      return { record: this.get(id), created: true, changed: true };
+      // Without a build, the row as written: nothing has run since (the placement pass is a
+      // microtask away); a build starts at once and may have written to it.
+      return { record: spec.build ? this.get(id) : this.record(row), created: true, changed: true };
     }
     if (existing.kind !== spec.kind) {
       throw new InputError([
@@ -1343,23 +1336,24 @@ export class ServiceManager implements ServiceDirectory {
     } else {
       user = await this.users.ensureServiceUser(service.name, dataDir, service.run_as);
     }
-    this.ensureDir(dataDir, dataDirMode);
-    const owner = statSync(dataDir);
+    await this.ensureDirAsync(dataDir, dataDirMode);
+    const owner = await stat(dataDir);
     if (owner.uid !== user.uid || owner.gid !== user.gid) {
       // First run as this user (an upgraded engine's services ran as root, or an admin changed
       // `user`): what is inside becomes the user's too, else it could not change its own files.
       // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir. A dir
       // just made (a new service's, the usual case) is empty: one chown of it is all, without a process.
-      const empty = readdirSync(dataDir).length === 0;
-      if (empty) chownSync(dataDir, user.uid, user.gid);
+      const empty = (await readdir(dataDir)).length === 0;
+      if (empty) await chown(dataDir, user.uid, user.gid);
       else {
         const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
         const [stderr, code] = await Promise.all([new Response(chown.stderr).text(), chown.exited]);
         if (code !== 0) throw new Error(`could not give the data dir ${dataDir} to ${user.name}: ${stderr.trim().slice(0, 300)}`);
       }
       // An older engine made a database's dir 0750: the user's own is 0700, or a SQLite
-      // database's 2770 (ensureDir sets it once per daemon; chown cleared the setgid bit).
-      chmodSync(dataDir, dataDirMode);
+      // database's 2770 (ensureDir sets it once per daemon; chown cleared the setgid bit). A
+      // dir with the mode already, and no set-id bit for chown to clear, needs no chmod.
+      if ((owner.mode & 0o7777) !== dataDirMode || (dataDirMode & 0o7000) !== 0) await chmod(dataDir, dataDirMode);
       // A new service's empty dir is no news (a line a batch job); files that changed owner are.
       if (!empty) this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
     }
@@ -1427,6 +1421,29 @@ export class ServiceManager implements ServiceDirectory {
     chmodSync(dir, mode);
     this.madeDirs.set(dir, mode);
   }
+
+  /**
+   * ensureDirAsync is ensureDir off the event loop, for a launch's data dir: a new directory
+   * waits on the disk's journal. A mode mkdir gave exactly (no set-id bit, nothing the umask
+   * took) needs no chmod after it.
+   */
+  private async ensureDirAsync(dir: string, mode = 0o700): Promise<void> {
+    if (this.madeDirs.get(dir) === mode) return;
+    let made = false;
+    try {
+      await mkdir(dir, { mode });
+      made = true;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code === "ENOENT") await mkdir(dir, { recursive: true, mode });
+      else if (code !== "EEXIST" || !(await stat(dir)).isDirectory()) throw error;
+    }
+    if (!made || (mode & 0o7000) !== 0 || (mode & this.umask) !== 0) await chmod(dir, mode);
+    this.madeDirs.set(dir, mode);
+  }
+
+  /** umask is the daemon's, read once at start. */
+  private readonly umask = process.umask();
 
   /** serviceDataDir is a service's own directory, `<data-dir>/data/<name>`, kept when the service is deleted. */
   serviceDataDir(name: string): string {

@@ -4,13 +4,14 @@
  * PREPARE_HOOKS, records the run, runs PRESTART_HOOKS and hands the launch to the supervisor.
  *
  * The order, and why:
- * - directories first: every later step, and the shim, writes there; a full disk fails the
- *   launch here, before anything is recorded, and the service simply stays pending.
  * - bindings, secrets, gpu fill the environment's parts; environment assembles them in their
  *   precedence (a secret beats a binding of the same name, the GPU variables beat both).
  * - The run is recorded between the two lists: its row keeps the env's keys, and a daemon that
  *   dies from here on finds the run and recovers it from its directory, never starting a
  *   second copy. That is why the prepare hooks are synchronous and the slow ones come after.
+ * - directories first of these: every later step, and the workload, writes there. It waits on
+ *   the disk, so it runs off the event loop; a full disk fails the launch as ENOSPC, and the
+ *   exit plan queues the service again (pending, "the disk is full"), never failed.
  * - user next (it may create an OS user and chown the data dir: slow, and it needs the data dir);
  *   workdir then checks the directory against that user; database last, since initdb runs as
  *   the server's user, is the slowest step, and is aborted by a stop.
@@ -29,7 +30,7 @@ export type { EnvParts, HookHost, Launch, ManagedDatabase, PrepareHook, Prestart
 export { userEnv } from "./user";
 
 /** PREPARE_HOOKS run, in order and synchronously, before the run is recorded. */
-export const PREPARE_HOOKS: readonly PrepareHook[] = [directoriesHook, bindingsHook, secretsHook, gpuHook, environmentHook];
+export const PREPARE_HOOKS: readonly PrepareHook[] = [bindingsHook, secretsHook, gpuHook, environmentHook];
 
 /** PRESTART_HOOKS run, in order, once the run is on record and before its process is spawned. */
-export const PRESTART_HOOKS: readonly PrestartHook[] = [userHook, workdirHook, databaseHook];
+export const PRESTART_HOOKS: readonly PrestartHook[] = [directoriesHook, userHook, workdirHook, databaseHook];

@@ -59,8 +59,8 @@ export interface HookHost {
   /** serviceDataDir is a service's own directory, `<data-dir>/data/<name>`; serviceDir the engine's, `<data-dir>/services/<id>`. */
   serviceDataDir(name: string): string;
   serviceDir(serviceId: string): string;
-  /** ensureDir makes a directory with its mode (once per daemon); its parent must exist. */
-  ensureDir(dir: string, mode?: number): void;
+  /** ensureDir makes a directory with its mode (once per daemon), off the event loop; its parent must exist. */
+  ensureDir(dir: string, mode?: number): Promise<void>;
   /** dataDirMode is the mode of a service's data dir (0700, or 2770 for a database bound through its files). */
   dataDirMode(spec: ServiceSpec): number;
   findService(name: string): ServiceRow | null;

@@ -46,7 +46,7 @@ export function hostOf(dataDir: string, fields: Partial<HookHost> = {}): HookHos
     baseEnv: { PATH: "/usr/bin:/bin" },
     serviceDataDir: (name) => join(dataDir, "data", name),
     serviceDir: (serviceId) => join(dataDir, "services", serviceId),
-    ensureDir: (dir, mode = 0o700) => {
+    ensureDir: async (dir, mode = 0o700) => {
       mkdirSync(dir, { recursive: true, mode });
       chmodSync(dir, mode);
     },
