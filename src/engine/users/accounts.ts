@@ -235,6 +235,14 @@ function usedIds(): Set<number> {
   return new Set(localAccounts().ids);
 }
 
+let nologinPath: string | null = null;
+
+/** nologin is the shell of service users, looked up on PATH once (a lookup walked PATH on every new user). */
+function nologin(): string {
+  nologinPath ??= Bun.which("nologin") ?? "/usr/sbin/nologin";
+  return nologinPath;
+}
+
 /** runTool runs useradd or groupadd and answers its exit code and the start of its stderr. */
 async function runTool(tool: "useradd" | "groupadd", args: string[]): Promise<{ code: number; stderr: string }> {
   const path = Bun.which(tool) ?? `/usr/sbin/${tool}`;
@@ -378,7 +386,7 @@ export class ServiceUsers {
         makeGroup: existingGroup === null,
         comment: `${SERVICE_USER_COMMENT} ${serviceName}`,
         home,
-        shell: Bun.which("nologin") ?? "/usr/sbin/nologin",
+        shell: nologin(),
       });
       if (added === "added" || (added === "taken" && attempt < 20)) continue; // read it back, or choose again
       if (added === "busy" && attempt < 20) {
@@ -412,7 +420,7 @@ export class ServiceUsers {
         "--home-dir",
         home,
         "--shell",
-        Bun.which("nologin") ?? "/usr/sbin/nologin",
+        nologin(),
         "--comment",
         `${SERVICE_USER_COMMENT} ${serviceName}`,
         name,
