@@ -6,39 +6,68 @@ import type { LogLevel } from "./config";
 export type Logger = pino.Logger;
 
 /**
- * REDACTED_PATHS lists every field that can hold a secret. pino replaces them before a line
- * is written (OWASP ASVS 16.2.5: no secrets in logs).
+ * SECRET_FIELDS are the names of every field that can hold a secret (OWASP ASVS 16.2.5: no
+ * secrets in logs). redactSecrets replaces them, at the top of a line's fields and one level
+ * down (`body.token`), and `headers.authorization` / `headers.cookie` two levels down
+ * (`request.headers.authorization`), before a line is written: what pino's `redact` paths
+ * `token`, `*.token`, `*.headers.authorization` did, in one pass over the fields instead of
+ * one per path (its interpreter parsed ~30 paths on every line: 0.15 ms of a batch job's cost).
  */
-export const REDACTED_PATHS = [
+export const SECRET_FIELDS: ReadonlySet<string> = new Set([
   "token",
-  "*.token",
   "secret",
-  "*.secret",
   "secrets",
-  "*.secrets",
   "password",
-  "*.password",
   "authorization",
-  "*.authorization",
-  "headers.authorization",
-  "*.headers.authorization",
   "admin_token",
-  "*.admin_token",
   "adminToken",
-  "*.adminToken",
   "cookie",
-  "*.cookie",
-  "headers.cookie",
-  "*.headers.cookie",
   "device_code",
-  "*.device_code",
   "user_code",
-  "*.user_code",
   "client_secret",
-  "*.client_secret",
   "credential",
-  "*.credential",
-];
+]);
+const HEADER_SECRETS = ["authorization", "cookie"] as const;
+const CENSOR = "[redacted]";
+
+/** redactSecrets returns `fields` with every secret replaced: the same object when none is there, else a copy (the caller's objects stay as they were). */
+export function redactSecrets(fields: Record<string, unknown>): Record<string, unknown> {
+  let out: Record<string, unknown> | null = null;
+  for (const key of Object.keys(fields)) {
+    const value = fields[key];
+    let next: unknown = value;
+    if (SECRET_FIELDS.has(key)) next = CENSOR;
+    else if (typeof value === "object" && value !== null) next = redactInner(value as Record<string, unknown>);
+    if (next !== value) {
+      out ??= { ...fields };
+      out[key] = next;
+    }
+  }
+  return out ?? fields;
+}
+
+/** redactInner redacts one level down (SECRET_FIELDS) and a `headers` object's two (a copy where anything changed). */
+function redactInner(value: Record<string, unknown>): unknown {
+  let out: Record<string, unknown> | null = null;
+  const copy = (): Record<string, unknown> => {
+    // An Error keeps its message and stack only through pino's own serializer: serialize it first.
+    out ??= value instanceof Error ? { ...pino.stdSerializers.err(value) } : Array.isArray(value) ? ([...value] as never) : { ...value };
+    return out;
+  };
+  for (const key of Object.keys(value)) {
+    const inner = value[key];
+    if (SECRET_FIELDS.has(key)) copy()[key] = CENSOR;
+    else if (key === "headers" && typeof inner === "object" && inner !== null) {
+      const headers = inner as Record<string, unknown>;
+      if (HEADER_SECRETS.some((name) => Object.hasOwn(headers, name))) {
+        const redacted: Record<string, unknown> = { ...headers };
+        for (const name of HEADER_SECRETS) if (Object.hasOwn(redacted, name)) redacted[name] = CENSOR;
+        copy()[key] = redacted;
+      }
+    }
+  }
+  return out ?? value;
+}
 
 export interface LoggerOptions {
   level: LogLevel;
@@ -381,8 +410,7 @@ export function createLogger(options: LoggerOptions): { log: Logger; flush: () =
       // differently (jq keeps the last, others the first): it is written as `other_pid`
       // instead, so every line has exactly one `pid`. (pino gives child loggers no bindings
       // formatter: the engine makes none, and a child must not bind `pid`.)
-      formatters: { log: withoutPidKey },
-      redact: { paths: REDACTED_PATHS, censor: "[redacted]" },
+      formatters: { log: (fields) => withoutPidKey(redactSecrets(fields)) },
       timestamp: pino.stdTimeFunctions.isoTime,
     },
     pino.multistream(streams),

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import { closeSync, existsSync, openSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { createLogger } from "../../src/lib/logger";
+import { createLogger, redactSecrets } from "../../src/lib/logger";
 import { eventually, tempDir } from "../helpers";
 import { mountTmpfs, type Tmpfs } from "../tmpfs";
 
@@ -143,3 +143,43 @@ async function pipePair(): Promise<[number, number]> {
   const write = openSync(path, "w");
   return [read, write];
 }
+
+describe("redactSecrets", () => {
+  test("replaces secrets at the top, one level down, and in a headers object two levels down", () => {
+    const fields = {
+      token: "T1",
+      service: "api",
+      body: { password: "P1", name: "kept" },
+      headers: { authorization: "Bearer T2", accept: "*/*" },
+      request: { headers: { cookie: "c=1", host: "h" }, secret: "S1" },
+      list: [{ token: "T3" }],
+    };
+    expect(redactSecrets(fields)).toEqual({
+      token: "[redacted]",
+      service: "api",
+      body: { password: "[redacted]", name: "kept" },
+      headers: { authorization: "[redacted]", accept: "*/*" },
+      request: { headers: { cookie: "[redacted]", host: "h" }, secret: "[redacted]" },
+      // A path's wildcard matched object keys, not array items two levels down: as before.
+      list: [{ token: "T3" }],
+    });
+  });
+
+  test("leaves the caller's objects as they were, and answers the same object when nothing is secret", () => {
+    const body = { token: "T1" };
+    const fields = { body };
+    const redacted = redactSecrets(fields);
+    expect(body.token).toBe("T1");
+    expect(redacted.body).not.toBe(body);
+    const plain = { service: "api", run: { id: "run_1" } };
+    expect(redactSecrets(plain)).toBe(plain);
+  });
+
+  test("an error carrying a secret keeps its message and stack, the secret replaced", () => {
+    const err = Object.assign(new Error("refused"), { token: "T1", code: "EACCES" });
+    const redacted = redactSecrets({ err }).err as Record<string, unknown>;
+    expect(redacted).toMatchObject({ type: "Error", message: "refused", code: "EACCES", token: "[redacted]" });
+    expect(String(redacted.stack)).toContain("refused");
+    expect(err.token).toBe("T1");
+  });
+});
