@@ -1,5 +1,16 @@
-import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, statSync } from "node:fs";
-import { chmod, chown, mkdir, readdir, stat } from "node:fs/promises";
+import {
+  appendFileSync,
+  chmodSync,
+  chownSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+} from "node:fs";
+import { chmod, chown, mkdir, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
 import type {
   DatabaseConnection,
@@ -1337,13 +1348,14 @@ export class ServiceManager implements ServiceDirectory {
       user = await this.users.ensureServiceUser(service.name, dataDir, service.run_as);
     }
     await this.ensureDirAsync(dataDir, dataDirMode);
-    const owner = await stat(dataDir);
+    // A stat and a listing read what the kernel has cached: done here, they add no wait to a restart.
+    const owner = statSync(dataDir);
     if (owner.uid !== user.uid || owner.gid !== user.gid) {
       // First run as this user (an upgraded engine's services ran as root, or an admin changed
       // `user`): what is inside becomes the user's too, else it could not change its own files.
       // `chown -R` does not follow symbolic links (-P), so no link leads it out of the dir. A dir
       // just made (a new service's, the usual case) is empty: one chown of it is all, without a process.
-      const empty = (await readdir(dataDir)).length === 0;
+      const empty = readdirSync(dataDir).length === 0;
       if (empty) await chown(dataDir, user.uid, user.gid);
       else {
         const chown = Bun.spawn(["chown", "-R", "-P", `${user.uid}:${user.gid}`, dataDir], { stdout: "ignore", stderr: "pipe" });
