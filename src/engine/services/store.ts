@@ -305,6 +305,14 @@ export class ServiceStore {
     this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, JSON.stringify(exit), endReason, id);
   }
 
+  /** currentRuns are the current runs of every service, by run id, in one query (a list of services reads them all). */
+  currentRuns(): Map<string, RunRow> {
+    const raws = this.db
+      .query<Raw<RunRow>, []>("SELECT * FROM runs WHERE id IN (SELECT current_run_id FROM services WHERE current_run_id IS NOT NULL)")
+      .all();
+    return new Map(raws.map((raw) => [raw.id as string, parseRun(raw)]));
+  }
+
   getRun(id: string): RunRow | null {
     const raw = this.db.query<Raw<RunRow>, [string]>("SELECT * FROM runs WHERE id = ?").get(id);
     return raw ? parseRun(raw) : null;
