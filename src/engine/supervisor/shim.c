@@ -126,13 +126,34 @@ static void rotate_log(void) {
   open_log();
 }
 
+/* civil_from_days turns days since 1970-01-01 into a proleptic Gregorian date (Howard
+   Hinnant's algorithm, exact for every day a clock can show). */
+static void civil_from_days(long long days, long long *year, unsigned *month, unsigned *day) {
+  days += 719468;
+  long long era = (days >= 0 ? days : days - 146096) / 146097;
+  unsigned doe = (unsigned)(days - era * 146097);
+  unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  unsigned mp = (5 * doy + 2) / 153;
+  *day = doy - (153 * mp + 2) / 5 + 1;
+  *month = mp < 10 ? mp + 3 : mp - 9;
+  *year = (long long)yoe + era * 400 + (*month <= 2);
+}
+
+/* timestamp writes the time now in UTC, RFC 3339 with nanoseconds. Computed here: glibc's
+   gmtime_r and strftime load the time zone (/etc/localtime: an open and two reads) on their
+   first call, which a run's exit waited for, and UTC needs none. */
 static void timestamp(char *out, size_t size) {
   struct timespec ts;
-  struct tm tm;
   clock_gettime(CLOCK_REALTIME, &ts);
-  gmtime_r(&ts.tv_sec, &tm);
-  size_t n = strftime(out, size, "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(out + n, size - n, ".%09ldZ", ts.tv_nsec);
+  long long secs = (long long)ts.tv_sec;
+  long long days = secs >= 0 ? secs / 86400 : (secs - 86399) / 86400;
+  unsigned of_day = (unsigned)(secs - days * 86400); /* 0 to 86399 */
+  long long year;
+  unsigned month, day;
+  civil_from_days(days, &year, &month, &day);
+  snprintf(out, size, "%04d-%02u-%02uT%02u:%02u:%02u.%09ldZ", (int)year, month, day, of_day / 3600, of_day / 60 % 60,
+           of_day % 60, ts.tv_nsec);
 }
 
 static long long monotonic_ms(void) {
