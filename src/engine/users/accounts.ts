@@ -230,9 +230,9 @@ function findGroup(name: string): number | null {
   return gid && /^\d+$/.test(gid) ? Number(gid) : null;
 }
 
-/** usedIds are the uids and gids the local passwd and group files hold (a copy: callers add to it). */
-function usedIds(): Set<number> {
-  return new Set(localAccounts().ids);
+/** usedIds are the uids and gids the local passwd and group files hold (the cache's own set: read it, never add to it). */
+function usedIds(): ReadonlySet<number> {
+  return localAccounts().ids;
 }
 
 let nologinPath: string | null = null;
@@ -292,12 +292,11 @@ export class ServiceUsers {
 
   /** freeId is the lowest id of the range that no user or group has, locally or through NSS. */
   private freeId(): number {
+    // The cache's set is read as it is (copying it cost O(users) a new user).
     const used = usedIds();
-    for (const id of this.reserved) used.add(id);
     for (let id = this.idRange.min; id <= this.idRange.max; id++) {
-      if (used.has(id)) continue;
+      if (used.has(id) || this.reserved.has(id)) continue;
       if (getent("passwd", String(id)) === "" && getent("group", String(id)) === "") return id;
-      used.add(id);
     }
     throw new AppError(
       "internal",
