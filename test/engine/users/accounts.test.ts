@@ -1,5 +1,8 @@
-import { expect, test } from "bun:test";
-import { nssAsks } from "../../../src/engine/users/accounts";
+import { afterAll, expect, test } from "bun:test";
+import { chownSync, existsSync, lchownSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { nssAsks, removeLeftovers } from "../../../src/engine/users/accounts";
+import { tempDir } from "../../helpers";
 
 const DEBIAN =
   "# /etc/nsswitch.conf\npasswd:         files systemd\ngroup:          files systemd\nshadow:         files\nhosts: files dns\n";
@@ -16,3 +19,31 @@ test.each([
 ] as const)("nssAsks: %s", (_, conf, database, userdb, asks) => {
   expect(nssAsks(conf, database, userdb)).toBe(asks);
 });
+
+const scratch = tempDir();
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+
+// Owners other than the test's own need root to set.
+(process.geteuid?.() === 0 ? test : test.skip)(
+  "removeLeftovers removes what the removed ids own at the top of a scratch dir, a link without following it",
+  () => {
+    const [gone, other] = [64990, 64991];
+    const dir = join(scratch, "tmp");
+    mkdirSync(join(dir, "tree", "inner"), { recursive: true });
+    writeFileSync(join(dir, "tree", "inner", "file"), "x");
+    chownSync(join(dir, "tree"), gone, gone);
+    writeFileSync(join(dir, "mine"), "x");
+    chownSync(join(dir, "mine"), gone, gone);
+    writeFileSync(join(dir, "theirs"), "x");
+    chownSync(join(dir, "theirs"), other, other);
+    // A link the removed user left, pointing at a file it does not own: the link goes, the file stays.
+    const target = join(scratch, "target");
+    writeFileSync(target, "keep");
+    symlinkSync(target, join(dir, "link"));
+    lchownSync(join(dir, "link"), gone, gone);
+    removeLeftovers(new Set([gone]), [dir, join(scratch, "absent")]);
+    expect(["tree", "mine", "link"].map((name) => existsSync(join(dir, name)))).toEqual([false, false, false]);
+    expect(existsSync(join(dir, "theirs"))).toBe(true);
+    expect(readFileSync(target, "utf8")).toBe("keep");
+  },
+);
