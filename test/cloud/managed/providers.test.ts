@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { type BoxProvider, LocalProvider, ScriptedProvider } from "../../../src/cloud/managed";
 import { isAppError } from "../../../src/lib/errors";
@@ -181,6 +181,36 @@ for (const [name, make] of implementations) {
       expect(boxPids(dir)).toEqual([]);
     }, 30_000);
   });
+}
+
+test("a box engine's fork that has not exec'd yet is not counted as a second engine", async () => {
+  const { local } = makeLocal();
+  // perl forks without an exec: parent and child share the command line an engine has.
+  const engine = Bun.spawn(["perl", "-e", "fork; sleep 30", "serve", "--data-dir", local.dataDir("box_fork")], {
+    stdio: ["ignore", "ignore", "ignore"],
+  });
+  try {
+    const lookalikes = () =>
+      readdirSync("/proc").filter(
+        (entry) => /^\d+$/.test(entry) && readQuietly(`/proc/${entry}/cmdline`).includes(local.dataDir("box_fork")),
+      );
+    await eventually(() => lookalikes().length === 2);
+    expect(local.enginePids("box_fork")).toEqual([engine.pid]);
+  } finally {
+    // Both perl processes go, found by their command line.
+    for (const pid of readdirSync("/proc").filter((entry) => /^\d+$/.test(entry))) {
+      if (readQuietly(`/proc/${pid}/cmdline`).includes(local.dataDir("box_fork"))) process.kill(Number(pid), "SIGKILL");
+    }
+    await engine.exited;
+  }
+});
+
+function readQuietly(path: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch {
+    return "";
+  }
 }
 
 describe("the scripted provider's faults", () => {

@@ -167,7 +167,7 @@ export class LocalProvider implements BoxProvider {
    */
   enginePids(id: string): number[] {
     const dataDir = this.dataDir(id);
-    const found: number[] = [];
+    const found: { pid: number; ppid: number }[] = [];
     for (const entry of processIds()) {
       let argv: string[];
       try {
@@ -177,15 +177,21 @@ export class LocalProvider implements BoxProvider {
       }
       const at = argv.indexOf("--data-dir");
       if (at < 0 || argv[at + 1] !== dataDir || !argv.includes("serve")) continue;
+      let stat: string;
       try {
-        const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-        if (/\) Z /.test(stat)) continue;
+        stat = readFileSync(`/proc/${entry}/stat`, "utf8");
       } catch {
         continue;
       }
-      found.push(entry);
+      // After the command's closing parenthesis: state, then the parent's pid.
+      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (state === "Z") continue;
+      found.push({ pid: entry, ppid: Number(ppid) });
     }
-    return found;
+    // A spawn of the engine is, until its exec, a copy of it: its command line, its child. It
+    // is not a second engine (a status taken at that instant counted it as one).
+    const pids = new Set(found.map((process) => process.pid));
+    return found.filter((process) => !pids.has(process.ppid)).map((process) => process.pid);
   }
 
   async #answers(id: string): Promise<boolean> {
