@@ -17,6 +17,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { dirname, join } from "node:path";
+import { readProcessStat } from "../../../engine/supervisor";
 import { removeServiceUsersOf } from "../../../engine/users";
 import { AppError } from "../../../lib/errors";
 import type { Logger } from "../../../lib/logger";
@@ -177,16 +178,9 @@ export class LocalProvider implements BoxProvider {
       }
       const at = argv.indexOf("--data-dir");
       if (at < 0 || argv[at + 1] !== dataDir || !argv.includes("serve")) continue;
-      let stat: string;
-      try {
-        stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      } catch {
-        continue;
-      }
-      // After the command's closing parenthesis: state, then the parent's pid.
-      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      if (state === "Z") continue;
-      found.push({ pid: entry, ppid: Number(ppid) });
+      const stat = readProcessStat(entry);
+      if (!stat || stat.state === "Z") continue;
+      found.push({ pid: entry, ppid: stat.ppid });
     }
     // A spawn of the engine is, until its exec, a copy of it: its command line, its child. It
     // is not a second engine (a status taken at that instant counted it as one).
