@@ -46,12 +46,15 @@ export function redactSecrets(fields: Record<string, unknown>): Record<string, u
   return out ?? fields;
 }
 
-/** redactInner redacts one level down (SECRET_FIELDS) and a `headers` object's two (a copy where anything changed). */
+/**
+ * redactInner redacts one level down (SECRET_FIELDS) and a `headers` object's two (a copy where
+ * anything changed). An array's keys are its indices, never a secret's name: it is never copied.
+ */
 function redactInner(value: Record<string, unknown>): unknown {
   let out: Record<string, unknown> | null = null;
   const copy = (): Record<string, unknown> => {
     // An Error keeps its message and stack only through pino's own serializer: serialize it first.
-    out ??= value instanceof Error ? { ...pino.stdSerializers.err(value) } : Array.isArray(value) ? ([...value] as never) : { ...value };
+    out ??= value instanceof Error ? { ...pino.stdSerializers.err(value) } : { ...value };
     return out;
   };
   for (const key of Object.keys(value)) {
