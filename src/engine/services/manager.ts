@@ -1427,23 +1427,29 @@ export class ServiceManager implements ServiceDirectory {
     if (this.madeDirs.get(dir) === mode) return;
     // A plain mkdir first: the parents are there almost always, and Bun's recursive one costs
     // about five times as much (it walks the path); ENOENT falls back to it.
+    let made = false;
     try {
       mkdirSync(dir, { mode });
+      made = true;
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
       if (code === "ENOENT") mkdirSync(dir, { recursive: true, mode });
       else if (code !== "EEXIST" || !statSync(dir).isDirectory()) throw error;
     }
-    // mkdir's mode passes through the umask, and an older engine may have made it with another.
-    chmodSync(dir, mode);
+    if (this.chmodNeeded(made, mode)) chmodSync(dir, mode);
     this.madeDirs.set(dir, mode);
   }
 
   /**
-   * ensureDirAsync is ensureDir off the event loop, for a launch's data dir: a new directory
-   * waits on the disk's journal. A mode mkdir gave exactly (no set-id bit, nothing the umask
-   * took) needs no chmod after it.
+   * chmodNeeded says whether a dir needs a chmod after its mkdir: one that was there already
+   * (an older engine may have made it with another mode), a set-id bit (mkdir drops it), or
+   * bits the umask took. A mode mkdir gave exactly needs none.
    */
+  private chmodNeeded(made: boolean, mode: number): boolean {
+    return !made || (mode & 0o7000) !== 0 || (mode & this.umask) !== 0;
+  }
+
+  /** ensureDirAsync is ensureDir off the event loop, for a launch's data dir: a new directory waits on the disk's journal. */
   private async ensureDirAsync(dir: string, mode = 0o700): Promise<void> {
     if (this.madeDirs.get(dir) === mode) return;
     let made = false;
@@ -1455,7 +1461,7 @@ export class ServiceManager implements ServiceDirectory {
       if (code === "ENOENT") await mkdir(dir, { recursive: true, mode });
       else if (code !== "EEXIST" || !(await stat(dir)).isDirectory()) throw error;
     }
-    if (!made || (mode & 0o7000) !== 0 || (mode & this.umask) !== 0) await chmod(dir, mode);
+    if (this.chmodNeeded(made, mode)) await chmod(dir, mode);
     this.madeDirs.set(dir, mode);
   }
 
