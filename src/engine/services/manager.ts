@@ -983,6 +983,8 @@ export class ServiceManager implements ServiceDirectory {
     await runner.stop("deleted");
     runner.cancelPending();
     this.runners.delete(service.id);
+    // A write of the account files in flight holds their locks: releaseUser below must not meet it.
+    if (this.switchUsers) await this.users.idle();
     // The row as it ends: a launch under way when the delete came may have recorded its user since.
     const last = this.o.store.getService(service.id) ?? service;
     this.o.store.deleteService(service.id);

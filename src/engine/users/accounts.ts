@@ -277,6 +277,9 @@ export class ServiceUsers {
   private gpuGroupIds: number[] | null = null;
   /** queued are the accounts asked for since the last write: written together, one rewrite of each file for all. */
   private queued: { account: SystemAccount; done: (result: AddResult | Error) => void }[] | null = null;
+  /** writing is the write of the account files in flight (one at a time); writeDue says one starts on the next turn. */
+  private writing: Promise<void> | null = null;
+  private writeDue = false;
   /** reserved are the ids of queued accounts: not in the files yet, and not to be handed out twice. */
   private readonly reserved = new Set<number>();
 
@@ -322,35 +325,59 @@ export class ServiceUsers {
   }
 
   /**
-   * addAccount queues an account for the next write of the account files, on the next turn of
-   * the event loop: the launches of one scheduling pass make their users in one write.
+   * addAccount queues an account for the next write of the account files: on the next turn of
+   * the event loop, or when the write in flight has settled. The launches of one scheduling pass,
+   * and all that asked while a write was syncing, make their users in one write.
    */
   private addAccount(account: SystemAccount): Promise<AddResult> {
     this.reserved.add(account.uid);
     if (account.makeGroup) this.reserved.add(account.gid);
     return new Promise<AddResult>((resolve, reject) => {
-      if (!this.queued) {
-        this.queued = [];
-        setImmediate(() => this.writeQueued());
-      }
+      this.queued ??= [];
       this.queued.push({ account, done: (result) => (result instanceof Error ? reject(result) : resolve(result)) });
+      this.nextWrite();
     }).finally(() => {
       this.reserved.delete(account.uid);
       if (account.makeGroup) this.reserved.delete(account.gid);
     });
   }
 
+  /** nextWrite starts the queued accounts' write on the next turn of the loop, unless one is in flight or due. */
+  private nextWrite(): void {
+    if (this.writing || this.writeDue || !this.queued) return;
+    this.writeDue = true;
+    setImmediate(() => {
+      this.writeDue = false;
+      this.writeQueued();
+    });
+  }
+
   private writeQueued(): void {
     const queued = this.queued ?? [];
     this.queued = null;
-    let results: AddResult[];
-    try {
-      results = this.accountFiles.add(queued.map((entry) => entry.account));
-    } catch (error) {
-      for (const entry of queued) entry.done(error as Error);
-      return;
-    }
-    for (const [index, entry] of queued.entries()) entry.done(results[index] ?? "busy");
+    if (queued.length === 0) return;
+    this.writing = this.accountFiles.add(queued.map((entry) => entry.account)).then(
+      (results) => {
+        for (const [index, entry] of queued.entries()) entry.done(results[index] ?? "busy");
+      },
+      (error: Error) => {
+        for (const entry of queued) entry.done(error);
+      },
+    );
+    void this.writing.finally(() => {
+      this.writing = null;
+      this.nextWrite();
+    });
+  }
+
+  /**
+   * idle resolves once no write of the account files is in flight in this process. A removal
+   * (removeServiceUsersOf) waits for it: the write holds the files' locks, which cannot keep
+   * this process from itself, so a removal meeting them would take them for another's. Writes
+   * start only on a turn of the event loop, so none starts between idle and the caller's next step.
+   */
+  async idle(): Promise<void> {
+    while (this.writing) await this.writing;
   }
 
   /**

@@ -3,6 +3,7 @@ import {
   existsSync,
   fchmodSync,
   fchownSync,
+  fsync,
   fsyncSync,
   linkSync,
   lstatSync,
@@ -13,8 +14,12 @@ import {
   unlinkSync,
   writeSync,
 } from "node:fs";
+import { rename } from "node:fs/promises";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { libc } from "./libc";
+
+const fsyncAsync = promisify(fsync);
 
 /** SystemAccount is one service user and, unless its group exists already, its group of the same number. */
 export interface SystemAccount {
@@ -47,7 +52,10 @@ const FIELD_SAFE = /^[^:\n\r]*$/;
  * `<file>.lock` (a link to a file holding the owner's pid, a dead owner's taken over). Each file
  * is written whole beside itself (`<file>+`, with the original's owner and mode), synced and
  * renamed over: a reader sees the old file or the new one, and a crash leaves the old one. The
- * group goes first, so the user's gid never names a group that is not there yet.
+ * group goes first, so the user's gid never names a group that is not there yet. The syncs and
+ * renames of an add run off the event loop, under the locks: a caller in this process must not
+ * start another add or a removal before it settles (ServiceUsers keeps one write at a time), as
+ * the locks cannot keep this process from itself.
  */
 export class AccountFiles {
   constructor(private readonly etc = "/etc") {}
@@ -55,9 +63,10 @@ export class AccountFiles {
   /**
    * add writes several accounts under one lock and one rewrite of each file (the costly part,
    * and the same for one account or fifty), each checked against the files and the ones before
-   * it: one result per account, in order.
+   * it: one result per account, in order. The files are synced and renamed off the event loop:
+   * fsync waited for the journal, most of a new user's cost to the daemon's loop.
    */
-  add(accounts: SystemAccount[]): AddResult[] {
+  async add(accounts: SystemAccount[]): Promise<AddResult[]> {
     const all = (result: AddResult) => accounts.map(() => result);
     const lib = libc();
     const files = {
@@ -116,14 +125,16 @@ export class AccountFiles {
         return "added";
       });
       // The groups first: a user's gid never names a group that is not there yet.
+      const writes: [string, string][] = [];
       if (lines.group.length > 0) {
-        replaceWith(files.group, group);
-        if (existsSync(files.gshadow)) replaceWith(files.gshadow, appendLines(readFileSync(files.gshadow, "utf8"), lines.gshadow));
+        writes.push([files.group, group]);
+        if (existsSync(files.gshadow)) writes.push([files.gshadow, appendLines(readFileSync(files.gshadow, "utf8"), lines.gshadow)]);
       }
       if (lines.passwd.length > 0) {
-        replaceWith(files.passwd, passwd);
-        if (existsSync(files.shadow)) replaceWith(files.shadow, appendLines(readFileSync(files.shadow, "utf8"), lines.shadow));
+        writes.push([files.passwd, passwd]);
+        if (existsSync(files.shadow)) writes.push([files.shadow, appendLines(readFileSync(files.shadow, "utf8"), lines.shadow)]);
       }
+      await replaceAllWith(writes);
       return results;
     } finally {
       for (const lock of held) unlinkQuietly(lock);
@@ -208,24 +219,74 @@ function appendLines(text: string, lines: string[]): string {
 
 /** replaceWith writes `path+` with the owner and mode of `path`, syncs it and renames it over `path`. */
 function replaceWith(path: string, content: string): void {
+  const next = writeBeside(path, content);
+  try {
+    fsyncSync(next.fd);
+  } catch (error) {
+    discard(next);
+    throw error;
+  }
+  closeSync(next.fd);
+  renameSync(next.path, path);
+}
+
+/**
+ * replaceAllWith is replaceWith for several files, in order, with the waits off the event loop:
+ * every `path+` is written, then all are synced at once (the journal commits them together), then
+ * renamed over their files one after another, so a reader sees the files change in this order.
+ */
+async function replaceAllWith(writes: readonly [path: string, content: string][]): Promise<void> {
+  const nexts: Beside[] = [];
+  try {
+    for (const [path, content] of writes) nexts.push(writeBeside(path, content));
+    await Promise.all(nexts.map((next) => fsyncAsync(next.fd)));
+  } catch (error) {
+    for (const next of nexts) discard(next);
+    throw error;
+  }
+  for (const next of nexts) closeSync(next.fd);
+  let renamed = 0;
+  try {
+    for (const [index, [path]] of writes.entries()) {
+      await rename((nexts[index] as Beside).path, path);
+      renamed++;
+    }
+  } finally {
+    for (const next of nexts.slice(renamed)) unlinkQuietly(next.path);
+  }
+}
+
+interface Beside {
+  path: string;
+  fd: number;
+}
+
+/** writeBeside writes `path+` with the owner and mode of `path`, not synced yet: its fd stays open. */
+function writeBeside(path: string, content: string): Beside {
   const before = statSync(path);
-  const next = `${path}+`;
-  const fd = openSync(next, "w", 0o600);
+  const next = { path: `${path}+`, fd: openSync(`${path}+`, "w", 0o600) };
   try {
     const bytes = Buffer.from(content, "utf8");
     let written = 0;
-    while (written < bytes.length) written += writeSync(fd, bytes, written);
+    while (written < bytes.length) written += writeSync(next.fd, bytes, written);
     // Owner before mode: chown clears set-id bits, and a mode set first could be lost.
-    fchownSync(fd, before.uid, before.gid);
-    fchmodSync(fd, before.mode & 0o7777);
-    fsyncSync(fd);
+    fchownSync(next.fd, before.uid, before.gid);
+    fchmodSync(next.fd, before.mode & 0o7777);
   } catch (error) {
-    closeSync(fd);
-    unlinkQuietly(next);
+    discard(next);
     throw error;
   }
-  closeSync(fd);
-  renameSync(next, path);
+  return next;
+}
+
+/** discard closes and removes a `path+` that will not be renamed over its file. */
+function discard(next: Beside): void {
+  try {
+    closeSync(next.fd);
+  } catch {
+    // closed already
+  }
+  unlinkQuietly(next.path);
 }
 
 /**

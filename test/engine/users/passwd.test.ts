@@ -28,28 +28,31 @@ afterEach(() => rmSync(etc, { recursive: true, force: true }));
 const read = (file: string) => readFileSync(join(etc, file), "utf8");
 
 describe("AccountFiles", () => {
-  test.skipIf(libc() === null)("adds users and their groups in one write, each file keeping its mode, and leaves no lock behind", () => {
-    const files = new AccountFiles(etc);
-    expect(files.add([account("eng-a", 61185), account("eng-b", 61186)])).toEqual(["added", "added"]);
-    expect(read("passwd")).toBe(
-      `${BASE.passwd}eng-a:x:61185:61185:engine service eng-a:/srv/eng-a:/usr/sbin/nologin\neng-b:x:61186:61186:engine service eng-b:/srv/eng-b:/usr/sbin/nologin\n`,
-    );
-    expect(read("group")).toBe(`${BASE.group}eng-a:x:61185:\neng-b:x:61186:\n`);
-    expect(read("gshadow")).toBe(`${BASE.gshadow}eng-a:!::\neng-b:!::\n`);
-    const days = Math.floor(Date.now() / 86_400_000);
-    expect(read("shadow")).toBe(`${BASE.shadow}eng-a:!:${days}::::::\neng-b:!:${days}::::::\n`);
-    expect(statSync(join(etc, "shadow")).mode & 0o777).toBe(0o640);
-    expect(statSync(join(etc, "passwd")).mode & 0o777).toBe(0o644 & ~process.umask());
-    for (const leftover of ["passwd.lock", "group.lock", "shadow.lock", "gshadow.lock", "passwd+", `passwd.${process.pid}`]) {
-      expect(existsSync(join(etc, leftover))).toBe(false);
-    }
-  });
+  test.skipIf(libc() === null)(
+    "adds users and their groups in one write, each file keeping its mode, and leaves no lock behind",
+    async () => {
+      const files = new AccountFiles(etc);
+      expect(await files.add([account("eng-a", 61185), account("eng-b", 61186)])).toEqual(["added", "added"]);
+      expect(read("passwd")).toBe(
+        `${BASE.passwd}eng-a:x:61185:61185:engine service eng-a:/srv/eng-a:/usr/sbin/nologin\neng-b:x:61186:61186:engine service eng-b:/srv/eng-b:/usr/sbin/nologin\n`,
+      );
+      expect(read("group")).toBe(`${BASE.group}eng-a:x:61185:\neng-b:x:61186:\n`);
+      expect(read("gshadow")).toBe(`${BASE.gshadow}eng-a:!::\neng-b:!::\n`);
+      const days = Math.floor(Date.now() / 86_400_000);
+      expect(read("shadow")).toBe(`${BASE.shadow}eng-a:!:${days}::::::\neng-b:!:${days}::::::\n`);
+      expect(statSync(join(etc, "shadow")).mode & 0o777).toBe(0o640);
+      expect(statSync(join(etc, "passwd")).mode & 0o777).toBe(0o644 & ~process.umask());
+      for (const leftover of ["passwd.lock", "group.lock", "shadow.lock", "gshadow.lock", "passwd+", `passwd.${process.pid}`]) {
+        expect(existsSync(join(etc, leftover))).toBe(false);
+      }
+    },
+  );
 
   test.skipIf(libc() === null)(
     "a user of an existing group gets no group; a taken name or id is refused and nothing is written for it",
-    () => {
+    async () => {
       const files = new AccountFiles(etc);
-      const results = files.add([
+      const results = await files.add([
         { ...account("eng-v", 61190, false), gid: 44 },
         account("old", 61191),
         account("eng-c", 61184),
@@ -83,11 +86,11 @@ describe("AccountFiles", () => {
       try {
         await eventually(() => existsSync(ready), { timeoutMs: 10_000 });
         const files = new AccountFiles(etc);
-        expect(files.add([account("eng-e", 61194)])).toEqual(["busy"]);
+        expect(await files.add([account("eng-e", 61194)])).toEqual(["busy"]);
         expect(read("passwd")).toBe(BASE.passwd);
         holder.kill("SIGKILL");
         await holder.exited;
-        expect(files.add([account("eng-e", 61194)])).toEqual(["added"]);
+        expect(await files.add([account("eng-e", 61194)])).toEqual(["added"]);
       } finally {
         holder.kill("SIGKILL");
       }
@@ -97,32 +100,32 @@ describe("AccountFiles", () => {
   test.skipIf(libc() === null)("shadow-utils' lock file: a live owner makes it busy, a dead one's is taken over", async () => {
     const files = new AccountFiles(etc);
     writeFileSync(join(etc, "group.lock"), String(process.ppid));
-    expect(files.add([account("eng-f", 61195)])).toEqual(["busy"]);
+    expect(await files.add([account("eng-f", 61195)])).toEqual(["busy"]);
     expect(readFileSync(join(etc, "group.lock"), "utf8")).toBe(String(process.ppid)); // not ours to remove
     const gone = Bun.spawn(["true"]);
     await gone.exited;
     writeFileSync(join(etc, "group.lock"), String(gone.pid));
-    expect(files.add([account("eng-f", 61195)])).toEqual(["added"]);
+    expect(await files.add([account("eng-f", 61195)])).toEqual(["added"]);
     expect(existsSync(join(etc, "group.lock"))).toBe(false);
   });
 
-  test("a file that is a link, a field with a separator, or files that are not there: left to groupadd and useradd", () => {
+  test("a file that is a link, a field with a separator, or files that are not there: left to groupadd and useradd", async () => {
     const files = new AccountFiles(etc);
-    expect(files.add([{ ...account("eng-g", 61196), comment: "a:b" }])).toEqual(["unsupported"]);
+    expect(await files.add([{ ...account("eng-g", 61196), comment: "a:b" }])).toEqual(["unsupported"]);
     mkdirSync(join(etc, "real"));
     writeFileSync(join(etc, "real", "shadow"), BASE.shadow);
     rmSync(join(etc, "shadow"));
     symlinkSync(join(etc, "real", "shadow"), join(etc, "shadow"));
-    expect(files.add([account("eng-g", 61196)])).toEqual(["unsupported"]);
-    expect(new AccountFiles(join(etc, "nowhere")).add([account("eng-g", 61196)])).toEqual(["unsupported"]);
+    expect(await files.add([account("eng-g", 61196)])).toEqual(["unsupported"]);
+    expect(await new AccountFiles(join(etc, "nowhere")).add([account("eng-g", 61196)])).toEqual(["unsupported"]);
     expect(read("passwd")).toBe(BASE.passwd);
   });
 
   test.skipIf(libc() === null)(
     "removeAccounts takes users and their own groups out of all four files in one write, leaving the rest",
-    () => {
+    async () => {
       const files = new AccountFiles(etc);
-      expect(files.add([account("eng-h", 61197), account("eng-i", 61198)])).toEqual(["added", "added"]);
+      expect(await files.add([account("eng-h", 61197), account("eng-i", 61198)])).toEqual(["added", "added"]);
       expect(removeAccounts(["eng-h", "old"], etc)).toBe(true);
       expect(read("passwd")).toBe(
         `root:x:0:0:root:/root:/bin/bash\neng-i:x:61198:61198:engine service eng-i:/srv/eng-i:/usr/sbin/nologin\n`,
@@ -147,18 +150,18 @@ describe("AccountFiles", () => {
       const worker = `const { AccountFiles, removeAccounts } = require(${JSON.stringify(join(import.meta.dir, "../../../src/engine/users/passwd.ts"))});
         const etc = process.argv[1]; const files = new AccountFiles(etc); let added = 0;
         const pick = () => Math.floor(Math.random() * 31);
-        for (let i = 0; i < 60; i++) {
+        (async () => { for (let i = 0; i < 60; i++) {
           for (;;) {
             const n = pick();
             const name = "eng-s" + n;
             const result = Math.random() < 0.3 ? (removeAccounts([name], etc) ? "removed" : "busy")
-              : files.add([{ name, uid: 61300 + pick(), gid: 0, makeGroup: true, comment: "engine service s", home: "/srv/s", shell: "/usr/sbin/nologin" }].map((a) => ({ ...a, gid: a.uid })))[0];
+              : (await files.add([{ name, uid: 61300 + pick(), gid: 0, makeGroup: true, comment: "engine service s", home: "/srv/s", shell: "/usr/sbin/nologin" }].map((a) => ({ ...a, gid: a.uid }))))[0];
             if (result === "added") added++;
             if (result !== "busy") break;
             Bun.sleepSync(Math.random() * 2);
           }
         }
-        console.log(added);`;
+        console.log(added); })();`;
       const workers = [0, 1, 2, 3].map(() => Bun.spawn([process.execPath, "-e", worker, etc], { stdout: "pipe", stderr: "inherit" }));
       const outputs = await Promise.all(workers.map(async (proc) => [await new Response(proc.stdout).text(), await proc.exited] as const));
       for (const [, code] of outputs) expect(code).toBe(0);
