@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { AppError } from "../../lib/errors";
 import { processIds } from "../../lib/procfs";
 import { libc } from "./libc";
-import { AccountFiles, type AddResult, removeAccounts, type SystemAccount } from "./passwd";
+import { AccountFiles, type AddResult, grewFrom, removeAccounts, type SystemAccount } from "./passwd";
 
 /**
  * WorkloadUser is the identity a workload (and its builds and exec probes) runs as: the
@@ -94,10 +94,13 @@ function readText(path: string): string {
 /**
  * Local is what /etc/passwd and /etc/group hold, parsed once per change of the files (their
  * inode, size and mtime): a new service's user is looked up several times, and with hundreds of
- * services each lookup used to parse both files again.
+ * services each lookup used to parse both files again. A change that only added lines (a new
+ * user's, the usual one) is read by parsing those lines alone.
  */
 interface Local {
   key: string;
+  passwdText: string;
+  groupText: string;
   passwd: PasswdEntry[];
   users: Map<string, PasswdEntry>;
   groups: Map<string, number>;
@@ -117,18 +120,31 @@ function fileKey(path: string): string {
 function localAccounts(): Local {
   const key = `${fileKey("/etc/passwd")}|${fileKey("/etc/group")}`;
   if (local?.key === key) return local;
-  const passwd = parsePasswd(readText("/etc/passwd"));
-  const groups = new Map<string, number>();
-  const ids = new Set<number>();
-  for (const entry of passwd) ids.add(entry.uid).add(entry.gid);
-  for (const line of readText("/etc/group").split("\n")) {
+  const passwdText = readText("/etc/passwd");
+  const groupText = readText("/etc/group");
+  if (local && grewFrom(local.passwdText, passwdText) && grewFrom(local.groupText, groupText)) {
+    addLocal(local, passwdText.slice(local.passwdText.length), groupText.slice(local.groupText.length));
+    Object.assign(local, { key, passwdText, groupText });
+    return local;
+  }
+  local = { key, passwdText, groupText, passwd: [], users: new Map(), groups: new Map(), ids: new Set() };
+  addLocal(local, passwdText, groupText);
+  return local;
+}
+
+/** addLocal adds the entries of passwd and group lines to what `into` holds. */
+function addLocal(into: Local, passwdLines: string, groupLines: string): void {
+  for (const entry of parsePasswd(passwdLines)) {
+    into.passwd.push(entry);
+    into.users.set(entry.name, entry);
+    into.ids.add(entry.uid).add(entry.gid);
+  }
+  for (const line of groupLines.split("\n")) {
     const [name, , gid] = line.split(":");
     if (!name || !gid || !/^\d+$/.test(gid)) continue;
-    groups.set(name, Number(gid));
-    ids.add(Number(gid));
+    into.groups.set(name, Number(gid));
+    into.ids.add(Number(gid));
   }
-  local = { key, passwd, users: new Map(passwd.map((entry) => [entry.name, entry])), groups, ids };
-  return local;
 }
 
 /**

@@ -99,8 +99,8 @@ export class AccountFiles {
       let group = readFileSync(files.group, "utf8");
       // Each file's names and ids, read once: checking each account against the text again was
       // quadratic in the number of users (one per service name, batch jobs included).
-      const users = entriesOf(passwd);
-      const groups = entriesOf(group);
+      const users = entriesOf(files.passwd, passwd);
+      const groups = entriesOf(files.group, group);
       const lines = { passwd: [] as string[], shadow: [] as string[], group: [] as string[], gshadow: [] as string[] };
       // Locked password ("!"), last changed today in days since the epoch, no ageing: as `useradd --system` writes it.
       const days = Math.floor(Date.now() / 86_400_000);
@@ -183,30 +183,63 @@ export function removeAccounts(names: readonly string[], etc = "/etc"): boolean 
   }
 }
 
-/** Entries are the names and ids (third field) of a passwd- or group-format text. */
+/** Entries are the names and ids (third field) of a passwd- or group-format text, and those added since it was read. */
 interface Entries {
   has(name: string, id: number): boolean;
   add(name: string, id: number): void;
 }
 
-function entriesOf(text: string): Entries {
-  const names = new Set<string>();
-  const ids = new Set<string>();
+/** Parsed is a file's text as last read, and its names and ids. */
+interface Parsed {
+  text: string;
+  names: Set<string>;
+  ids: Set<string>;
+}
+
+/**
+ * parsedFiles keeps each account file's names and ids between writes. The files grow by a line
+ * for each new user (one per batch job's name), so a write parses only the lines added since the
+ * last one: parsing the whole file each time made a flood of jobs quadratic in its users.
+ */
+const parsedFiles = new Map<string, Parsed>();
+
+/** grewFrom says whether `text` is `before` with whole lines added after it: only those need reading. */
+export function grewFrom(before: string, text: string): boolean {
+  return text.length >= before.length && (before === "" || before.endsWith("\n")) && text.startsWith(before);
+}
+
+function entriesOf(path: string, text: string): Entries {
+  let parsed = parsedFiles.get(path);
+  if (parsed && grewFrom(parsed.text, text)) {
+    addEntries(parsed, text.slice(parsed.text.length));
+    parsed.text = text;
+  } else {
+    parsed = { text, names: new Set(), ids: new Set() };
+    addEntries(parsed, text);
+    parsedFiles.set(path, parsed);
+  }
+  const { names, ids } = parsed;
+  // What add() puts in stays beside the file's own: it is in the file only once the write succeeds.
+  const addedNames = new Set<string>();
+  const addedIds = new Set<string>();
+  return {
+    has: (name, id) => names.has(name) || ids.has(String(id)) || addedNames.has(name) || addedIds.has(String(id)),
+    add: (name, id) => {
+      addedNames.add(name);
+      addedIds.add(String(id));
+    },
+  };
+}
+
+function addEntries(parsed: Parsed, text: string): void {
   for (const line of text.split("\n")) {
     const first = line.indexOf(":");
     if (first < 0) continue;
-    names.add(line.slice(0, first));
+    parsed.names.add(line.slice(0, first));
     const second = line.indexOf(":", first + 1);
     const third = second < 0 ? -1 : line.indexOf(":", second + 1);
-    if (second >= 0) ids.add(line.slice(second + 1, third < 0 ? undefined : third));
+    if (second >= 0) parsed.ids.add(line.slice(second + 1, third < 0 ? undefined : third));
   }
-  return {
-    has: (name, id) => names.has(name) || ids.has(String(id)),
-    add: (name, id) => {
-      names.add(name);
-      ids.add(String(id));
-    },
-  };
 }
 
 function appendLine(text: string, line: string): string {

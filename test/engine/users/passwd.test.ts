@@ -122,6 +122,28 @@ describe("AccountFiles", () => {
   });
 
   test.skipIf(libc() === null)(
+    "a file that only grew is checked against its new lines too, and a rewritten one against all of it",
+    async () => {
+      const files = new AccountFiles(etc);
+      expect(await files.add([account("eng-j", 61199)])).toEqual(["added"]);
+      // Another tool appends a user and a group after the engine's last write.
+      writeFileSync(join(etc, "passwd"), `${read("passwd")}ext:x:61300:61300::/:/bin/false\n`);
+      writeFileSync(join(etc, "group"), `${read("group")}extg:x:61301:\n`);
+      expect(await files.add([account("eng-k", 61300), account("ext", 61302), account("extg", 61303), account("eng-l", 61301)])).toEqual([
+        "taken",
+        "taken",
+        "taken",
+        "taken",
+      ]);
+      // ... and then rewrites the file without them: their name and ids are free again.
+      writeFileSync(join(etc, "passwd"), read("passwd").replace("ext:x:61300:61300::/:/bin/false\n", ""));
+      writeFileSync(join(etc, "group"), read("group").replace("extg:x:61301:\n", ""));
+      expect(await files.add([account("ext", 61300), account("eng-l", 61301)])).toEqual(["added", "added"]);
+      expect(read("passwd").match(/^ext:/gm)?.length).toBe(1);
+    },
+  );
+
+  test.skipIf(libc() === null)(
     "removeAccounts takes users and their own groups out of all four files in one write, leaving the rest",
     async () => {
       const files = new AccountFiles(etc);
