@@ -18,11 +18,12 @@
  * `keepalive 64`, Caddy's and the engine's pools by default) and add the same forwarding
  * fields; nginx and Caddy serve an ECDSA P-256 certificate like the engine's local CA issues,
  * and the TLS version and cipher each one negotiates are printed. The runs are interleaved
- * (the order rotates each run) so that the load of other processes on this shared box falls
- * on every target alike, and each run prints the load average it met. The tables give the
+ * (the proxies' order rotates each run, the direct anchor runs last in each) so that the load
+ * of other processes on this shared box, and the moment just after the direct anchor, fall on
+ * every proxy alike, and each run prints the load average it met. The tables give the
  * median of the runs and their spread (lowest–highest); the ratio to nginx is taken run by run.
  *
- * Usage: bun bench/proxy.ts [--duration-s 5] [--runs 5] [--connections 32] [--proxy-processes N]
+ * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
  */
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
@@ -32,6 +33,8 @@ import { fmt, freePort, median, numericArg, printRows } from "./lib";
 
 const DURATION_S = numericArg("--duration-s", 5);
 const RUNS = numericArg("--runs", 5);
+/** WARMUP_S of unrecorded load on a target precede each of its measurements (0: none). */
+const WARMUP_S = numericArg("--warmup-s", 1);
 const CONNECTIONS = numericArg("--connections", 32);
 const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
 /** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */
@@ -109,15 +112,15 @@ function toMs(value: string, unit: string): number {
   return unit === "us" ? n / 1000 : unit === "s" ? n * 1000 : unit === "m" ? n * 60_000 : n;
 }
 
-/** runWrk drives `url` with wrk for DURATION_S, Host: HOST, and charges the proxy's CPU to its requests. */
-async function runWrk(url: string, pids: number[]): Promise<WrkResult> {
+/** runWrk drives `url` with wrk for `seconds`, Host: HOST, and charges the proxy's CPU to its requests. */
+async function runWrk(url: string, pids: number[], seconds = DURATION_S): Promise<WrkResult> {
   const load = loadavg()[0] ?? Number.NaN;
   const before = cpuTicks(pids);
   const proc = Bun.spawn(
-    [wrk as string, "-t2", `-c${CONNECTIONS}`, `-d${DURATION_S}s`, "--latency", "--timeout", "5s", "-H", `Host: ${HOST}`, url],
+    [wrk as string, "-t2", `-c${CONNECTIONS}`, `-d${seconds}s`, "--latency", "--timeout", "5s", "-H", `Host: ${HOST}`, url],
     { stdout: "pipe", stderr: "pipe" },
   );
-  const killer = setTimeout(() => proc.kill("SIGKILL"), (DURATION_S + 15) * 1000);
+  const killer = setTimeout(() => proc.kill("SIGKILL"), (seconds + 15) * 1000);
   const [out, err] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   clearTimeout(killer);
   const after = cpuTicks(pids);
@@ -430,7 +433,7 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
     certificate ? null : "openssl (HTTPS for nginx and Caddy)",
   ].filter((line): line is string => line !== null);
   console.log(
-    `\nProxy bench: wrk -t2 -c${CONNECTIONS} -d${DURATION_S}s --latency -H 'Host: ${HOST}', keep-alive; ${RUNS} runs, interleaved`,
+    `\nProxy bench: wrk -t2 -c${CONNECTIONS} -d${DURATION_S}s --latency -H 'Host: ${HOST}', keep-alive; ${RUNS} runs, interleaved; each measurement follows ${WARMUP_S} s of unrecorded load on the same target`,
   );
   console.log(`machine: ${availableParallelism()} cores, shared by everything here (wrk, the upstream, the proxies, other work)`);
   console.log(`upstream: Bun.serve answering "hello" on ${upstream} (the engine's service "${SERVICE}")`);
@@ -443,14 +446,19 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
 
   const results = new Map<string, WrkResult[]>();
   for (let run = 0; run < RUNS; run++) {
-    // Rotate the order each run so no target always follows the same one, or always meets the same moment.
-    const order = targets.map((_, i) => targets[(i + run) % targets.length] as Target);
+    // Rotate the proxies each run so none always follows the same one or meets the same moment,
+    // and run the direct anchor last. The first proxy measured after it is often 20-25 % slower,
+    // nginx and the engine alike (decisions 472); with the anchor last, that moment falls on each
+    // proxy in turn, at the start of the next run, rather than on whichever the rotation puts after it.
+    const proxies = targets.filter((t) => t !== direct);
+    const order = [...proxies.map((_, i) => proxies[(i + run) % proxies.length] as Target), ...(direct ? [direct] : [])];
     const line: string[] = [];
     for (const target of order) {
       for (const scheme of ["http", "https"] as const) {
         const url = target[scheme];
         if (!url) continue;
         try {
+          if (WARMUP_S > 0) await runWrk(url, [], WARMUP_S);
           const result = await runWrk(url, target.pids());
           const key = `${target.name} ${scheme}`;
           results.set(key, [...(results.get(key) ?? []), result]);
