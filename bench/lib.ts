@@ -72,6 +72,7 @@ export async function waitForHttp(url: string, timeoutMs = 20000): Promise<void>
   throw new Error(`${url} did not answer within ${timeoutMs} ms`);
 }
 
+import { readdirSync, readFileSync } from "node:fs";
 import { freePort } from "../test/helpers";
 
 export { freePort };
@@ -202,4 +203,37 @@ export async function measureKillAnchor(rounds: number): Promise<number[]> {
     await anchor.exited;
   }
   return windows;
+}
+
+/**
+ * fileSystemOf names the file system that holds `path` as /proc/self/mountinfo lists it, and for
+ * ext4 whether it has a journal (a jbd2 entry under /proc/fs/jbd2 for its device). It matters
+ * to figures that create and delete many files: ext4 without a journal checks every candidate
+ * inode for a recent deletion (`recently_deleted`), a scan that grows with what was deleted in
+ * the last minutes (decision 473).
+ */
+export function fileSystemOf(path: string): string {
+  let best: { mount: string; type: string; source: string } | null = null;
+  try {
+    for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
+      const [left, right] = line.split(" - ");
+      const mount = left?.split(" ")[4];
+      const [type, source] = right?.split(" ") ?? [];
+      if (!mount || !type) continue;
+      const holds = path === mount || path.startsWith(mount === "/" ? "/" : `${mount}/`);
+      if (holds && (!best || mount.length >= best.mount.length)) best = { mount, type, source: source ?? "" };
+    }
+  } catch {
+    return "unknown (no /proc/self/mountinfo)";
+  }
+  if (!best) return "unknown";
+  if (best.type !== "ext4") return `${best.type} at ${best.mount}`;
+  const device = best.source.split("/").pop() ?? "";
+  let journal = false;
+  try {
+    journal = readdirSync("/proc/fs/jbd2").some((entry) => entry.startsWith(`${device}-`) || entry === device);
+  } catch {
+    journal = false;
+  }
+  return `ext4 ${journal ? "with" : "without"} a journal (${best.source}) at ${best.mount}`;
 }

@@ -25,11 +25,12 @@
  *          [--singles 20] [--submit-concurrency 16] [--job-user NAME] [--no-pm2] [--verbose] [--compiled] [--cpu-prof DIR]
  * --job-user deploys the jobs with `user: NAME` (root, say), which leaves making a user per job out.
  */
-import { existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, realpathSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir, testShim } from "../test/helpers";
-import { fmt, numericArg, printRows } from "./lib";
+import { fileSystemOf, fmt, numericArg, printRows } from "./lib";
 
 const RUNS = numericArg("--runs", 5);
 const SERVICES = numericArg("--services", 50);
@@ -473,6 +474,8 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const jobsStart = performance.now();
       const jobsDeadline = jobsStart + JOBS_DEADLINE_MS;
       let posted = 0;
+      const postMs: number[] = [];
+      let postedAllAt = 0;
       let doneAt = Number.NaN;
       let jobsError: unknown = null;
       // The cursor: the first job not seen settled. A 404 means its POST has not been answered yet.
@@ -504,12 +507,22 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       })();
       await pool(count, CONCURRENCY, async (i) => {
         if (performance.now() > jobsDeadline) return;
+        const t0 = performance.now();
         await deploy({ name: jobNames[i], kind: "batch", command: ["true"], ...(JOB_USER ? { user: JOB_USER } : {}) });
+        postMs.push(performance.now() - t0);
         posted++;
+        if (posted === count) postedAllAt = performance.now() - jobsStart;
       });
+      if (VERBOSE) {
+        // With CONCURRENCY POSTs in flight, the rate is at most CONCURRENCY / the POST's latency.
+        console.log(
+          `   ${count} jobs: POST p50 ${fmt(median(postMs), 2)} ms, p90 ${fmt(percentile(postMs, 90), 2)} ms; all posted at ${fmt(postedAllAt, 0)} ms`,
+        );
+      }
       await cursor;
       if (jobsError) throw jobsError;
       const jobsMs = doneAt - jobsStart;
+      if (VERBOSE) console.log(`   ${count} jobs: all settled at ${fmt(jobsMs, 0)} ms`);
       const daemonCpuMs = (cpuMs(daemonPid) - cpuBefore) / count;
       const completed = [...settled.values()].filter((s) => s === "completed").length;
       jobs.set(count, {
@@ -566,6 +579,14 @@ console.log(
     `${SERVICES} services, ${KILLS} kills, jobs ${JOBS.join(" and ")}${JOB_USER ? ` as user ${JOB_USER}` : ""}, ${CONCURRENCY} POSTs in flight; ` +
     `cgroups ${cgroupDriver ? `v${cgroupDriver.version}` : "none"}; PM2 ${"dir" in pm2 ? "installed from npm for this bench" : `not measured: ${pm2.reason}`}`,
 );
+// Every job makes ~8 inodes (dirs, log, pids, exit record) in the data dir, under TMPDIR.
+const dataFs = fileSystemOf(realpathSync(tmpdir()));
+console.log(`data dirs under ${tmpdir()}: ${dataFs}`);
+if (dataFs.startsWith("ext4 without")) {
+  console.log(
+    "   note: ext4 without a journal scans recently deleted inodes on every create (decision 473); jobs/s here falls with what the previous minutes deleted, and TMPDIR=/dev/shm shows the figures without it",
+  );
+}
 const runs: Figures[] = [];
 try {
   for (let run = 1; run <= RUNS; run++) {
