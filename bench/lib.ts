@@ -2,6 +2,9 @@
  * Shared bench helpers. Benchmarks print each figure next to its anchor measured in the same
  * run, as a ratio: this machine is small and noisy, so ratios are what we compare.
  */
+import { readdirSync, readFileSync } from "node:fs";
+import { type MountEntry, parseMountInfo } from "../src/engine/supervisor/cgroup";
+import { freePort } from "../test/helpers";
 export interface LoadResult {
   requests: number;
   errors: number;
@@ -72,16 +75,13 @@ export async function waitForHttp(url: string, timeoutMs = 20000): Promise<void>
   throw new Error(`${url} did not answer within ${timeoutMs} ms`);
 }
 
-import { readdirSync, readFileSync } from "node:fs";
-import { freePort } from "../test/helpers";
-
 export { freePort };
 
-/** numericArg reads `--name N` from the command line: a positive whole number, else the fallback. */
-export function numericArg(name: string, fallback: number): number {
+/** numericArg reads `--name N` from the command line: a whole number of at least `min` (1 unless said), else the fallback. */
+export function numericArg(name: string, fallback: number, min = 1): number {
   const index = process.argv.indexOf(name);
   const value = index >= 0 ? Number(process.argv[index + 1]) : fallback;
-  return Number.isFinite(value) && value > 0 ? Math.floor(value) : fallback;
+  return Number.isFinite(value) && value >= min ? Math.floor(value) : fallback;
 }
 
 export function fmt(n: number, digits = 2): string {
@@ -212,28 +212,27 @@ export async function measureKillAnchor(rounds: number): Promise<number[]> {
  * inode for a recent deletion (`recently_deleted`), a scan that grows with what was deleted in
  * the last minutes (decision 473).
  */
-export function fileSystemOf(path: string): string {
-  let best: { mount: string; type: string; source: string } | null = null;
+export function fileSystemOf(path: string): { description: string; scansRecentDeletions: boolean } {
+  let best: MountEntry | null = null;
   try {
-    for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
-      const [left, right] = line.split(" - ");
-      const mount = left?.split(" ")[4];
-      const [type, source] = right?.split(" ") ?? [];
-      if (!mount || !type) continue;
-      const holds = path === mount || path.startsWith(mount === "/" ? "/" : `${mount}/`);
-      if (holds && (!best || mount.length >= best.mount.length)) best = { mount, type, source: source ?? "" };
+    for (const mount of parseMountInfo(readFileSync("/proc/self/mountinfo", "utf8"))) {
+      const holds = path === mount.mountPoint || path.startsWith(mount.mountPoint === "/" ? "/" : `${mount.mountPoint}/`);
+      if (holds && mount.mountPoint.length >= (best?.mountPoint.length ?? 0)) best = mount;
     }
   } catch {
-    return "unknown (no /proc/self/mountinfo)";
+    // no /proc
   }
-  if (!best) return "unknown";
-  if (best.type !== "ext4") return `${best.type} at ${best.mount}`;
+  if (!best) return { description: "unknown", scansRecentDeletions: false };
+  if (best.fsType !== "ext4") return { description: `${best.fsType} at ${best.mountPoint}`, scansRecentDeletions: false };
   const device = best.source.split("/").pop() ?? "";
   let journal = false;
   try {
-    journal = readdirSync("/proc/fs/jbd2").some((entry) => entry.startsWith(`${device}-`) || entry === device);
+    journal = readdirSync("/proc/fs/jbd2").some((entry) => entry.startsWith(`${device}-`));
   } catch {
-    journal = false;
+    // no jbd2 entries at all: no ext4 here has a journal
   }
-  return `ext4 ${journal ? "with" : "without"} a journal (${best.source}) at ${best.mount}`;
+  return {
+    description: `ext4 ${journal ? "with" : "without"} a journal (${best.source}) at ${best.mountPoint}`,
+    scansRecentDeletions: !journal,
+  };
 }

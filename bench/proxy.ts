@@ -34,7 +34,7 @@ import { fmt, freePort, median, numericArg, printRows } from "./lib";
 const DURATION_S = numericArg("--duration-s", 5);
 const RUNS = numericArg("--runs", 5);
 /** WARMUP_S of unrecorded load on a target precede each of its measurements (`--warmup-s 0`: none). */
-const WARMUP_S = process.argv[process.argv.indexOf("--warmup-s") + 1] === "0" ? 0 : numericArg("--warmup-s", 1);
+const WARMUP_S = numericArg("--warmup-s", 1, 0);
 const CONNECTIONS = numericArg("--connections", 32);
 const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
 /** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */

@@ -590,8 +590,8 @@ console.log(
 );
 // Every job makes ~8 inodes (dirs, log, pids, exit record) in the data dir, under TMPDIR.
 const dataFs = fileSystemOf(realpathSync(tmpdir()));
-console.log(`data dirs under ${tmpdir()}: ${dataFs}`);
-if (dataFs.startsWith("ext4 without")) {
+console.log(`data dirs under ${tmpdir()}: ${dataFs.description}`);
+if (dataFs.scansRecentDeletions) {
   console.log(
     "   note: ext4 without a journal scans recently deleted inodes on every create (decision 473); jobs/s here falls with what the previous minutes deleted, and TMPDIR=/dev/shm shows the figures without it",
   );

@@ -40,21 +40,24 @@ function parseProcCgroup(text: string): CgroupLine[] {
     });
 }
 
-interface MountEntry {
+export interface MountEntry {
   root: string;
   mountPoint: string;
   fsType: string;
+  /** source is the mounted device or name ("/dev/vda", "tmpfs"). */
+  source: string;
   superOptions: string[];
 }
 
-function parseMountInfo(text: string): MountEntry[] {
+/** parseMountInfo reads the lines of /proc/<pid>/mountinfo. */
+export function parseMountInfo(text: string): MountEntry[] {
   const entries: MountEntry[] = [];
   for (const line of text.split("\n")) {
     if (!line) continue;
     const [left = "", right = ""] = line.split(" - ");
     const fields = left.split(" ");
-    const [fsType = "", , superOptions = ""] = right.split(" ");
-    entries.push({ root: fields[3] ?? "/", mountPoint: fields[4] ?? "", fsType, superOptions: superOptions.split(",") });
+    const [fsType = "", source = "", superOptions = ""] = right.split(" ");
+    entries.push({ root: fields[3] ?? "/", mountPoint: fields[4] ?? "", fsType, source, superOptions: superOptions.split(",") });
   }
   return entries;
 }
