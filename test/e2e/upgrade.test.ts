@@ -86,6 +86,15 @@ beforeAll(async () => {
     },
     { timeoutMs: 30_000 },
   );
+  // A route is up once its service runs; the upstream answers only once its process listens,
+  // a moment later (longer on a loaded machine). The load below counts every failure.
+  await eventually(
+    async () => {
+      const response = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host: "web.localhost" } });
+      return response.status === 200 && (await response.text()).includes('"web"');
+    },
+    { timeoutMs: 30_000 },
+  );
 }, 240_000);
 
 afterAll(async () => {

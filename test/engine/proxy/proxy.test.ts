@@ -28,6 +28,21 @@ async function waitRouted(host: string, state = "up"): Promise<void> {
   });
 }
 
+/**
+ * waitAnswered waits until `service`'s upstream answers through the proxy at `host` (a
+ * `.localhost` name, served on plain HTTP): a route is up once its service runs, and the
+ * upstream listens a moment later, longer on a loaded machine.
+ */
+async function waitAnswered(host: string, service: string): Promise<void> {
+  await eventually(
+    async () => {
+      const response = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host } });
+      return response.status === 200 && ((await response.json()) as { service?: string }).service === service;
+    },
+    { timeoutMs: 20_000 },
+  );
+}
+
 /** curl fetches `https://host:<proxy port>/path`, trusting only the engine's root (SNI = host). */
 function curl(host: string, path = "/", extra: string[] = []) {
   return curlVerified(host, httpsPort, rootFile, path, extra);
@@ -57,6 +72,8 @@ beforeAll(async () => {
   await deployUpstream("api");
   await waitRouted("web.localhost");
   await waitRouted("api-box.local");
+  await waitAnswered("web.localhost", "web");
+  await waitAnswered("api.localhost", "api");
 });
 afterAll(() => engine.close());
 
