@@ -8,6 +8,8 @@
  *   the engine's templates and shim, which it never uses; its pages' script and stylesheet
  *   (src/cloud/ui/client) are bundled here and embedded.
  *
+ * Both carry their modules as bytecode as well as source (decision 478).
+ *
  * Usage: bun build.ts [--outfile dist/engine] [--cloud-outfile dist/engine-cloud] [--only engine|engine-cloud]
  *                     [--version X.Y.Z]
  *
@@ -48,6 +50,11 @@ async function compile(entry: string, target: string, define: Record<string, str
   const result = await Bun.build({
     entrypoints: [join(root, "cli", entry)],
     compile: { outfile: target },
+    // The modules travel as JSC bytecode, not only as source: a start (and a restart's
+    // successor, before and after its switch) runs its code without parsing and compiling
+    // it first (decision 478).
+    bytecode: true,
+    format: "esm",
     minify: true,
     sourcemap: "linked",
     // Production mode: the servers also say `development: false`, but nothing bundled in the
