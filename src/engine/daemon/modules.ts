@@ -276,10 +276,7 @@ export function servicesModule(
     stop() {
       // A manager only provisioned adopted nothing: what runs is still the predecessor's.
       if (!manager || !started) return;
-      keptRunning = manager
-        .list()
-        .filter((service) => service.pid !== null)
-        .map((service) => service.name);
+      keptRunning = manager.liveServiceNames();
       manager.handOver();
       manager = null;
       if (keptRunning.length === 0) return;

@@ -323,6 +323,18 @@ export class ServiceManager implements ServiceDirectory {
     return this.record(this.find(ident));
   }
 
+  /**
+   * liveServiceNames are the services a process runs for now, those a list shows with a pid,
+   * without building their records: a hand-over names them in its log while the next daemon
+   * waits for the release.
+   */
+  liveServiceNames(): string[] {
+    return this.o.store
+      .openRuns()
+      .filter((run) => run.pid !== null && !this.unsettled.has(run.run_id))
+      .map((run) => run.name);
+  }
+
   private currentSpec(service: ServiceRow): VersionRow {
     const version = this.o.store.getVersion(service.id, service.version);
     if (!version) throw new AppError("internal", `service ${service.name} has no version ${service.version}`);

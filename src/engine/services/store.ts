@@ -313,6 +313,19 @@ export class ServiceStore {
     return new Map(raws.map((raw) => [raw.id as string, parseRun(raw)]));
   }
 
+  /**
+   * openRuns are the services whose current run has not ended, in the list's order (created_at,
+   * name): their names, run ids and workload pids, in one query and without parsing a row.
+   */
+  openRuns(): { name: string; run_id: string; pid: number | null }[] {
+    return this.db
+      .query<{ name: string; run_id: string; pid: number | null }, []>(
+        `SELECT s.name AS name, r.id AS run_id, r.pid AS pid FROM services s JOIN runs r ON r.id = s.current_run_id
+         WHERE r.ended_at IS NULL ORDER BY s.created_at, s.name`,
+      )
+      .all();
+  }
+
   getRun(id: string): RunRow | null {
     const raw = this.db.query<Raw<RunRow>, [string]>("SELECT * FROM runs WHERE id = ?").get(id);
     return raw ? parseRun(raw) : null;

@@ -59,3 +59,42 @@ describe("ServiceStore.listPendingServices", () => {
     expect(store.listPendingServices().map((service) => service.name)).toEqual(["other-restarting", "c-same", "b-late"]);
   });
 });
+
+describe("ServiceStore.openRuns", () => {
+  const run = (service: string, id: string, pid: number | null, endedAt: string | null) =>
+    store.insertRun({
+      id,
+      service_id: `svc_${service}`,
+      version: 1,
+      run_dir: `/runs/${id}`,
+      shim_pid: pid === null ? null : pid - 1,
+      shim_start: null,
+      pid,
+      pid_start: null,
+      cgroup_dir: null,
+      gpus: null,
+      env_keys: [],
+      started_at: "2026-11-27T00:00:05.000Z",
+      ended_at: endedAt,
+      exit: null,
+      end_reason: null,
+    });
+
+  test("names the services whose current run has not ended, in the list's order, with the run and its pid", () => {
+    store.insertService({ ...row("b-live", "running", "running", "2026-11-27T00:00:02.000Z"), current_run_id: "run_b2" });
+    store.insertService({ ...row("a-live", "running", "running", "2026-11-27T00:00:01.000Z"), current_run_id: "run_a" });
+    store.insertService({ ...row("ended", "completed"), current_run_id: "run_e" });
+    store.insertService({ ...row("starting", "scheduled", "running", "2026-11-27T00:00:03.000Z"), current_run_id: "run_s" });
+    store.insertService(row("never-ran", "pending"));
+    run("b-live", "run_b1", 101, "2026-11-27T00:00:06.000Z"); // an earlier run of b, ended
+    run("b-live", "run_b2", 102, null);
+    run("a-live", "run_a", 201, null);
+    run("ended", "run_e", 301, "2026-11-27T00:00:06.000Z");
+    run("starting", "run_s", null, null); // recorded, its processes not yet
+    expect(store.openRuns()).toEqual([
+      { name: "a-live", run_id: "run_a", pid: 201 },
+      { name: "b-live", run_id: "run_b2", pid: 102 },
+      { name: "starting", run_id: "run_s", pid: null },
+    ]);
+  });
+});
