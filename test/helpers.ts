@@ -159,6 +159,22 @@ export async function eventually<T>(
   throw new Error(`condition not met within ${timeoutMs} ms${lastError ? `: ${(lastError as Error).message}` : ""}`);
 }
 
+/**
+ * waitProxied waits until the proxy's plain-HTTP port answers 200 for `host` (a `.localhost`
+ * name) from the upstream fixture (test/fixtures/proxy/upstream.ts) running as `service`. A
+ * route is up once its service runs; the upstream listens a moment later, longer on a loaded
+ * machine, and the proxy answers 502 meanwhile.
+ */
+export async function waitProxied(httpPort: number, host: string, service: string, timeoutMs = 30_000): Promise<void> {
+  await eventually(
+    async () => {
+      const response = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host } });
+      return response.status === 200 && ((await response.json()) as { service?: string }).service === service;
+    },
+    { timeoutMs },
+  );
+}
+
 /** freePort returns a TCP port that was free a moment ago, found by listening on port 0. */
 export async function freePort(): Promise<number> {
   const server = Bun.serve({ port: 0, fetch: () => new Response() });

@@ -20,6 +20,7 @@ import {
   type SpawnedEngine,
   spawnEngine,
   tempDir,
+  waitProxied,
   workloadBun,
   workloadPath,
 } from "../helpers";
@@ -86,15 +87,8 @@ beforeAll(async () => {
     },
     { timeoutMs: 30_000 },
   );
-  // A route is up once its service runs; the upstream answers only once its process listens,
-  // a moment later (longer on a loaded machine). The load below counts every failure.
-  await eventually(
-    async () => {
-      const response = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host: "web.localhost" } });
-      return response.status === 200 && (await response.text()).includes('"web"');
-    },
-    { timeoutMs: 30_000 },
-  );
+  // The load below counts every failure: it starts once the upstream answers, not only once its route is up.
+  await waitProxied(httpPort, "web.localhost", "web");
 }, 240_000);
 
 afterAll(async () => {

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
-import { eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, workloadBun, workloadPath } from "../../helpers";
+import { eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, waitProxied, workloadBun, workloadPath } from "../../helpers";
 import { parseExposition, promtoolCheck, seriesValue } from "./exposition";
 
 /**
@@ -22,7 +22,7 @@ beforeAll(async () => {
     body: { name: "web", port, command: [workloadBun(), workloadPath(UPSTREAM)], env: { SERVICE_NAME: "web" } },
   });
   expect(status).toBe(201);
-  await eventually(async () => (await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host: "web.localhost" } })).status === 200);
+  await waitProxied(httpPort, "web.localhost", "web");
 });
 afterAll(() => engine?.close());
 

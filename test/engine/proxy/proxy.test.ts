@@ -2,7 +2,17 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { X509Certificate } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { curlVerified, eventually, freePort, REPO_ROOT, startTestEngine, type TestEngine, workloadBun, workloadPath } from "../../helpers";
+import {
+  curlVerified,
+  eventually,
+  freePort,
+  REPO_ROOT,
+  startTestEngine,
+  type TestEngine,
+  waitProxied,
+  workloadBun,
+  workloadPath,
+} from "../../helpers";
 
 const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
 
@@ -26,21 +36,6 @@ async function waitRouted(host: string, state = "up"): Promise<void> {
     const status = (await engine.json<{ routes: { items: { host: string; state: string }[] } }>("GET", "/api/proxy/status")).body;
     return status.routes.items.some((route) => route.host === host && route.state === state);
   });
-}
-
-/**
- * waitAnswered waits until `service`'s upstream answers through the proxy at `host` (a
- * `.localhost` name, served on plain HTTP): a route is up once its service runs, and the
- * upstream listens a moment later, longer on a loaded machine.
- */
-async function waitAnswered(host: string, service: string): Promise<void> {
-  await eventually(
-    async () => {
-      const response = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host } });
-      return response.status === 200 && ((await response.json()) as { service?: string }).service === service;
-    },
-    { timeoutMs: 20_000 },
-  );
 }
 
 /** curl fetches `https://host:<proxy port>/path`, trusting only the engine's root (SNI = host). */
@@ -72,8 +67,8 @@ beforeAll(async () => {
   await deployUpstream("api");
   await waitRouted("web.localhost");
   await waitRouted("api-box.local");
-  await waitAnswered("web.localhost", "web");
-  await waitAnswered("api.localhost", "api");
+  await waitProxied(httpPort, "web.localhost", "web");
+  await waitProxied(httpPort, "api.localhost", "api");
 });
 afterAll(() => engine.close());
 
