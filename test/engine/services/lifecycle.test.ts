@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { RUNS_KEPT } from "../../../src/engine/services/store";
-import { createToken, eventually, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
 import { processExists, processState, ServiceClient } from "./harness";
 
 let engine: TestEngine;
@@ -262,6 +262,22 @@ describe("forensics", () => {
     const diagnosis = await api.diagnose("torch");
     expect(diagnosis.forensics.gpu_oom).toBe(true);
     expect(diagnosis.forensics.oom_killed).toBe(false);
+    expect(diagnosis.remediation?.code).toBe("reduce_batch_or_gpu_memory");
+  });
+
+  test("PyTorch's real CUDA out-of-memory traceback (captured on an H200) is gpu_oom, its exception line the key", async () => {
+    const traceback = readFileSync(join(REPO_ROOT, "test", "fixtures", "gpu", "h200", "pytorch-oom.stderr"), "utf8");
+    await api.deploy({
+      name: "torch-h200",
+      kind: "batch",
+      command: `cat >&2 <<'TRACEBACK'\n${traceback}\nTRACEBACK\nexit 1`,
+      restart: { policy: "never" },
+    });
+    await api.waitFor("torch-h200", "failed");
+    const diagnosis = await api.diagnose("torch-h200");
+    expect(diagnosis.forensics.gpu_oom).toBe(true);
+    expect(diagnosis.error?.class).toBe("gpu_oom");
+    expect(diagnosis.error?.key_line).toStartWith("torch.OutOfMemoryError: CUDA out of memory.");
     expect(diagnosis.remediation?.code).toBe("reduce_batch_or_gpu_memory");
   });
 
