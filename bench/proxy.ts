@@ -23,7 +23,12 @@
  * every proxy alike, and each run prints the load average it met. The tables give the
  * median of the runs and their spread (lowest–highest); the ratio to nginx is taken run by run.
  *
+ * On a machine with many cores, `--wrk-threads` gives the load generator more threads and
+ * `--upstream-processes` runs the upstream as that many processes on one SO_REUSEPORT port, so
+ * that neither the client nor the upstream is what bounds the proxies.
+ *
  * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
+ *          [--wrk-threads 2] [--upstream-processes 1]
  */
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
@@ -37,6 +42,8 @@ const RUNS = numericArg("--runs", 5);
 const WARMUP_S = numericArg("--warmup-s", 1, 0);
 const CONNECTIONS = numericArg("--connections", 32);
 const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
+const WRK_THREADS = numericArg("--wrk-threads", 2);
+const UPSTREAM_PROCESSES = numericArg("--upstream-processes", 1);
 /** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */
 const SERVICE = "hello";
 const HOST = `${SERVICE}.localhost`;
@@ -117,7 +124,7 @@ async function runWrk(url: string, pids: number[], seconds = DURATION_S): Promis
   const load = loadavg()[0] ?? Number.NaN;
   const before = cpuTicks(pids);
   const proc = Bun.spawn(
-    [wrk as string, "-t2", `-c${CONNECTIONS}`, `-d${seconds}s`, "--latency", "--timeout", "5s", "-H", `Host: ${HOST}`, url],
+    [wrk as string, `-t${WRK_THREADS}`, `-c${CONNECTIONS}`, `-d${seconds}s`, "--latency", "--timeout", "5s", "-H", `Host: ${HOST}`, url],
     { stdout: "pipe", stderr: "pipe" },
   );
   const killer = setTimeout(() => proc.kill("SIGKILL"), (seconds + 15) * 1000);
@@ -236,8 +243,16 @@ try {
   const upstreamFile = join(workDir, "upstream.ts");
   writeFileSync(
     upstreamFile,
-    `Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), fetch: () => new Response("hello") });\n`,
+    // With UPSTREAM_PROCESSES > 1 the first process starts the others, all on one SO_REUSEPORT
+    // port; they share its process group, so stopping the service ends them all.
+    `const processes = Number(process.env.UPSTREAM_PROCESSES || 1);
+if (!process.env.UPSTREAM_CHILD) {
+  for (let i = 1; i < processes; i++) Bun.spawn([process.execPath, import.meta.path], { env: { ...process.env, UPSTREAM_CHILD: "1" }, stdio: ["ignore", "inherit", "inherit"] });
+}
+Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: processes > 1, fetch: () => new Response("hello") });
+`,
   );
+  const upstreamEnv = { UPSTREAM_PROCESSES: String(UPSTREAM_PROCESSES) };
 
   // ------------------------------------------------------------ the engine, with the upstream as its service
   let upstreamPort = 0;
@@ -262,7 +277,7 @@ try {
     const deployed = await fetch(`${base}/api/services`, {
       method: "POST",
       headers,
-      body: JSON.stringify({ name: SERVICE, port, command: [process.execPath, upstreamFile] }),
+      body: JSON.stringify({ name: SERVICE, port, command: [process.execPath, upstreamFile], env: upstreamEnv }),
     });
     if (deployed.status !== 201) throw new Error(`POST /api/services answered ${deployed.status}: ${await deployed.text()}`);
     await until("the upstream service", () => answers(`http://127.0.0.1:${port}/`));
@@ -312,7 +327,7 @@ try {
   }
   if (!upstreamPort) {
     upstreamPort = await freePort();
-    start("upstream", [process.execPath, upstreamFile], { PORT: String(upstreamPort) });
+    start("upstream", [process.execPath, upstreamFile], { PORT: String(upstreamPort), ...upstreamEnv });
     await until("the upstream", () => answers(`http://127.0.0.1:${upstreamPort}/`));
   }
   const upstream = `127.0.0.1:${upstreamPort}`;
@@ -424,7 +439,12 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
   } else notes.push("caddy: skipped (not installed)");
 
   // ------------------------------------------------------------ measure, interleaved
-  const direct: Target = { name: "direct", config: "wrk to the upstream itself, no proxy", http: `http://${upstream}/`, pids: () => [] };
+  const direct: Target = {
+    name: "direct",
+    config: `wrk to the upstream itself (${UPSTREAM_PROCESSES} process${UPSTREAM_PROCESSES === 1 ? "" : "es"}), no proxy`,
+    http: `http://${upstream}/`,
+    pids: () => [],
+  };
   const targets = [direct, engineTarget, nginxTarget, caddyTarget].filter((t): t is Target => t !== undefined);
   const missing = [
     engineTarget ? null : "the engine's proxy (see the note below): nothing to compare",
@@ -433,7 +453,7 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
     certificate ? null : "openssl (HTTPS for nginx and Caddy)",
   ].filter((line): line is string => line !== null);
   console.log(
-    `\nProxy bench: wrk -t2 -c${CONNECTIONS} -d${DURATION_S}s --latency -H 'Host: ${HOST}', keep-alive; ${RUNS} runs, interleaved; each measurement follows ${WARMUP_S} s of unrecorded load on the same target`,
+    `\nProxy bench: wrk -t${WRK_THREADS} -c${CONNECTIONS} -d${DURATION_S}s --latency -H 'Host: ${HOST}', keep-alive; ${RUNS} runs, interleaved; each measurement follows ${WARMUP_S} s of unrecorded load on the same target`,
   );
   console.log(`machine: ${availableParallelism()} cores, shared by everything here (wrk, the upstream, the proxies, other work)`);
   console.log(`upstream: Bun.serve answering "hello" on ${upstream} (the engine's service "${SERVICE}")`);
