@@ -260,6 +260,8 @@ export function servicesModule(
       bus.provide("services", decorate ? decorate(manager) : manager);
       // Reading the GPUs needs nothing exclusive: a successor does it before the switch (decision 463).
       await gpus.refresh();
+      // So does reading the workload users' groups, which adopting them needs (decision 481).
+      manager.warmAdoption();
     },
     async start({ config, log, bus }) {
       if (!manager) return;

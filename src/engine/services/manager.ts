@@ -263,6 +263,24 @@ export class ServiceManager implements ServiceDirectory {
   }
 
   /**
+   * warmAdoption asks the host, before a successor's switch, what adopting the running services
+   * will ask of it: each workload user's groups and home (/etc/group, NSS), read once per
+   * process. Measured in the hand-over's window, the first adoption spent 1.5-5.6 ms there while
+   * requests waited. Nothing is changed or kept beyond the caches those reads fill; start()
+   * reads the rows again.
+   */
+  warmAdoption(): void {
+    for (const service of this.o.store.listServices()) {
+      if (!service.current_run_id || !service.run_as) continue;
+      try {
+        this.recordedUser(service);
+      } catch {
+        // start() meets the same fault and reports it
+      }
+    }
+  }
+
+  /**
    * handOver stops everything this daemon does in-process (timers, probes, builds) and leaves
    * workloads running under their shims, for the next daemon to adopt.
    */
