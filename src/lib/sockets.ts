@@ -53,6 +53,17 @@ const TCP_INFO = 11;
 const TCPI_UNACKED = 24;
 
 /**
+ * warmSocketCalls loads the C library calls of this file and runs the descriptor scan once
+ * (port 0 names no listener), for a process about to bind a port beside another's: bun:ffi
+ * compiles its calls on first use (2 ms on an idle machine, 4-27 ms under load, measured
+ * between a successor's bind of the API port and its steering, while new connections waited:
+ * decision 483).
+ */
+export function warmSocketCalls(): void {
+  listeningTcpFd(0);
+}
+
+/**
  * listeningTcpFd finds this process's listening TCP socket on `port` among its descriptors
  * (Bun does not expose the descriptor of a server it opened). Null when none is found.
  */
@@ -175,14 +186,36 @@ export interface UnixSocketName {
  * rename, this one's after it.
  */
 export function bindUnixAt<T>(path: string, bind: (privatePath: string) => T): { server: T; name: UnixSocketName } {
+  const bound = bindUnixPrivately(path, bind);
+  return { server: bound.server, name: bound.publish() };
+}
+
+/**
+ * bindUnixPrivately is bindUnixAt in two steps: the socket is bound at its private name now,
+ * where no client finds it, and `publish()` renames it over `path` later. Creating the socket
+ * is the slow half (an inode: milliseconds on a busy file system); the rename is the switch.
+ * `discard()` removes the private name of a socket that will not be published.
+ */
+export function bindUnixPrivately<T>(
+  path: string,
+  bind: (privatePath: string) => T,
+): { server: T; publish: () => UnixSocketName; discard: () => void } {
   // Short, as a unix socket's path is (at most 107 bytes; the data dir's is checked for
   // engine.sock): the first letter of the name and the pid, hidden beside it.
   const privatePath = join(dirname(path), `.${basename(path).slice(0, 1)}${process.pid}`);
   rmSync(privatePath, { force: true });
   const server = bind(privatePath);
   const inode = statSync(privatePath).ino;
-  renameSync(privatePath, path);
-  return { server, name: { path, inode } };
+  return {
+    server,
+    publish() {
+      renameSync(privatePath, path);
+      return { path, inode };
+    },
+    discard() {
+      rmSync(privatePath, { force: true });
+    },
+  };
 }
 
 /** ownsPath says whether `name.path` still names the socket this process bound. */

@@ -1,6 +1,19 @@
 import { expect, test } from "bun:test";
+import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import type { TCPSocketListenOptions } from "bun";
-import { acceptQueueLength, listenersOnPort, listeningTcpFd, steerTo, UNSTEERED } from "../../src/lib/sockets";
+import {
+  acceptQueueLength,
+  bindUnixAt,
+  bindUnixPrivately,
+  listenersOnPort,
+  listeningTcpFd,
+  ownsPath,
+  steerTo,
+  UNSTEERED,
+  warmSocketCalls,
+} from "../../src/lib/sockets";
 
 /** countingListener listens on `port` (SO_REUSEPORT) and adds one to `counts[slot]` for each connection it accepts, which it ends. */
 function countingListener(port: number, counts: number[], slot: number) {
@@ -74,5 +87,45 @@ test("steerTo sends every new connection to the group's socket at an index, and 
   } finally {
     first.stop(true);
     second.stop(true);
+  }
+});
+
+test("bindUnixPrivately binds where no client finds it; publish renames it over the path, which names the old socket until then", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "engine-sockets-"));
+  const path = join(dir, "engine.sock");
+  const serve = (unix: string, text: string) => Bun.serve({ unix, fetch: () => new Response(text) });
+  // A new connection each time: a kept-alive one would stay with the socket it was opened to.
+  const ask = async () =>
+    (await fetch("http://localhost/", { unix: path, keepalive: false, headers: { connection: "close" } } as RequestInit)).text();
+  const old = bindUnixAt(path, (privatePath) => serve(privatePath, "old"));
+  try {
+    const next = bindUnixPrivately(path, (privatePath) => serve(privatePath, "new"));
+    expect(await ask()).toBe("old");
+    const name = next.publish();
+    expect(await ask()).toBe("new");
+    expect(ownsPath(name)).toBe(true);
+    expect(ownsPath(old.name)).toBe(false);
+    expect(readdirSync(dir)).toEqual(["engine.sock"]);
+    next.server.stop(true);
+
+    const discarded = bindUnixPrivately(path, (privatePath) => serve(privatePath, "never"));
+    expect(readdirSync(dir).length).toBe(2);
+    discarded.server.stop(true);
+    discarded.discard();
+    expect(readdirSync(dir)).toEqual(["engine.sock"]);
+  } finally {
+    old.server.stop(true);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("warmSocketCalls finds no listener for port 0 and leaves the scan ready", () => {
+  warmSocketCalls();
+  expect(listeningTcpFd(0)).toBeNull();
+  const server = Bun.serve({ port: 0, fetch: () => new Response("x") });
+  try {
+    expect(listeningTcpFd(server.port as number)).not.toBeNull();
+  } finally {
+    server.stop(true);
   }
 });

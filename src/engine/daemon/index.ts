@@ -5,7 +5,7 @@ import { type Clock, systemClock } from "../../lib/clock";
 import { AppError } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
 import { lowerWhileStarting, restorePriority } from "../../lib/priority";
-import { removeStaleNames } from "../../lib/sockets";
+import { removeStaleNames, warmSocketCalls } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
 import type { DaemonControl, UpgradeAccepted } from "../api";
 import type { EngineConfig } from "../config";
@@ -812,6 +812,11 @@ function takeOverModule(taking: Taking): Module {
   let listeners: ApiListeners | null = null;
   return {
     name: "take-over",
+    provision() {
+      // The descriptor scan and the steering right after the bind call into the C library:
+      // load those calls now, not while new connections wait for this process (decision 483).
+      warmSocketCalls();
+    },
     async start({ config, log, bus }) {
       taking.phases.mark("prepare");
       listeners = bus.provide("listeners", bindAsSuccessor(taking, config, bus.get("supervisor"), log));

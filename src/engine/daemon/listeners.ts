@@ -6,7 +6,7 @@ import { errorResponse, lastResortResponse } from "../../lib/http";
 import type { Logger } from "../../lib/logger";
 import {
   acceptQueueLength,
-  bindUnixAt,
+  bindUnixPrivately,
   listeningTcpFd,
   ownsPath,
   removeIfOwned,
@@ -66,28 +66,40 @@ export class ApiListeners {
 
   private constructor(options: ApiListenerOptions) {
     this.options = options;
-    this.tcp = bindTcp(options, {
-      ...this.safety(),
-      idleTimeout: IDLE_TIMEOUT_S,
-      fetch: (request, server) => this.dispatch("tcp", request, server),
-    });
+    // The unix socket is made first, at its private name where no client finds it: making it
+    // may take milliseconds, and a successor's TCP listener takes new connections (which wait
+    // until it serves) from its bind on. So the TCP port is bound and steered last, then the
+    // unix socket is renamed over its path (decision 483).
+    const unix = this.bindUnixPrivately();
+    try {
+      this.tcp = bindTcp(options, {
+        ...this.safety(),
+        idleTimeout: IDLE_TIMEOUT_S,
+        fetch: (request, server) => this.dispatch("tcp", request, server),
+      });
+    } catch (error) {
+      unix.server.stop(true);
+      unix.discard();
+      throw error;
+    }
     this.port = this.tcp.port ?? options.port;
     const fd = listeningTcpFd(this.port);
     this.tcpFd = fd;
     this.steered = fd !== null && steerToNewest(fd);
+    try {
+      this.unixName = unix.publish();
+      this.unix = unix.server;
+    } catch (error) {
+      this.tcp.stop(true);
+      unix.server.stop(true);
+      unix.discard();
+      throw error;
+    }
     if (!this.steered) {
       options.log.warn(
         { port: this.port },
         "cannot steer the API port's new connections to a successor (no SO_ATTACH_REUSEPORT_CBPF): a restart may reset a connection that arrives as it hands over",
       );
-    }
-    try {
-      const bound = this.bindUnix();
-      this.unix = bound.server;
-      this.unixName = bound.name;
-    } catch (error) {
-      this.tcp.stop(true);
-      throw error;
     }
   }
 
@@ -96,12 +108,12 @@ export class ApiListeners {
     return { development: false, error: (error: Error) => lastResortResponse(this.options.log, error) } as const;
   }
 
-  private bindUnix(): { server: Server<undefined>; name: UnixSocketName } {
+  private bindUnixPrivately() {
     // The socket counts as admin and the data dir may be 0711 (root): a umask of 077 makes it
     // private from the moment it exists, before the chmod that states its mode.
     const umask = process.umask(0o077);
     try {
-      return bindUnixAt(this.options.socketPath, (privatePath) => {
+      return bindUnixPrivately(this.options.socketPath, (privatePath) => {
         const server = Bun.serve({ ...this.safety(), unix: privatePath, fetch: (request, srv) => this.dispatch("unix", request, srv) });
         chmodSync(privatePath, 0o600);
         return server as Server<undefined>;
@@ -109,6 +121,11 @@ export class ApiListeners {
     } finally {
       process.umask(umask);
     }
+  }
+
+  private bindUnix(): { server: Server<undefined>; name: UnixSocketName } {
+    const bound = this.bindUnixPrivately();
+    return { server: bound.server, name: bound.publish() };
   }
 
   /**
