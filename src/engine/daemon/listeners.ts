@@ -71,30 +71,26 @@ export class ApiListeners {
     // until it serves) from its bind on. So the TCP port is bound and steered last, then the
     // unix socket is renamed over its path (decision 483).
     const unix = this.bindUnixPrivately();
+    let tcp: Server<undefined> | null = null;
     try {
-      this.tcp = bindTcp(options, {
+      tcp = bindTcp(options, {
         ...this.safety(),
         idleTimeout: IDLE_TIMEOUT_S,
         fetch: (request, server) => this.dispatch("tcp", request, server),
       });
-    } catch (error) {
-      unix.server.stop(true);
-      unix.discard();
-      throw error;
-    }
-    this.port = this.tcp.port ?? options.port;
-    const fd = listeningTcpFd(this.port);
-    this.tcpFd = fd;
-    this.steered = fd !== null && steerToNewest(fd);
-    try {
+      this.port = tcp.port ?? options.port;
+      const fd = listeningTcpFd(this.port);
+      this.tcpFd = fd;
+      this.steered = fd !== null && steerToNewest(fd);
       this.unixName = unix.publish();
-      this.unix = unix.server;
     } catch (error) {
-      this.tcp.stop(true);
+      tcp?.stop(true);
       unix.server.stop(true);
       unix.discard();
       throw error;
     }
+    this.tcp = tcp;
+    this.unix = unix.server;
     if (!this.steered) {
       options.log.warn(
         { port: this.port },
@@ -123,21 +119,16 @@ export class ApiListeners {
     }
   }
 
-  private bindUnix(): { server: Server<undefined>; name: UnixSocketName } {
-    const bound = this.bindUnixPrivately();
-    return { server: bound.server, name: bound.publish() };
-  }
-
   /**
    * reclaim binds the unix socket again when a successor renamed its own over the path and then
    * went away (a restart that did not go through): the path names this process's socket again.
    */
   reclaim(): void {
     if (this.closed || ownsPath(this.unixName)) return;
-    const bound = this.bindUnix();
+    const bound = this.bindUnixPrivately();
+    this.unixName = bound.publish();
     this.unix.stop(true);
     this.unix = bound.server;
-    this.unixName = bound.name;
   }
 
   /** bind opens both listeners; a TCP port another program holds is `port_in_use`. */
