@@ -104,7 +104,6 @@ describe.skipIf(!realGpu)("a real NVIDIA GPU", () => {
             { timeoutMs: 60_000, intervalMs: 100 },
           );
         const given: string[] = [];
-        let first = "";
         for (const name of holders) {
           await api.waitFor(name, "running", () => true, 30_000);
           const [visible, devices, uuid] = (await seen(name)).split("|");
@@ -112,9 +111,8 @@ describe.skipIf(!realGpu)("a real NVIDIA GPU", () => {
           expect(devices).toBe("1");
           expect(uuid).toBe(visible as string); // the engine names the GPU by UUID, and that is the one CUDA opened
           given.push(visible as string);
-          first ||= visible as string;
         }
-        expect(given.sort()).toEqual(inventory.devices.map((d) => d.uuid).sort());
+        expect([...given].sort()).toEqual(inventory.devices.map((d) => d.uuid).sort());
 
         await api.deployed({ name: "waiter", command: py(HOLD), gpus: 1 });
         const waiting = await api.waitFor("waiter", "pending", (r) => (r.status_message ?? "").includes("GPU"), 15_000);
@@ -127,15 +125,21 @@ describe.skipIf(!realGpu)("a real NVIDIA GPU", () => {
           const match = /^engine_service_gpu_memory_bytes\{service="hold-0"\} (\S+)$/m.exec(text);
           return match ? Number(match[1]) : 0;
         };
-        const attributed = await eventually(async () => ((await metric()) >= 1 << 30 ? await metric() : 0), {
-          timeoutMs: 30_000,
-          intervalMs: 500,
-        });
+        const attributed = await eventually(
+          async () => {
+            const bytes = await metric();
+            return bytes >= 1 << 30 ? bytes : 0;
+          },
+          {
+            timeoutMs: 30_000,
+            intervalMs: 500,
+          },
+        );
         console.log(`engine_service_gpu_memory_bytes{service="hold-0"} ${attributed}`);
 
         await api.control("hold-0", "stop");
         await api.waitFor("waiter", "running", () => true, 30_000);
-        expect((await seen("waiter")).split("|")[0]).toBe(first); // the GPU hold-0 gave back
+        expect((await seen("waiter")).split("|")[0]).toBe(given[0] as string); // the GPU hold-0 gave back
       } finally {
         for (const name of [...holders, "waiter"]) await api.control(name, "stop");
       }
