@@ -27,8 +27,13 @@
  * `--upstream-processes` runs the upstream as that many processes on one SO_REUSEPORT port, so
  * that neither the client nor the upstream is what bounds the proxies.
  *
+ * `--compiled` runs the engine as users do, the compiled `dist/engine` (its proxy processes are
+ * the binary itself, `engine __proxy`), instead of Bun on the source. After the runs, each
+ * proxy's processes' memory is printed: resident and anonymous (the heap and the allocator's
+ * pages, what a process adds beyond the shared binary).
+ *
  * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
- *          [--wrk-threads 2] [--upstream-processes 1]
+ *          [--wrk-threads 2] [--upstream-processes 1] [--compiled]
  */
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
@@ -44,6 +49,12 @@ const CONNECTIONS = numericArg("--connections", 32);
 const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
 const WRK_THREADS = numericArg("--wrk-threads", 2);
 const UPSTREAM_PROCESSES = numericArg("--upstream-processes", 1);
+/** COMPILED is the built binary, run instead of the source with --compiled. */
+const COMPILED = process.argv.includes("--compiled") ? join(import.meta.dir, "..", "dist", "engine") : null;
+if (COMPILED && !existsSync(COMPILED)) {
+  console.error(`--compiled: ${COMPILED} does not exist; run bun build.ts first`);
+  process.exit(1);
+}
 /** SERVICE is the upstream's service name; the proxy routes `<SERVICE>.localhost` to it. */
 const SERVICE = "hello";
 const HOST = `${SERVICE}.localhost`;
@@ -96,6 +107,19 @@ function cpuTicks(pids: number[]): number {
     }
   }
   return total;
+}
+
+/** memoryOf is the resident and anonymous memory of each of `pids`, in MB, read from /proc (processes gone are left out). */
+function memoryOf(pids: number[]): { rss: number; anon: number }[] {
+  return pids.flatMap((pid) => {
+    try {
+      const text = readFileSync(`/proc/${pid}/smaps_rollup`, "utf8");
+      const kb = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, "m").exec(text)?.[1] ?? Number.NaN);
+      return [{ rss: kb("Rss") / 1024, anon: kb("Anonymous") / 1024 }];
+    } catch {
+      return [];
+    }
+  });
 }
 
 /** withChildren returns `pid` and its direct children (nginx's workers under its master). */
@@ -260,6 +284,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
   let step = "starting the engine";
   try {
     engine = await spawnEngine(dataDir, {
+      ...(COMPILED ? { command: [COMPILED] } : {}),
       env: {
         ENGINE_PROXY: "on",
         ENGINE_HTTPS_PORT: "0",
@@ -316,6 +341,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
     engineTarget = {
       name: "engine",
       config:
+        `${COMPILED ? "the compiled dist/engine" : "from source"}, ` +
         `${processes} proxy process${processes === 1 ? "" : "es"} (${PROXY_PROCESSES > 0 ? "--proxy-processes" : "the default: one per core"}), ` +
         `${purge}, SO_REUSEPORT, keep-alive pool to the upstream (256 idle connections at most), X-Forwarded-For/-Proto/-Host, X-Real-IP`,
       http,
@@ -490,6 +516,18 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
     }
     console.log(`run ${run + 1}: ${line.join(" | ")}`);
   }
+  // Memory after the runs, each proxy's serving processes (nginx's workers, not its master).
+  const memoryLines = targets.flatMap((target) => {
+    if (target === direct) return [];
+    const pids = target.name === "nginx" ? target.pids().slice(1) : target.pids();
+    const memory = memoryOf(pids);
+    if (memory.length === 0) return [];
+    const each = (field: "rss" | "anon") => memory.map((m) => fmt(m[field], 1)).join(" / ");
+    return [
+      `${target.name} ${memory.length} process${memory.length === 1 ? "" : "es"}: RSS ${each("rss")} MB, anonymous ${each("anon")} MB`,
+    ];
+  });
+  if (memoryLines.length > 0) console.log(`memory after the runs: ${memoryLines.join("; ")}`);
 
   /** spread is "median (lowest–highest)" of the figures. */
   const spread = (values: number[], digits: number) =>

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { buildProgram } from "../../cli/engine";
+import { buildProgram } from "../../cli/program";
 import { ENGINE_ENTRY, runCli, startTestEngine, type TestEngine, tempDir } from "../helpers";
 
 /**
