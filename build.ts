@@ -2,8 +2,8 @@
  * build.ts compiles the two programs into self-contained executables with
  * `bun build --compile`, so each runs with no node_modules beside it:
  *
- * - dist/engine: the runtime, SQLite, the CLI, the API, the web UI, the app templates and the
- *   process shim inside;
+ * - dist/engine: the runtime, SQLite, the CLI, the API, the web UI, the app templates, the
+ *   process shim and the proxy processes' own bundle inside;
  * - dist/engine-cloud: the cloud console (cli/cloud.ts), compiled the same way but without
  *   the engine's templates and shim, which it never uses; its pages' script and stylesheet
  *   (src/cloud/ui/client) are bundled here and embedded.
@@ -88,10 +88,26 @@ if (only !== "engine-cloud") {
   // The web UI travels inside the binary too: its script bundled for the browser, and its stylesheet.
   const ui = await bundleUiAssets();
 
+  // So does the proxy processes' code, as a bundle of its own: a proxy process runs it alone,
+  // without the rest of the binary's modules (src/engine/proxy/processes.ts, decision 487).
+  const proxyBundle = await Bun.build({
+    entrypoints: [join(root, "src", "engine", "proxy", "main.ts")],
+    target: "bun",
+    format: "esm",
+    minify: true,
+    define: { "process.env.NODE_ENV": JSON.stringify("production"), __ENGINE_COMPILED__: "true" },
+  });
+  if (!proxyBundle.success || !proxyBundle.outputs[0]) {
+    for (const log of proxyBundle.logs) console.error(log);
+    process.exit(1);
+  }
+  const proxy = await proxyBundle.outputs[0].text();
+
   const started = performance.now();
   await compile("engine.ts", outfile, {
     __ENGINE_EMBEDDED_TEMPLATES__: JSON.stringify(JSON.stringify(templates)),
     __ENGINE_EMBEDDED_SHIM__: JSON.stringify(shim),
+    __ENGINE_EMBEDDED_PROXY__: JSON.stringify(proxy),
     __ENGINE_UI__: JSON.stringify(JSON.stringify(ui)),
     __ENGINE_COMPILED__: "true",
   });

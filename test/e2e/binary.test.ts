@@ -34,7 +34,7 @@ beforeAll(async () => {
   // Run it from a directory with nothing beside it: no node_modules, no sources, no templates.
   binary = await installEngine(workDir);
   // ENGINE_SHIM empty: the binary must use the shim it carries, not the tests' compiled one.
-  // The proxy runs too, on free ports: its processes are the binary itself (`engine __proxy`).
+  // The proxy runs too, on free ports: its processes are the binary itself, running the proxy bundle it carries.
   engine = await spawnEngine(join(workDir, "data"), {
     command: [binary],
     env: {
@@ -83,10 +83,17 @@ describe("compiled dist/engine", () => {
     const status = (await (await fetch(`${engine.url}/api/proxy/status`, { headers: { authorization: `Bearer ${token}` } })).json()) as {
       state: string;
       tls: { http_port: number };
-      respawn: { processes: number };
+      respawn: { processes: number; pids: number[] };
     };
     expect(status.state).toBe("running");
     expect(status.respawn.processes).toBe(2);
+    // Each runs the proxy's own bundle, written into bin/ by its hash, with the binary's runtime
+    // (decision 487), not the whole binary's modules.
+    for (const pid of status.respawn.pids) {
+      const [exe, script] = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+      expect(exe).toBe(binary);
+      expect(script).toMatch(new RegExp(`^${join(workDir, "data", "bin")}/engine-proxy-[0-9a-f]{12}\\.js$`));
+    }
     const health = await fetch(`http://127.0.0.1:${status.tls.http_port}/api/health`, { headers: { host: "localhost" } });
     expect(health.status).toBe(200);
     expect(((await health.json()) as { status: string }).status).toBe("ok");

@@ -147,6 +147,7 @@ export class ProxyController {
           },
           count: o.config.processes,
           log: o.log,
+          binDir: join(o.dataDir, "bin"),
           command: o.command,
         })
       : null;

@@ -4,17 +4,44 @@ import { join } from "node:path";
 import type { Subprocess } from "bun";
 import type { Logger } from "../../lib/logger";
 import { lowerWhileStarting, restorePriority } from "../../lib/priority";
-import { isSameProcess } from "../supervisor";
+import { installByHash, isSameProcess } from "../supervisor";
 import { ProxyTotals, type RouteCounts } from "./meter";
 import type { FromProxy, ListenerConfig, ProxyPidRecord, ProxySnapshot, ToProxy } from "./snapshot";
 
-// build.ts defines this in the compiled binary, where the proxy process is `engine __proxy`.
+// build.ts defines these in the compiled binary: that it is one, and the proxy's own bundle.
 declare const __ENGINE_COMPILED__: boolean | undefined;
+declare const __ENGINE_EMBEDDED_PROXY__: string | undefined;
 
-/** proxyCommand is how to start a proxy process: the binary itself, or Bun on the source entry. */
-export function proxyCommand(): string[] {
-  if (typeof __ENGINE_COMPILED__ !== "undefined" && __ENGINE_COMPILED__) return [process.execPath, "__proxy"];
-  return [process.execPath, join(import.meta.dir, "main.ts")];
+/** ProxyCommand is how a proxy process starts: its command line and what its environment adds. */
+export interface ProxyCommand {
+  argv: string[];
+  env: Record<string, string>;
+}
+
+/**
+ * proxyCommand is how to start a proxy process. From source, Bun runs the proxy's entry. The
+ * compiled binary carries the proxy as a bundle of its own (build.ts), written once into
+ * `binDir` by its hash, as the shim is, and runs it with its own runtime (`BUN_BE_BUN=1` makes
+ * the binary Bun). A process started as `engine __proxy` would hold the functions of every
+ * module in the binary, which an ESM bundle creates at start, imported or not: a heap two
+ * and a half times the size, and longer pauses of the collections that set the proxy's p99
+ * (docs/decisions.md 487). `engine __proxy` stays the way when the bundle cannot be written.
+ */
+export function proxyCommand(binDir: string): ProxyCommand {
+  if (typeof __ENGINE_COMPILED__ === "undefined" || !__ENGINE_COMPILED__) {
+    return { argv: [process.execPath, join(import.meta.dir, "main.ts")], env: {} };
+  }
+  if (typeof __ENGINE_EMBEDDED_PROXY__ === "string") {
+    try {
+      return {
+        argv: [process.execPath, installByHash(binDir, "engine-proxy", __ENGINE_EMBEDDED_PROXY__, 0o600, ".js")],
+        env: { BUN_BE_BUN: "1" },
+      };
+    } catch {
+      // No room for the file: the binary's own entry serves too, with the larger heap.
+    }
+  }
+  return { argv: [process.execPath, "__proxy"], env: {} };
 }
 
 /**
@@ -79,7 +106,10 @@ export class ProxyProcesses {
   private appliedWaiters: { generation: number; resolve: () => void }[] = [];
   private readonly counts = new ProxyTotals();
 
-  constructor(private readonly options: { config: ListenerConfig; count: number; log: Logger; command?: string[] }) {}
+  /** command is how this daemon starts its proxy processes, decided at the first start. */
+  private command: ProxyCommand | null = null;
+
+  constructor(private readonly options: { config: ListenerConfig; count: number; log: Logger; binDir: string; command?: string[] }) {}
 
   /** previous lists the proxy processes a previous daemon left serving, from their pid files. */
   previous(): ProxyPidRecord[] {
@@ -157,11 +187,12 @@ export class ProxyProcesses {
       let settled = false;
       const member: Member = { proc: undefined as unknown as Subprocess, ready: false, stopping: false, applied: -1 };
       let restoreTo: number | null = null;
-      member.proc = Bun.spawn(this.options.command ?? proxyCommand(), {
+      this.command ??= this.options.command ? { argv: this.options.command, env: {} } : proxyCommand(this.options.binDir);
+      member.proc = Bun.spawn(this.command.argv, {
         stdin: "ignore",
         stdout: "inherit",
         stderr: "inherit",
-        env: proxyEnvironment(process.env),
+        env: { ...proxyEnvironment(process.env), ...this.command.env },
         serialization: "json",
         ipc: (raw) => {
           const message = raw as FromProxy;

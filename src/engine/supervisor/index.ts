@@ -11,7 +11,7 @@ import { ensureShim } from "./shim";
 
 export { type CgroupDriver, detectCgroupDriver } from "./cgroup";
 export { isSameProcess, processTreeUsage, readProcessStat, residentKb, type TreeUsage } from "./procfs";
-export { compileShim, ensureShim, shimSource } from "./shim";
+export { compileShim, ensureShim, installByHash, shimSource } from "./shim";
 
 /** LaunchSpec is one run of one service, as the supervisor starts it. */
 export interface LaunchSpec {

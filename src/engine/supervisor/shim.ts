@@ -50,6 +50,24 @@ export function compileShim(source: string, outfile: string): void {
 }
 
 /**
+ * installByHash writes `content` into `binDir` (made 0700 when missing) as
+ * `<prefix>-<hash of content><suffix>` unless that file is there already, and returns its path.
+ * Named by content, an upgraded engine never overwrites a file that processes of the previous
+ * version were started from; written to a temporary name and renamed, no process ever starts
+ * from half a file.
+ */
+export function installByHash(binDir: string, prefix: string, content: string | Uint8Array, mode: number, suffix = ""): string {
+  mkdirSync(binDir, { recursive: true, mode: 0o700 });
+  const path = join(binDir, `${prefix}-${shortHash(content)}${suffix}`);
+  if (!existsSync(path)) {
+    const tmp = `${path}.${process.pid}.tmp`;
+    writeFileSync(tmp, content, { mode });
+    renameSync(tmp, path);
+  }
+  return path;
+}
+
+/**
  * ensureShim returns the path of a runnable shim executable under `binDir`, named by the hash
  * of its content, so that an upgraded engine never overwrites the file that running shims of
  * the previous version were started from. Order: an explicit override, the shim embedded in a
@@ -65,14 +83,7 @@ export function ensureShim(binDir: string, override?: string): string {
   mkdirSync(binDir, { recursive: true, mode: 0o700 });
   chmodSync(binDir, 0o700);
   if (typeof __ENGINE_EMBEDDED_SHIM__ === "string") {
-    const bytes = Buffer.from(__ENGINE_EMBEDDED_SHIM__, "base64");
-    const path = join(binDir, `engine-shim-${shortHash(bytes)}`);
-    if (!existsSync(path)) {
-      const tmp = `${path}.${process.pid}.tmp`;
-      writeFileSync(tmp, bytes, { mode: 0o755 });
-      renameSync(tmp, path);
-    }
-    return path;
+    return installByHash(binDir, "engine-shim", Buffer.from(__ENGINE_EMBEDDED_SHIM__, "base64"), 0o755);
   }
   const source = shimSource();
   if (source === null) throw new AppError("shim_unavailable", "this engine carries neither the shim nor its source");
