@@ -1,11 +1,12 @@
 #!/usr/bin/env bun
 /**
- * The `engine` binary's entry. It loads what a process needs and nothing more: the compiled
- * binary is also every proxy process (`engine __proxy`, src/engine/proxy/processes.ts), which
- * needs the proxy's two dozen modules, not the daemon, the API, the console client and their
- * libraries. A bundle evaluates every static import at start, so each side is a dynamic import:
- * a proxy process that loaded the whole CLI held a 27 MB heap and 122 MB resident, and every
- * garbage collection scanned it while requests waited (docs/decisions.md 484).
+ * The `engine` binary's entry. It loads what a process needs and nothing more. `engine __proxy`
+ * is a proxy process (the way the compiled binary starts one when it cannot write the proxy's
+ * own bundle, src/engine/proxy/processes.ts), which needs the proxy's two dozen modules, not
+ * the daemon, the API, the console client and their libraries. A bundle evaluates every static
+ * import at start, so each side is a dynamic import: a proxy process that loaded the whole CLI
+ * held a 27 MB heap and 122 MB resident, and every garbage collection scanned it while
+ * requests waited (docs/decisions.md 484).
  */
 export {};
 

@@ -141,9 +141,9 @@ describe("engine CLI", () => {
 });
 
 describe("the engine binary's entry", () => {
-  // The compiled binary is also every proxy process (`engine __proxy`), and a bundle evaluates
-  // every static import at start: one static import in the entry loads the whole CLI into each
-  // proxy process (a heap three times the size, docs/decisions.md 484).
+  // `engine __proxy` is a proxy process (the compiled binary's fallback, decision 487), and a
+  // bundle evaluates every static import at start: one static import in the entry loads the
+  // whole CLI into each such process (a heap three times the size, docs/decisions.md 484).
   test("imports nothing statically, so a proxy process loads only the proxy's modules", async () => {
     const source = await Bun.file(join(REPO_ROOT, "cli", "engine.ts")).text();
     // The shebang line is for the shell; the transpiler reads the module after it.

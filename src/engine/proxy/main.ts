@@ -11,7 +11,8 @@ export const COUNTS_REPORT_MS = 5000;
 const ORPHAN_GRACE_MS = 60_000;
 
 /**
- * runProxyProcess is the body of a proxy process (`engine __proxy`): it binds when the daemon
+ * runProxyProcess is the body of a proxy process (this module as the entry of the compiled
+ * binary's proxy bundle, of Bun from source, or of `engine __proxy`): it binds when the daemon
  * sends the first snapshot, applies later ones, and outlives its daemon for a short grace so
  * that a daemon restarting in place (execve) keeps the ports served until the next daemon's
  * processes have bound and retire this one with SIGTERM.
