@@ -28,7 +28,7 @@
  * that neither the client nor the upstream is what bounds the proxies.
  *
  * `--compiled` runs the engine as users do, the compiled `dist/engine` (its proxy processes are
- * the binary itself, `engine __proxy`), instead of Bun on the source. After the runs, each
+ * the binary itself, running the proxy bundle it carries), instead of Bun on the source. After the runs, each
  * proxy's processes' memory is printed: resident and anonymous (the heap and the allocator's
  * pages, what a process adds beyond the shared binary).
  *

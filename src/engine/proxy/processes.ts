@@ -106,9 +106,6 @@ export class ProxyProcesses {
   private appliedWaiters: { generation: number; resolve: () => void }[] = [];
   private readonly counts = new ProxyTotals();
 
-  /** command is how this daemon starts its proxy processes, decided at the first start. */
-  private command: ProxyCommand | null = null;
-
   constructor(private readonly options: { config: ListenerConfig; count: number; log: Logger; binDir: string; command?: string[] }) {}
 
   /** previous lists the proxy processes a previous daemon left serving, from their pid files. */
@@ -187,12 +184,13 @@ export class ProxyProcesses {
       let settled = false;
       const member: Member = { proc: undefined as unknown as Subprocess, ready: false, stopping: false, applied: -1 };
       let restoreTo: number | null = null;
-      this.command ??= this.options.command ? { argv: this.options.command, env: {} } : proxyCommand(this.options.binDir);
-      member.proc = Bun.spawn(this.command.argv, {
+      // Asked at each start: a bundle file removed meanwhile is written again.
+      const command = this.options.command ? { argv: this.options.command, env: {} } : proxyCommand(this.options.binDir);
+      member.proc = Bun.spawn(command.argv, {
         stdin: "ignore",
         stdout: "inherit",
         stderr: "inherit",
-        env: { ...proxyEnvironment(process.env), ...this.command.env },
+        env: { ...proxyEnvironment(process.env), ...command.env },
         serialization: "json",
         ipc: (raw) => {
           const message = raw as FromProxy;
