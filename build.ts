@@ -49,7 +49,10 @@ async function compile(entry: string, target: string, define: Record<string, str
   mkdirSync(dirname(target), { recursive: true });
   const result = await Bun.build({
     entrypoints: [join(root, "cli", entry)],
-    compile: { outfile: target },
+    // A standalone executable reads bunfig.toml (its preload scripts run first) and .env files
+    // from the directory it is started in, unless told not to: `sudo engine serve` in a
+    // directory someone else wrote would run their code as root (decision 488).
+    compile: { outfile: target, autoloadBunfig: false, autoloadDotenv: false, autoloadTsconfig: false, autoloadPackageJson: false },
     // The modules travel as JSC bytecode, not only as source: a start (and a restart's
     // successor, before and after its switch) runs its code without parsing and compiling
     // it first (decision 478).

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 import { installEngine } from "./binaries";
@@ -89,14 +89,41 @@ describe("compiled dist/engine", () => {
     expect(status.respawn.processes).toBe(2);
     // Each runs the proxy's own bundle, written into bin/ by its hash, with the binary's runtime
     // (decision 487), not the whole binary's modules.
+    // It starts in bin/ and reads no .env: as Bun, the binary would read both where it starts (decision 488).
     for (const pid of status.respawn.pids) {
-      const [exe, script] = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+      const [exe, flag, script] = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
       expect(exe).toBe(binary);
+      expect(flag).toBe("--no-env-file");
       expect(script).toMatch(new RegExp(`^${join(workDir, "data", "bin")}/engine-proxy-[0-9a-f]{12}\\.js$`));
+      expect(readlinkSync(`/proc/${pid}/cwd`)).toBe(join(workDir, "data", "bin"));
     }
     const health = await fetch(`http://127.0.0.1:${status.tls.http_port}/api/health`, { headers: { host: "localhost" } });
     expect(health.status).toBe(200);
     expect(((await health.json()) as { status: string }).status).toBe("ok");
+  });
+
+  test("reads no bunfig.toml and no .env from the directory it is started in", async () => {
+    // A standalone Bun executable runs a bunfig.toml's preload scripts, and loads .env files,
+    // from its working directory unless built not to: whoever could write the directory an
+    // admin starts `engine` in (as root, often) would run code in it (decision 488).
+    const dir = join(workDir, "hostile-cwd");
+    const marker = join(dir, "preloaded");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "preload.js"), `require("node:fs").writeFileSync(${JSON.stringify(marker)}, "ran");\n`);
+    writeFileSync(join(dir, "bunfig.toml"), 'preload = ["./preload.js"]\n');
+    writeFileSync(join(dir, ".env"), `ENGINE_URL=${engine.url}\n`);
+    const version = (env: Record<string, string>) => {
+      const run = Bun.spawnSync([binary, "--json", "version"], {
+        cwd: dir,
+        env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: dir, ...env },
+      });
+      expect(run.exitCode).toBe(0);
+      return JSON.parse(run.stdout.toString()) as { cli: string; daemon: string | null };
+    };
+    // The .env would point the CLI at the running engine; unread, the CLI looks at its default socket, where none is.
+    expect(version({}).daemon).toBeNull();
+    expect(version({ ENGINE_URL: engine.url }).daemon).toBeString();
+    expect(existsSync(marker)).toBe(false);
   });
 
   test("runs with no node_modules and answers /api/openapi.json listing every path of the spec", async () => {

@@ -12,10 +12,11 @@ import type { FromProxy, ListenerConfig, ProxyPidRecord, ProxySnapshot, ToProxy 
 declare const __ENGINE_COMPILED__: boolean | undefined;
 declare const __ENGINE_EMBEDDED_PROXY__: string | undefined;
 
-/** ProxyCommand is how a proxy process starts: its command line and what its environment adds. */
+/** ProxyCommand is how a proxy process starts: its command line, what its environment adds, and where (the daemon's directory when not said). */
 export interface ProxyCommand {
   argv: string[];
   env: Record<string, string>;
+  cwd?: string;
 }
 
 /**
@@ -33,9 +34,12 @@ export function proxyCommand(binDir: string): ProxyCommand {
   }
   if (typeof __ENGINE_EMBEDDED_PROXY__ === "string") {
     try {
+      // As Bun, the binary would read bunfig.toml and .env files where it starts: it starts in
+      // bin/, the engine's own, and reads no .env (decision 488).
       return {
-        argv: [process.execPath, installByHash(binDir, "engine-proxy", __ENGINE_EMBEDDED_PROXY__, 0o600, ".js")],
+        argv: [process.execPath, "--no-env-file", installByHash(binDir, "engine-proxy", __ENGINE_EMBEDDED_PROXY__, 0o600, ".js")],
         env: { BUN_BE_BUN: "1" },
+        cwd: binDir,
       };
     } catch {
       // No room for the file: the binary's own entry serves too, with the larger heap.
@@ -187,6 +191,7 @@ export class ProxyProcesses {
       // Asked at each start: a bundle file removed meanwhile is written again.
       const command = this.options.command ? { argv: this.options.command, env: {} } : proxyCommand(this.options.binDir);
       member.proc = Bun.spawn(command.argv, {
+        ...(command.cwd ? { cwd: command.cwd } : {}),
         stdin: "ignore",
         stdout: "inherit",
         stderr: "inherit",
