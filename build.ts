@@ -44,6 +44,23 @@ if (only !== undefined && only !== "engine" && only !== "engine-cloud") {
   process.exit(2);
 }
 
+/**
+ * PRODUCTION is what every bundle here is built with: production mode (the servers also say
+ * `development: false`, but nothing bundled should take a development path: Bun's error page
+ * shows cwd, stacks and source), and the version asked for.
+ */
+const PRODUCTION: Record<string, string> = {
+  "process.env.NODE_ENV": JSON.stringify("production"),
+  ...(versionOverride ? { __ENGINE_VERSION__: JSON.stringify(versionOverride) } : {}),
+};
+
+/** succeeded fails the build with Bun's messages when a bundle did not build. */
+function succeeded(result: Awaited<ReturnType<typeof Bun.build>>): void {
+  if (result.success && result.outputs.length > 0) return;
+  for (const log of result.logs) console.error(log);
+  process.exit(1);
+}
+
 /** compile bundles one entry point into one executable, failing the build with Bun's messages. */
 async function compile(entry: string, target: string, define: Record<string, string>): Promise<void> {
   mkdirSync(dirname(target), { recursive: true });
@@ -60,18 +77,9 @@ async function compile(entry: string, target: string, define: Record<string, str
     format: "esm",
     minify: true,
     sourcemap: "linked",
-    // Production mode: the servers also say `development: false`, but nothing bundled in the
-    // binary should take a development path (Bun's error page shows cwd, stacks and source).
-    define: {
-      "process.env.NODE_ENV": JSON.stringify("production"),
-      ...(versionOverride ? { __ENGINE_VERSION__: JSON.stringify(versionOverride) } : {}),
-      ...define,
-    },
+    define: { ...PRODUCTION, ...define },
   });
-  if (!result.success) {
-    for (const log of result.logs) console.error(log);
-    process.exit(1);
-  }
+  succeeded(result);
 }
 
 if (only !== "engine-cloud") {
@@ -98,13 +106,10 @@ if (only !== "engine-cloud") {
     target: "bun",
     format: "esm",
     minify: true,
-    define: { "process.env.NODE_ENV": JSON.stringify("production"), __ENGINE_COMPILED__: "true" },
+    define: { ...PRODUCTION, __ENGINE_COMPILED__: "true" },
   });
-  if (!proxyBundle.success || !proxyBundle.outputs[0]) {
-    for (const log of proxyBundle.logs) console.error(log);
-    process.exit(1);
-  }
-  const proxy = await proxyBundle.outputs[0].text();
+  succeeded(proxyBundle);
+  const proxy = await (proxyBundle.outputs[0] as Blob).text();
 
   const started = performance.now();
   await compile("engine.ts", outfile, {

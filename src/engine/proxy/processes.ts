@@ -12,7 +12,10 @@ import type { FromProxy, ListenerConfig, ProxyPidRecord, ProxySnapshot, ToProxy 
 declare const __ENGINE_COMPILED__: boolean | undefined;
 declare const __ENGINE_EMBEDDED_PROXY__: string | undefined;
 
-/** ProxyCommand is how a proxy process starts: its command line, what its environment adds, and where (the daemon's directory when not said). */
+/**
+ * ProxyCommand is how a proxy process starts: its command line, what its environment adds, and
+ * where (the daemon's working directory when not said).
+ */
 export interface ProxyCommand {
   argv: string[];
   env: Record<string, string>;
