@@ -4,6 +4,7 @@ import {
   ChunkedDecoder,
   type Forwarding,
   fieldValue,
+  headBuffer,
   isIdempotent,
   type LocalAnswer,
   MAX_HEAD_BYTES,
@@ -11,10 +12,10 @@ import {
   parseResponseHead,
   type RequestHead,
   type ResponseHead,
-  responseFraming,
+  responseFramingKind,
   serializeAnswer,
-  serializeRequestHead,
   serializeResponseHead,
+  writeRequestHead,
 } from "./http1";
 import { ProxyMeter } from "./meter";
 import { hostOf } from "./names";
@@ -68,6 +69,12 @@ export interface ForwarderOptions {
 /** Decision is what the proxy does with a request: answer it itself (for a route, or none), or forward it on a route. */
 type Decision = { kind: "answer"; answer: LocalAnswer; route?: RouteEntry } | { kind: "forward"; route: RouteEntry };
 
+/** JOIN_BODY_BYTES is the most body bytes sent in one write with a request's head. */
+const JOIN_BODY_BYTES = 16 * 1024;
+
+/** EMPTY stands for forwarding fields not written yet. */
+const EMPTY = Buffer.alloc(0);
+
 /**
  * Forwarder is the proxy's HTTP/1.1 engine over raw sockets: it reads requests from client
  * connections, answers those it owns (ACME challenges, redirects, error pages) and forwards the
@@ -78,6 +85,8 @@ type Decision = { kind: "answer"; answer: LocalAnswer; route?: RouteEntry } | { 
 export class Forwarder {
   private router = new Router([]);
   private challenges: Record<string, string> = {};
+  /** forwards holds one forward decision per route, so a forwarded request allocates none. */
+  private forwards = new WeakMap<RouteEntry, Decision>();
   private readonly clients = new Set<ClientConnection>();
   private readonly sweeper: ReturnType<typeof setInterval>;
   private drained: (() => void) | null = null;
@@ -193,7 +202,12 @@ export class Forwarder {
         ),
       };
     }
-    return { kind: "forward", route };
+    let forward = this.forwards.get(route);
+    if (forward === undefined) {
+      forward = { kind: "forward", route };
+      this.forwards.set(route, forward);
+    }
+    return forward;
   }
 
   private sweep(): void {
@@ -260,7 +274,7 @@ export class ClientConnection {
   ) {
     this.lastActive = forwarder.now;
     this.address = socket.remoteAddress;
-    this.forwarding = { clientAddress: this.address, scheme, fields: { host: null, text: "" } };
+    this.forwarding = { clientAddress: this.address, scheme, fields: { host: null, bytes: EMPTY } };
   }
 
   /** idle is true between requests: nothing in flight, nothing half-received. */
@@ -475,7 +489,6 @@ function bodyTooLarge(head: RequestHead, max: number): LocalAnswer {
  */
 class Exchange implements UpstreamOwner {
   private upstream: UpstreamConnection | null = null;
-  private readonly requestHead: Bytes;
   /** requestDone is true once every byte of the request body has been taken from the client. */
   requestDone: boolean;
   private requestRemaining = 0;
@@ -486,7 +499,8 @@ class Exchange implements UpstreamOwner {
   private responseStarted = false;
   private responseInput: Buffer | null = null;
   private response: ResponseHead | null = null;
-  private responseFraming: BodyFraming = { kind: "none" };
+  /** responseKind is how the response's body ends (its length, for "length", counts down in responseRemaining). */
+  private responseKind: BodyFraming["kind"] = "none";
   private responseRemaining = 0;
   private responseChunks: ChunkedDecoder | null = null;
   /** dechunk is true when the client (HTTP/1.0) gets a chunked body's data without the coding. */
@@ -512,7 +526,6 @@ class Exchange implements UpstreamOwner {
     private readonly startedAt: number,
   ) {
     this.requestBytes = headBytes;
-    this.requestHead = wire(serializeRequestHead(head, client.forwarding));
     const framing = head.framing;
     this.requestDone = framing.kind === "none";
     if (framing.kind === "length") this.requestRemaining = framing.length;
@@ -565,13 +578,23 @@ class Exchange implements UpstreamOwner {
     }
     // The head and the body bytes already received go out in one write. takeBody takes all
     // the input holds, so nothing of this request is left waiting after it.
-    let bytes = this.requestHead;
+    let body: Uint8Array | null = null;
     if (!this.requestDone) {
-      const body = this.takeBody();
-      if (body === undefined) return;
-      if (body !== null) bytes = join(bytes, body);
+      const taken = this.takeBody();
+      if (taken === undefined) return;
+      body = taken;
     }
-    if (connection.send(bytes)) this.client.resumeReading();
+    // A large body goes in a write of its own rather than through the head's buffer.
+    const joined = body !== null && body.length <= JOIN_BODY_BYTES;
+    let length = writeRequestHead(this.head, this.client.forwarding, joined ? (body as Uint8Array).length : 0);
+    const buffer = headBuffer();
+    if (joined) {
+      buffer.set(body as Uint8Array, length);
+      length += (body as Uint8Array).length;
+    }
+    let sent = connection.sendCopy(buffer, length);
+    if (body !== null && !joined) sent = connection.send(body) && sent;
+    if (sent) this.client.resumeReading();
     else this.client.pauseReading();
   }
 
@@ -690,14 +713,13 @@ class Exchange implements UpstreamOwner {
   private beginResponse(head: ResponseHead, input: Buffer, headLength: number): void {
     this.response = head;
     this.deadline = 0;
-    const framing = responseFraming(this.head.method, head);
-    this.responseFraming = framing;
+    const kind = responseFramingKind(this.head.method, head);
+    this.responseKind = kind;
     // An HTTP/1.0 client cannot read chunked coding: it gets the data, and the close ends it.
-    this.dechunk = framing.kind === "chunked" && this.head.minor === 0;
-    this.closeClient =
-      !this.head.keepAlive || framing.kind === "close" || !this.requestDone || this.client.forwarder.stopping || this.dechunk;
-    if (framing.kind === "length") this.responseRemaining = framing.length;
-    else if (framing.kind === "chunked") {
+    this.dechunk = kind === "chunked" && this.head.minor === 0;
+    this.closeClient = !this.head.keepAlive || kind === "close" || !this.requestDone || this.client.forwarder.stopping || this.dechunk;
+    if (kind === "length") this.responseRemaining = head.contentLength;
+    else if (kind === "chunked") {
       this.responseChunks = new ChunkedDecoder(this.dechunk ? (data) => this.toClient(data) : undefined);
     }
     if (head.plain && !this.closeClient) {
@@ -708,7 +730,7 @@ class Exchange implements UpstreamOwner {
       this.afterBody();
       return;
     }
-    const chunked = framing.kind === "chunked" && !this.dechunk;
+    const chunked = kind === "chunked" && !this.dechunk;
     const text = wire(serializeResponseHead(head, { chunked, close: this.closeClient, upgrade: null }));
     if (this.dechunk) {
       // The decoder writes the data itself, after this head.
@@ -731,15 +753,15 @@ class Exchange implements UpstreamOwner {
    */
   private bodyBytes(data: Buffer, from = 0): number {
     const available = data.length - from;
-    const framing = this.responseFraming;
-    if (framing.kind === "length") {
+    const kind = this.responseKind;
+    if (kind === "length") {
       const take = Math.min(this.responseRemaining, available);
       this.responseRemaining -= take;
       if (this.responseRemaining === 0) this.bodyDone = true;
       if (take < available) this.leftover = true;
       return take;
     }
-    if (framing.kind === "chunked") {
+    if (kind === "chunked") {
       const decoder = this.responseChunks as ChunkedDecoder;
       const used = decoder.feed(data, from);
       if (used < 0) {
@@ -750,7 +772,7 @@ class Exchange implements UpstreamOwner {
       if (used < available) this.leftover = true;
       return used;
     }
-    if (framing.kind === "close") return available;
+    if (kind === "close") return available;
     this.bodyDone = true;
     if (available > 0) this.leftover = true;
     return 0;
@@ -782,7 +804,7 @@ class Exchange implements UpstreamOwner {
     const connection = this.upstream;
     this.upstream = null;
     if (connection !== null) {
-      const reusable = (this.response?.keepAlive ?? false) && this.responseFraming.kind !== "close" && this.requestDone && !this.leftover;
+      const reusable = (this.response?.keepAlive ?? false) && this.responseKind !== "close" && this.requestDone && !this.leftover;
       if (reusable) this.client.forwarder.pool.release(connection, this.client.forwarder.now);
       else connection.destroy();
     }
@@ -810,7 +832,7 @@ class Exchange implements UpstreamOwner {
       return;
     }
     this.upstream = null;
-    if (this.responseFraming.kind === "close") {
+    if (this.responseKind === "close") {
       this.finish();
       return;
     }

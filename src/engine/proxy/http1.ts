@@ -10,11 +10,12 @@
  * coding is not chunked, bytes outside the grammar in names and values.
  *
  * A head is checked whole by one regular expression (its grammar), and then only the fields
- * the proxy reads or rewrites are picked out of it; every other line is passed on as received,
- * by cutting the head's text rather than writing it again. The proxy's CPU per request is
- * mostly the kernel's; of the rest, what this module allocates per head was the largest part,
- * so the hot path allocates little: no line arrays, no match arrays, one small object per
- * field it reads.
+ * the proxy reads or rewrites are picked out of it; every other line is passed on as received:
+ * a request head goes upstream as its own bytes, copied range by range into one reused buffer
+ * around the lines the proxy drops and after the fields it adds, never turned back from text.
+ * The proxy's CPU per request is mostly the kernel's; of the rest, what this module allocated
+ * and wrote per head was the largest part, so the hot path allocates little: no line arrays,
+ * no match arrays, no field objects for a response, one small object per request field it reads.
  */
 
 /** MAX_HEAD_BYTES bounds a request's or response's head (request line and fields); a larger request head answers 431. */
@@ -124,6 +125,12 @@ export type BodyFraming =
 export interface RequestHead {
   /** text is the head as received (latin1, one character per byte), without the empty line that ends it. */
   text: string;
+  /**
+   * source holds the head's bytes, `text` being those from `start` on: the head the proxy sends
+   * upstream copies its unchanged lines from there rather than writing them again.
+   */
+  source: Buffer;
+  start: number;
   method: string;
   /** target is the request-target in origin form ("/path?query"), or "*" for OPTIONS. */
   target: string;
@@ -160,8 +167,6 @@ export interface ResponseHead {
   plain: boolean;
   status: number;
   minor: number;
-  /** lines are the fields that frame the body or describe the connection (RESPONSE_FIELDS). */
-  lines: FieldLine[];
   /** contentLength is the Content-Length value, or -1. */
   contentLength: number;
   /** transferCodings is the Transfer-Encoding value as received, or "". */
@@ -215,14 +220,15 @@ function whatIsWrong(text: string, startLine: RegExp): string {
 }
 
 /**
- * pickFields returns the field lines of a validated head whose names are in `names` (grouped by
- * length), names lower-cased, values trimmed, in order. Names are compared letter by letter
- * without case: in a validated token `c | 0x20` equals a lower-case letter or `-` only for that
- * letter in either case, or for `-` itself.
+ * nextField finds the next field line of a validated head, from the line break at `from` on,
+ * whose name is in `names` (grouped by length), and returns where its line starts, or -1. It
+ * allocates nothing: the name found (lower-case, from `names`), where its value starts and ends
+ * without the whitespace around it, and the line break after it (where to go on from) are left
+ * in `found`. Names are compared letter by letter without case: in a validated token `c | 0x20`
+ * equals a lower-case letter or `-` only for that letter in either case, or for `-` itself.
  */
-function pickFields(text: string, names: (string[] | undefined)[]): FieldLine[] {
-  const lines: FieldLine[] = [];
-  let lineBreak = text.indexOf("\r\n");
+function nextField(text: string, from: number, names: (string[] | undefined)[]): number {
+  let lineBreak = from;
   while (lineBreak >= 0) {
     const start = lineBreak + 2;
     lineBreak = text.indexOf("\r\n", start);
@@ -233,11 +239,42 @@ function pickFields(text: string, names: (string[] | undefined)[]): FieldLine[] 
       let i = 0;
       while (i < name.length && (text.charCodeAt(start + i) | 0x20) === name.charCodeAt(i)) i += 1;
       if (i < name.length) continue;
-      lines.push({ name, value: trimValue(text, colon + 1, lineBreak < 0 ? text.length : lineBreak), start });
-      break;
+      let valueStart = colon + 1;
+      let valueEnd = lineBreak < 0 ? text.length : lineBreak;
+      while (valueStart < valueEnd && (text.charCodeAt(valueStart) === 32 || text.charCodeAt(valueStart) === 9)) valueStart += 1;
+      while (valueEnd > valueStart && (text.charCodeAt(valueEnd - 1) === 32 || text.charCodeAt(valueEnd - 1) === 9)) valueEnd -= 1;
+      found.name = name;
+      found.valueStart = valueStart;
+      found.valueEnd = valueEnd;
+      found.next = lineBreak;
+      return start;
     }
   }
+  return -1;
+}
+
+/** found is nextField's last find; parsing is synchronous, so one record serves every head. */
+const found = { name: "", valueStart: 0, valueEnd: 0, next: -1 };
+
+/** pickFields returns the field lines of a validated head whose names are in `names` (grouped by length), names lower-cased, values trimmed, in order. */
+function pickFields(text: string, names: (string[] | undefined)[]): FieldLine[] {
+  const lines: FieldLine[] = [];
+  for (let start = nextField(text, text.indexOf("\r\n"), names); start >= 0; start = nextField(text, found.next, names)) {
+    lines.push({ name: found.name, value: text.slice(found.valueStart, found.valueEnd), start });
+  }
   return lines;
+}
+
+/** digitsValue is the number a run of 1 to 15 ASCII digits spells, or -1 for anything else (a list, a sign, a space). */
+function digitsValue(text: string, from: number, to: number): number {
+  if (to <= from || to - from > 15) return -1;
+  let n = 0;
+  for (let i = from; i < to; i++) {
+    const c = text.charCodeAt(i) - 48;
+    if (c < 0 || c > 9) return -1;
+    n = n * 10 + c;
+  }
+  return n;
 }
 
 /** trimValue is the field value between `from` and `to` without the optional whitespace around it (spaces and tabs only, RFC 9110 §5.6.3). */
@@ -281,7 +318,7 @@ function listTokens(value: string, list: readonly string[]): string[] {
 }
 
 /** NO_BODY, CHUNKED and UNTIL_CLOSE are the framings without a length, shared by every head. */
-const NO_BODY: BodyFraming = { kind: "none" };
+export const NO_BODY: BodyFraming = { kind: "none" };
 const CHUNKED: BodyFraming = { kind: "chunked" };
 const UNTIL_CLOSE: BodyFraming = { kind: "close" };
 
@@ -318,6 +355,18 @@ function parseTarget(method: string, target: string): { path: string; authority:
 /** ORIGIN_FORM stands for a target in origin form, whose path is the target as received. */
 const ORIGIN_FORM = { path: "", authority: null } as const;
 
+/** METHODS are the common methods, whose names a head shares rather than cuts from its text. */
+const METHODS = byLength(["GET", "PUT", "HEAD", "POST", "PATCH", "DELETE", "OPTIONS"]);
+
+/** methodOf is the method at the start of a head's text, `length` characters long: a shared string for a common one. */
+function methodOf(text: string, length: number): string {
+  const candidates = METHODS[length];
+  if (candidates !== undefined) {
+    for (const name of candidates) if (text.startsWith(name)) return name;
+  }
+  return text.slice(0, length);
+}
+
 const REQUEST_LINE = new RegExp(`^${TCHAR}+ [\\x21-\\x7e]+ HTTP\\/\\d\\.\\d$`);
 
 /**
@@ -338,7 +387,7 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
   // REQUEST_HEAD vouches for the shape: "METHOD SP target SP HTTP/d.d".
   const methodEnd = text.indexOf(" ");
   const targetEnd = text.indexOf(" ", methodEnd + 1);
-  const method = text.slice(0, methodEnd);
+  const method = methodOf(text, methodEnd);
   const major = text.charCodeAt(targetEnd + 6) - 48;
   if (major !== 1) return fail(major === 0 ? 400 : 505, "only HTTP/1.0 and HTTP/1.1 are served");
   const minor = text.charCodeAt(targetEnd + 8) - 48 >= 1 ? 1 : 0;
@@ -405,6 +454,8 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
     length: skipped + end,
     head: {
       text,
+      source: input,
+      start: skipped,
       method,
       target: path,
       minor,
@@ -438,7 +489,6 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
   // RESPONSE_HEAD vouches for the shape: "HTTP/1.d ddd".
   const minor = text.charCodeAt(7) - 48 >= 1 ? 1 : 0;
   const status = (text.charCodeAt(9) - 48) * 100 + (text.charCodeAt(10) - 48) * 10 + (text.charCodeAt(11) - 48);
-  const lines = pickFields(text, RESPONSE_FIELDS);
   let contentLength = -1;
   let transferCodings = "";
   let codings = NONE;
@@ -447,19 +497,31 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
   let plain = minor === 1;
   let lengthLines = 0;
   let codingLines = 0;
-  for (const { name, value } of lines) {
+  // The fields are read where they lie; a value is cut out of the text only when it is a list.
+  for (
+    let start = nextField(text, text.indexOf("\r\n"), RESPONSE_FIELDS);
+    start >= 0;
+    start = nextField(text, found.next, RESPONSE_FIELDS)
+  ) {
+    const name = found.name;
     if (name === "content-length") {
-      const length = readContentLength(value, contentLength);
-      if (typeof length === "string") return fail(502, length);
-      contentLength = length;
-      if (++lengthLines > 1 || value.includes(",")) plain = false;
+      const digits = digitsValue(text, found.valueStart, found.valueEnd);
+      if (digits >= 0 && (contentLength < 0 || digits === contentLength)) contentLength = digits;
+      else {
+        const length = readContentLength(text.slice(found.valueStart, found.valueEnd), contentLength);
+        if (typeof length === "string") return fail(502, length);
+        contentLength = length;
+        plain = false;
+      }
+      if (++lengthLines > 1) plain = false;
     } else if (name === "transfer-encoding") {
+      const value = text.slice(found.valueStart, found.valueEnd);
       transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
       codings = listTokens(value, codings);
       codingLines += 1;
     } else {
       plain = false;
-      if (name === "connection") connectionTokens = listTokens(value, connectionTokens);
+      if (name === "connection") connectionTokens = listTokens(text.slice(found.valueStart, found.valueEnd), connectionTokens);
     }
   }
   if (codings.length > 0 && contentLength >= 0) return fail(502, "both Content-Length and Transfer-Encoding");
@@ -474,7 +536,6 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
       plain,
       status,
       minor,
-      lines,
       contentLength,
       transferCodings,
       chunked,
@@ -488,16 +549,25 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
 }
 
 /**
- * responseFraming is how a response's body ends (RFC 9112 §6.3): never a body for HEAD, 1xx,
- * 204 and 304; chunked when the last coding is chunked; else Content-Length; else the
- * connection's close (which also covers a Transfer-Encoding without chunked).
+ * responseFramingKind is how a response's body ends (RFC 9112 §6.3): never a body for HEAD,
+ * 1xx, 204 and 304; chunked when the last coding is chunked; else Content-Length (its length
+ * is `head.contentLength`); else the connection's close (which also covers a
+ * Transfer-Encoding without chunked). The forwarder asks for the kind alone, so a response
+ * costs no framing object.
  */
+export function responseFramingKind(method: string, head: ResponseHead): BodyFraming["kind"] {
+  if (method === "HEAD" || head.status < 200 || head.status === 204 || head.status === 304) return "none";
+  if (head.chunked) return "chunked";
+  if (head.transferCodings) return "close";
+  if (head.contentLength >= 0) return head.contentLength === 0 ? "none" : "length";
+  return "close";
+}
+
+/** responseFraming is responseFramingKind as a framing, with the length where there is one. */
 export function responseFraming(method: string, head: ResponseHead): BodyFraming {
-  if (method === "HEAD" || head.status < 200 || head.status === 204 || head.status === 304) return NO_BODY;
-  if (head.chunked) return CHUNKED;
-  if (head.transferCodings) return UNTIL_CLOSE;
-  if (head.contentLength >= 0) return head.contentLength === 0 ? NO_BODY : { kind: "length", length: head.contentLength };
-  return UNTIL_CLOSE;
+  const kind = responseFramingKind(method, head);
+  if (kind === "length") return { kind, length: head.contentLength };
+  return kind === "none" ? NO_BODY : kind === "chunked" ? CHUNKED : UNTIL_CLOSE;
 }
 
 /** IDEMPOTENT are the methods a request may be sent again for (RFC 9110 §9.2.2). */
@@ -681,26 +751,32 @@ export interface Forwarding {
   /** scheme is the client's scheme (X-Forwarded-Proto). */
   scheme: "http" | "https";
   /**
-   * fields, when given, keeps the forwarding fields last written for `host`: a connection's
-   * requests come from one address, usually for one host, so a kept-alive connection writes
-   * them once rather than joining five strings per request.
+   * fields, when given, keeps the forwarding fields last written for `host`, as bytes: a
+   * connection's requests come from one address, usually for one host, so a kept-alive
+   * connection makes them once rather than joining five strings per request.
    */
-  fields?: { host: string | null; text: string };
+  fields?: { host: string | null; bytes: Buffer };
 }
 
-/** forwardingFields are X-Forwarded-For (after `priorFor`, the client's own), -Proto, -Host and X-Real-IP. */
-function forwardingFields(host: string, priorFor: string, forwarding: Forwarding): string {
+/** forwardingText is X-Forwarded-For (after `priorFor`, the client's own), -Proto, -Host and X-Real-IP. */
+function forwardingText(host: string, priorFor: string, forwarding: Forwarding): string {
   const client = forwarding.clientAddress;
-  const kept = forwarding.fields;
-  if (priorFor === "" && kept !== undefined && kept.host === host) return kept.text;
-  const text =
+  return (
     `X-Forwarded-For: ${priorFor ? `${priorFor}, ${client}` : client}\r\nX-Forwarded-Proto: ${forwarding.scheme}\r\n` +
-    `X-Forwarded-Host: ${host}\r\nX-Real-IP: ${client}\r\n`;
-  if (priorFor === "" && kept !== undefined) {
+    `X-Forwarded-Host: ${host}\r\nX-Real-IP: ${client}\r\n`
+  );
+}
+
+/** forwardingBytes are the forwarding fields of a request without X-Forwarded-For of its own, kept per connection and host. */
+function forwardingBytes(host: string, forwarding: Forwarding): Buffer {
+  const kept = forwarding.fields;
+  if (kept !== undefined && kept.host === host) return kept.bytes;
+  const bytes = Buffer.from(forwardingText(host, "", forwarding), "latin1");
+  if (kept !== undefined) {
     kept.host = host;
-    kept.text = text;
+    kept.bytes = bytes;
   }
-  return text;
+  return bytes;
 }
 
 /**
@@ -754,37 +830,94 @@ function keptLines(text: string, dropped: number[]): string {
   return keptFrom < text.length ? out + text.slice(keptFrom) : out;
 }
 
+/** HTTP_1_1 ends the request line the proxy sends; CRLF ends lines. */
+const HTTP_1_1 = Buffer.from(" HTTP/1.1", "latin1");
+
+/** scratch is where request heads are written; one head at a time, sent (or copied) before the next is written. */
+let scratch = Buffer.allocUnsafe(16 * 1024);
+
+/** headBuffer is the buffer that holds the head writeRequestHead wrote last. */
+export function headBuffer(): Buffer {
+  return scratch;
+}
+
 /**
- * serializeRequestHead writes the head the proxy sends upstream: the request line in origin
- * form over HTTP/1.1; the client's field lines as received, minus hop-by-hop ones and those
- * its Connection names, minus Expect (the proxy answers 100-continue itself) and the
- * forwarding fields it sets; `Host` as received; X-Forwarded-For (appended to), -Proto, -Host
- * and X-Real-IP; the body's framing (chunked coding passes through unchanged); and the upgrade
- * fields of a websocket handshake. The result is latin1 text, one character per byte (see
- * `wire` in outbox.ts).
+ * writeRequestHead writes the head the proxy sends upstream at the start of `headBuffer()` and
+ * returns its length in bytes: the request line in origin form over
+ * HTTP/1.1; the client's field lines as received, minus hop-by-hop ones and those its
+ * Connection names, minus Expect (the proxy answers 100-continue itself) and the forwarding
+ * fields it sets; `Host` as received; X-Forwarded-For (appended to), -Proto, -Host and
+ * X-Real-IP; the body's framing (chunked coding passes through unchanged); and the upgrade
+ * fields of a websocket handshake. What goes on unchanged is copied from the bytes the head
+ * was read from, never turned into a string and back. The buffer is shared by every call: its
+ * bytes are to be written (or copied) before the next call. `room` more bytes are left free
+ * after the head, for the first bytes of a body to go in the same write.
  */
-export function serializeRequestHead(head: RequestHead, forwarding: Forwarding): string {
-  const dropped = head.connectionTokens.length > 0 ? namedLines(head.text, head.connectionTokens) : [];
+export function writeRequestHead(head: RequestHead, forwarding: Forwarding, room = 0): number {
+  const text = head.text;
+  let dropped: number[] | null = head.connectionTokens.length > 0 ? namedLines(text, head.connectionTokens) : null;
   let priorFor = "";
   let sawHost = false;
   for (const line of head.lines) {
     if (line.name === "host") {
       // An absolute-form target's authority replaces Host (RFC 9112 §3.2.2).
-      if (line.value === head.host) sawHost = true;
-      else dropped.push(line.start);
-    } else if (SET_BY_PROXY.has(line.name)) {
-      if (line.name === "x-forwarded-for") priorFor = priorFor ? `${priorFor}, ${line.value}` : line.value;
-      dropped.push(line.start);
-    }
+      if (line.value === head.host) {
+        sawHost = true;
+        continue;
+      }
+    } else if (!SET_BY_PROXY.has(line.name)) continue;
+    else if (line.name === "x-forwarded-for") priorFor = priorFor ? `${priorFor}, ${line.value}` : line.value;
+    if (dropped === null) dropped = [];
+    dropped.push(line.start);
   }
-  let text = `${head.method} ${head.target} HTTP/1.1${keptLines(head.text, dropped)}\r\n`;
+  let extra = "";
   // An absolute-form request may come without Host; the upstream still needs one.
-  if (!sawHost && head.host) text += `Host: ${head.host}\r\n`;
-  text += forwardingFields(head.host, priorFor, forwarding);
-  if (head.contentLength >= 0) text += `Content-Length: ${head.contentLength}\r\n`;
-  if (head.framing.kind === "chunked") text += `Transfer-Encoding: ${head.transferCodings}\r\n`;
-  if (head.upgrade) text += `Connection: upgrade\r\nUpgrade: ${head.upgrade}\r\n`;
-  return `${text}\r\n`;
+  if (!sawHost && head.host) extra += `Host: ${head.host}\r\n`;
+  const forwardingFields = priorFor === "" ? forwardingBytes(head.host, forwarding) : forwardingText(head.host, priorFor, forwarding);
+  if (head.contentLength >= 0) extra += `Content-Length: ${head.contentLength}\r\n`;
+  if (head.framing.kind === "chunked") extra += `Transfer-Encoding: ${head.transferCodings}\r\n`;
+  if (head.upgrade) extra += `Connection: upgrade\r\nUpgrade: ${head.upgrade}\r\n`;
+
+  // The bound: the request line and fields as received, at most, and what the proxy adds.
+  const bound = head.method.length + head.target.length + text.length + forwardingFields.length + extra.length + 16 + room;
+  if (scratch.length < bound) scratch = Buffer.allocUnsafe(Math.max(bound, scratch.length * 2));
+  const out = scratch;
+  const source = head.source;
+  const base = head.start;
+  // The request line: as received up to the target when the target is, then the version the proxy speaks.
+  const targetAt = head.method.length + 1;
+  let at: number;
+  if (text.startsWith(head.target, targetAt) && text.charCodeAt(targetAt + head.target.length) === 32) {
+    at = source.copy(out, 0, base, base + targetAt + head.target.length);
+  } else at = out.write(`${head.method} ${head.target}`, 0, "latin1");
+  at += HTTP_1_1.copy(out, at);
+  // The field lines as received, each after its CRLF, cut where a dropped line starts.
+  const firstBreak = text.indexOf("\r\n");
+  if (firstBreak >= 0) {
+    let keptFrom = firstBreak;
+    if (dropped !== null) {
+      dropped.sort((a, b) => a - b);
+      for (const start of dropped) {
+        if (start - 2 > keptFrom) at += source.copy(out, at, base + keptFrom, base + start - 2);
+        const end = text.indexOf("\r\n", start);
+        keptFrom = end < 0 ? text.length : end;
+      }
+    }
+    if (keptFrom < text.length) at += source.copy(out, at, base + keptFrom, base + text.length);
+  }
+  out[at++] = 13;
+  out[at++] = 10;
+  at += typeof forwardingFields === "string" ? out.write(forwardingFields, at, "latin1") : forwardingFields.copy(out, at);
+  if (extra) at += out.write(extra, at, "latin1");
+  out[at++] = 13;
+  out[at++] = 10;
+  return at;
+}
+
+/** serializeRequestHead is writeRequestHead's head as latin1 text, one character per byte (for tests and logs). */
+export function serializeRequestHead(head: RequestHead, forwarding: Forwarding): string {
+  const length = writeRequestHead(head, forwarding);
+  return headBuffer().toString("latin1", 0, length);
 }
 
 /**
@@ -797,7 +930,7 @@ export function serializeRequestHead(head: RequestHead, forwarding: Forwarding):
  */
 export function serializeResponseHead(head: ResponseHead, options: { chunked: boolean; close: boolean; upgrade: string | null }): string {
   const dropped = head.connectionTokens.length > 0 ? namedLines(head.text, head.connectionTokens) : [];
-  for (const line of head.lines) dropped.push(line.start);
+  for (const line of pickFields(head.text, RESPONSE_FIELDS)) dropped.push(line.start);
   // The status and reason go on as received, after the version the proxy speaks.
   const statusLineEnd = head.text.indexOf("\r\n");
   const statusAndReason = head.text.slice(9, statusLineEnd < 0 ? head.text.length : statusLineEnd);

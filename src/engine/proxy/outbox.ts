@@ -67,6 +67,22 @@ export class Outbox {
     return false;
   }
 
+  /**
+   * sendCopy is `send` for the first `length` bytes of a buffer the caller writes again after
+   * this call (a head written in place): what the socket does not take now is copied to wait.
+   */
+  sendCopy(socket: Socket<unknown>, buffer: Uint8Array, length: number): boolean {
+    if (this.queue.length > 0) {
+      this.queue.push(Buffer.from(buffer.subarray(0, length)));
+      return false;
+    }
+    const written = socket.write(buffer, 0, length);
+    if (written === length) return true;
+    if (written < 0) return false;
+    this.queue.push(Buffer.from(buffer.subarray(written, length)));
+    return false;
+  }
+
   /** flush writes queued bytes, on `drain`; it returns true once the queue is empty. */
   flush(socket: Socket<unknown>): boolean {
     while (this.queue.length > 0) {

@@ -72,6 +72,12 @@ export class UpstreamConnection {
     return this.out.send(this.socket, bytes);
   }
 
+  /** sendCopy writes the first `length` bytes of a buffer its caller reuses (a copy waits, if any must). */
+  sendCopy(buffer: Uint8Array, length: number): boolean {
+    if (!this.socket || this.closed) return false;
+    return this.out.sendCopy(this.socket, buffer, length);
+  }
+
   /** pause stops reading from the upstream until `resume`. */
   pause(): void {
     if (this.paused || !this.socket) return;

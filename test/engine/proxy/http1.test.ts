@@ -168,7 +168,7 @@ describe("request heads that are accepted", () => {
   test("a connection's kept forwarding fields follow each request's host and a client's own X-Forwarded-For", () => {
     // One Forwarding per client connection, as the forwarder keeps it: the fields are written
     // once per host, and a request that brings its own X-Forwarded-For gets its own line.
-    const forwarding = { clientAddress: "10.0.0.9", scheme: "https" as const, fields: { host: null, text: "" } };
+    const forwarding = { clientAddress: "10.0.0.9", scheme: "https" as const, fields: { host: null, bytes: Buffer.alloc(0) } };
     const sent = (text: string) => serializeRequestHead(request(text), forwarding);
     const first = sent("GET / HTTP/1.1\r\nHost: a.localhost\r\n\r\n");
     expect(first).toContain("X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: a.localhost\r\n");
