@@ -314,7 +314,7 @@ export class ClientConnection {
         return;
       }
       this.consume(parsed.length);
-      this.begin(parsed.head, parsed.length);
+      this.begin(parsed, parsed.length);
     }
   }
 
@@ -677,7 +677,7 @@ class Exchange implements UpstreamOwner {
         this.failUpstream(502, "Bad gateway", `${this.route.service} sent an invalid HTTP response (${parsed.reason}).`);
         return;
       }
-      const head = parsed.head;
+      const head = parsed;
       if (head.status === 101) {
         if (this.head.upgrade === null) {
           this.failUpstream(502, "Bad gateway", `${this.route.service} switched protocols without being asked to.`);

@@ -57,7 +57,11 @@ function byLength(names: string[]): (string[] | undefined)[] {
   return table;
 }
 
-/** REQUEST_FIELDS are the request fields the proxy reads or rewrites; every other line goes on unread. */
+/**
+ * REQUEST_FIELDS are the request fields the proxy reads; every other line goes on unread. All
+ * but Host are fields it drops and writes itself: hop-by-hop ones, the forwarding fields,
+ * Content-Length (written once, as the single value it read) and Expect.
+ */
 const REQUEST_FIELDS = byLength([
   "host",
   "content-length",
@@ -93,24 +97,11 @@ const HOST_VALUE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::\d*
 /** DIGITS is a Content-Length value. 15 digits keeps it an exact integer. */
 const DIGITS = /^\d{1,15}$/;
 
-/**
- * HOP_BY_HOP are the fields that describe one connection (RFC 9110 §7.6.1), never forwarded as
- * received; the proxy writes its own framing and connection fields.
- */
-export const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"]);
-
 /** HeadError is why a head was refused, with the status to answer (400, 431, 505) or to report (502 for a response). */
 export interface HeadError {
   ok: false;
   status: number;
   reason: string;
-}
-
-/** FieldLine is one field line the proxy reads: its lower-cased name, its trimmed value, and where the line starts in the head's text. */
-export interface FieldLine {
-  name: string;
-  value: string;
-  start: number;
 }
 
 /** BodyFraming is how a message's body ends (RFC 9112 §6.3). */
@@ -123,6 +114,9 @@ export type BodyFraming =
 
 /** RequestHead is a parsed, validated request head. */
 export interface RequestHead {
+  /** ok and length: a parsed head is its own result (HeadResult), with the bytes it took, empty lines before it included. */
+  ok: true;
+  length: number;
   /** text is the head as received (latin1, one character per byte), without the empty line that ends it. */
   text: string;
   /**
@@ -136,8 +130,16 @@ export interface RequestHead {
   target: string;
   /** minor is the HTTP/1 minor version: 0 or 1 (a higher 1.x is read as 1.1, RFC 9110 §2.5). */
   minor: number;
-  /** lines are the fields the proxy reads or rewrites (REQUEST_FIELDS), in order; the others are passed on unread. */
-  lines: FieldLine[];
+  /**
+   * dropped are where the field lines start that the proxy does not send on (hop-by-hop ones,
+   * Content-Length, Expect, the forwarding fields it sets, a Host an absolute-form target
+   * replaces), in order, or null for none; every other line is passed on unread.
+   */
+  dropped: readonly number[] | null;
+  /** priorFor is the client's own X-Forwarded-For (its values joined), or "". */
+  priorFor: string;
+  /** hostLine is true when a Host line goes on as received (else the proxy writes `host` itself). */
+  hostLine: boolean;
   /** host is the Host field, or the authority of an absolute-form target, which takes precedence (RFC 9112 §3.2.2). */
   host: string;
   framing: BodyFraming;
@@ -157,6 +159,9 @@ export interface RequestHead {
 
 /** ResponseHead is a parsed, validated response head from an upstream. */
 export interface ResponseHead {
+  /** ok and length: a parsed head is its own result (HeadResult), with the bytes it took. */
+  ok: true;
+  length: number;
   /** text is the head as received (latin1), without the empty line that ends it. */
   text: string;
   /**
@@ -178,7 +183,8 @@ export interface ResponseHead {
   connectionTokens: readonly string[];
 }
 
-export type HeadResult<T> = { ok: true; head: T; length: number } | HeadError;
+/** HeadResult is a parsed head (which says `ok`, and its length) or why it was refused; one object either way. */
+export type HeadResult<T> = T | HeadError;
 
 function fail(status: number, reason: string): HeadError {
   return { ok: false, status, reason };
@@ -255,15 +261,6 @@ function nextField(text: string, from: number, names: (string[] | undefined)[]):
 
 /** found is nextField's last find; parsing is synchronous, so one record serves every head. */
 const found = { name: "", valueStart: 0, valueEnd: 0, next: -1 };
-
-/** pickFields returns the field lines of a validated head whose names are in `names` (grouped by length), names lower-cased, values trimmed, in order. */
-function pickFields(text: string, names: (string[] | undefined)[]): FieldLine[] {
-  const lines: FieldLine[] = [];
-  for (let start = nextField(text, text.indexOf("\r\n"), names); start >= 0; start = nextField(text, found.next, names)) {
-    lines.push({ name: found.name, value: text.slice(found.valueStart, found.valueEnd), start });
-  }
-  return lines;
-}
 
 /** digitsValue is the number a run of 1 to 15 ASCII digits spells, or -1 for anything else (a list, a sign, a space). */
 function digitsValue(text: string, from: number, to: number): number {
@@ -397,46 +394,63 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
   const target = targetText.charCodeAt(0) === 47 /* / */ ? ORIGIN_FORM : parseTarget(method, targetText);
   if (typeof target === "string") return fail(400, target);
   const path = target === ORIGIN_FORM ? targetText : target.path;
-  const lines = pickFields(text, REQUEST_FIELDS);
-
   let host: string | null = null;
+  let hostStart = -1;
   let contentLength = -1;
   let transferCodings = "";
   let codings = NONE;
   let connectionTokens = NONE;
   let upgradeValue: string | null = null;
   let expectContinue = false;
-  for (const { name, value } of lines) {
-    switch (name) {
-      case "host":
-        if (host !== null) return fail(400, "more than one Host field");
-        if (!HOST_VALUE.test(value)) return fail(400, "an invalid Host");
-        host = value;
-        break;
-      case "content-length": {
-        const length = readContentLength(value, contentLength);
+  let priorFor = "";
+  // dropped are the lines the proxy does not send on: it writes its own framing, connection
+  // and forwarding fields. Most heads have none, and then no array is made.
+  let dropped: number[] | null = null;
+  for (let start = nextField(text, text.indexOf("\r\n"), REQUEST_FIELDS); start >= 0; start = nextField(text, found.next, REQUEST_FIELDS)) {
+    const name = found.name;
+    if (name === "host") {
+      if (host !== null) return fail(400, "more than one Host field");
+      const value = text.slice(found.valueStart, found.valueEnd);
+      if (!HOST_VALUE.test(value)) return fail(400, "an invalid Host");
+      host = value;
+      hostStart = start;
+      continue;
+    }
+    if (name === "content-length") {
+      const digits = digitsValue(text, found.valueStart, found.valueEnd);
+      if (digits >= 0 && (contentLength < 0 || digits === contentLength)) contentLength = digits;
+      else {
+        const length = readContentLength(text.slice(found.valueStart, found.valueEnd), contentLength);
         if (typeof length === "string") return fail(400, length);
         contentLength = length;
-        break;
       }
-      case "transfer-encoding":
-        transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
-        codings = listTokens(value, codings);
-        break;
-      case "connection":
-        connectionTokens = listTokens(value, connectionTokens);
-        break;
-      case "upgrade":
-        upgradeValue = value;
-        break;
-      case "expect":
-        if (value.toLowerCase() === "100-continue") expectContinue = true;
-        break;
+    } else if (name === "transfer-encoding") {
+      const value = text.slice(found.valueStart, found.valueEnd);
+      transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
+      codings = listTokens(value, codings);
+    } else if (name === "connection") connectionTokens = listTokens(text.slice(found.valueStart, found.valueEnd), connectionTokens);
+    else if (name === "upgrade") upgradeValue = text.slice(found.valueStart, found.valueEnd);
+    else if (name === "expect") {
+      if (text.slice(found.valueStart, found.valueEnd).toLowerCase() === "100-continue") expectContinue = true;
+    } else if (name === "x-forwarded-for") {
+      const value = text.slice(found.valueStart, found.valueEnd);
+      priorFor = priorFor ? `${priorFor}, ${value}` : value;
     }
+    // Every field the proxy reads but Host is one it sets itself (REQUEST_FIELDS).
+    if (dropped === null) dropped = [];
+    dropped.push(start);
   }
   if (host === null && minor === 1 && target.authority === null) return fail(400, "an HTTP/1.1 request without Host");
+  // An absolute-form target's authority replaces Host (RFC 9112 §3.2.2): a Host line that
+  // differs from it is dropped, and the upstream gets the authority as Host.
+  let hostLine = host !== null;
   if (target.authority !== null) {
     if (!HOST_VALUE.test(target.authority)) return fail(400, "an invalid authority in the request target");
+    if (host !== null && host !== target.authority) {
+      hostLine = false;
+      if (dropped === null) dropped = [];
+      dropped.push(hostStart);
+    }
     host = target.authority;
   }
   let framing: BodyFraming;
@@ -452,23 +466,23 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
   return {
     ok: true,
     length: skipped + end,
-    head: {
-      text,
-      source: input,
-      start: skipped,
-      method,
-      target: path,
-      minor,
-      lines,
-      host: host ?? "",
-      framing,
-      contentLength,
-      transferCodings,
-      keepAlive: minor === 1 && !connectionTokens.includes("close"),
-      upgrade,
-      expectContinue,
-      connectionTokens,
-    },
+    text,
+    source: input,
+    start: skipped,
+    method,
+    target: path,
+    minor,
+    dropped,
+    priorFor,
+    hostLine,
+    host: host ?? "",
+    framing,
+    contentLength,
+    transferCodings,
+    keepAlive: minor === 1 && !connectionTokens.includes("close"),
+    upgrade,
+    expectContinue,
+    connectionTokens,
   };
 }
 
@@ -531,20 +545,18 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
   return {
     ok: true,
     length: end,
-    head: {
-      text,
-      plain,
-      status,
-      minor,
-      contentLength,
-      transferCodings,
-      chunked,
-      keepAlive:
-        minor === 1
-          ? !connectionTokens.includes("close")
-          : connectionTokens.includes("keep-alive") && !connectionTokens.includes("close") && (contentLength >= 0 || chunked),
-      connectionTokens,
-    },
+    text,
+    plain,
+    status,
+    minor,
+    contentLength,
+    transferCodings,
+    chunked,
+    keepAlive:
+      minor === 1
+        ? !connectionTokens.includes("close")
+        : connectionTokens.includes("keep-alive") && !connectionTokens.includes("close") && (contentLength >= 0 || chunked),
+    connectionTokens,
   };
 }
 
@@ -780,20 +792,6 @@ function forwardingBytes(host: string, forwarding: Forwarding): Buffer {
 }
 
 /**
- * SET_BY_PROXY are request fields the proxy drops and writes itself: hop-by-hop ones, the
- * forwarding fields, Content-Length (written once, as the single value it read) and Expect.
- */
-const SET_BY_PROXY = new Set([
-  ...HOP_BY_HOP,
-  "expect",
-  "content-length",
-  "x-real-ip",
-  "x-forwarded-for",
-  "x-forwarded-proto",
-  "x-forwarded-host",
-]);
-
-/**
  * namedLines finds the lines of the fields a Connection header names (other than the
  * connection options the proxy handles itself): they are hop-by-hop too (RFC 9110 §7.6.1).
  */
@@ -855,24 +853,15 @@ export function headBuffer(): Buffer {
  */
 export function writeRequestHead(head: RequestHead, forwarding: Forwarding, room = 0): number {
   const text = head.text;
-  let dropped: number[] | null = head.connectionTokens.length > 0 ? namedLines(text, head.connectionTokens) : null;
-  let priorFor = "";
-  let sawHost = false;
-  for (const line of head.lines) {
-    if (line.name === "host") {
-      // An absolute-form target's authority replaces Host (RFC 9112 §3.2.2).
-      if (line.value === head.host) {
-        sawHost = true;
-        continue;
-      }
-    } else if (!SET_BY_PROXY.has(line.name)) continue;
-    else if (line.name === "x-forwarded-for") priorFor = priorFor ? `${priorFor}, ${line.value}` : line.value;
-    if (dropped === null) dropped = [];
-    dropped.push(line.start);
+  const priorFor = head.priorFor;
+  let dropped = head.dropped;
+  if (head.connectionTokens.length > 0) {
+    const named = namedLines(text, head.connectionTokens);
+    if (named.length > 0) dropped = dropped === null ? named : [...dropped, ...named];
   }
   let extra = "";
   // An absolute-form request may come without Host; the upstream still needs one.
-  if (!sawHost && head.host) extra += `Host: ${head.host}\r\n`;
+  if (!head.hostLine && head.host) extra += `Host: ${head.host}\r\n`;
   const forwardingFields = priorFor === "" ? forwardingBytes(head.host, forwarding) : forwardingText(head.host, priorFor, forwarding);
   if (head.contentLength >= 0) extra += `Content-Length: ${head.contentLength}\r\n`;
   if (head.framing.kind === "chunked") extra += `Transfer-Encoding: ${head.transferCodings}\r\n`;
@@ -896,7 +885,8 @@ export function writeRequestHead(head: RequestHead, forwarding: Forwarding, room
   if (firstBreak >= 0) {
     let keptFrom = firstBreak;
     if (dropped !== null) {
-      dropped.sort((a, b) => a - b);
+      // The head's own list is in order; lines its Connection names may come before its end.
+      if (dropped !== head.dropped) dropped = [...dropped].sort((a, b) => a - b);
       for (const start of dropped) {
         if (start - 2 > keptFrom) at += source.copy(out, at, base + keptFrom, base + start - 2);
         const end = text.indexOf("\r\n", start);
@@ -930,7 +920,13 @@ export function serializeRequestHead(head: RequestHead, forwarding: Forwarding):
  */
 export function serializeResponseHead(head: ResponseHead, options: { chunked: boolean; close: boolean; upgrade: string | null }): string {
   const dropped = head.connectionTokens.length > 0 ? namedLines(head.text, head.connectionTokens) : [];
-  for (const line of pickFields(head.text, RESPONSE_FIELDS)) dropped.push(line.start);
+  for (
+    let start = nextField(head.text, head.text.indexOf("\r\n"), RESPONSE_FIELDS);
+    start >= 0;
+    start = nextField(head.text, found.next, RESPONSE_FIELDS)
+  ) {
+    dropped.push(start);
+  }
   // The status and reason go on as received, after the version the proxy speaks.
   const statusLineEnd = head.text.indexOf("\r\n");
   const statusAndReason = head.text.slice(9, statusLineEnd < 0 ? head.text.length : statusLineEnd);
