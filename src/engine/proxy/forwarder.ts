@@ -561,10 +561,15 @@ class Exchange implements UpstreamOwner {
     else this.setDeadline("connect", this.client.forwarder.options.connectTimeoutMs ?? CONNECT_TIMEOUT_MS);
   }
 
+  /**
+   * setDeadline counts a deadline from the sweeper's clock, which is up to one sweep old, plus
+   * that sweep: it never fires early, at most one sweep late (the sweep is the timeouts'
+   * resolution either way), and costs no clock read per request.
+   */
   private setDeadline(what: "connect" | "header", ms: number): void {
     this.deadlineWhat = what;
     this.deadlineMs = ms;
-    this.deadline = Date.now() + ms;
+    this.deadline = this.client.forwarder.now + SWEEP_MS + ms;
   }
 
   onUpstreamOpen(connection: UpstreamConnection): void {
