@@ -262,6 +262,16 @@ function nextField(text: string, from: number, names: (string[] | undefined)[]):
 /** found is nextField's last find; parsing is synchronous, so one record serves every head. */
 const found = { name: "", valueStart: 0, valueEnd: 0, next: -1 };
 
+/**
+ * foundContentLength folds the Content-Length value nextField found last into the one seen so
+ * far (readContentLength), reading a plain run of digits where it lies.
+ */
+function foundContentLength(text: string, previous: number): number | string {
+  const digits = digitsValue(text, found.valueStart, found.valueEnd);
+  if (digits >= 0 && (previous < 0 || digits === previous)) return digits;
+  return readContentLength(text.slice(found.valueStart, found.valueEnd), previous);
+}
+
 /** digitsValue is the number a run of 1 to 15 ASCII digits spells, or -1 for anything else (a list, a sign, a space). */
 function digitsValue(text: string, from: number, to: number): number {
   if (to <= from || to - from > 15) return -1;
@@ -417,13 +427,9 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
       continue;
     }
     if (name === "content-length") {
-      const digits = digitsValue(text, found.valueStart, found.valueEnd);
-      if (digits >= 0 && (contentLength < 0 || digits === contentLength)) contentLength = digits;
-      else {
-        const length = readContentLength(text.slice(found.valueStart, found.valueEnd), contentLength);
-        if (typeof length === "string") return fail(400, length);
-        contentLength = length;
-      }
+      const length = foundContentLength(text, contentLength);
+      if (typeof length === "string") return fail(400, length);
+      contentLength = length;
     } else if (name === "transfer-encoding") {
       const value = text.slice(found.valueStart, found.valueEnd);
       transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
@@ -519,15 +525,12 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
   ) {
     const name = found.name;
     if (name === "content-length") {
-      const digits = digitsValue(text, found.valueStart, found.valueEnd);
-      if (digits >= 0 && (contentLength < 0 || digits === contentLength)) contentLength = digits;
-      else {
-        const length = readContentLength(text.slice(found.valueStart, found.valueEnd), contentLength);
-        if (typeof length === "string") return fail(502, length);
-        contentLength = length;
-        plain = false;
-      }
-      if (++lengthLines > 1) plain = false;
+      const length = foundContentLength(text, contentLength);
+      if (typeof length === "string") return fail(502, length);
+      contentLength = length;
+      // A list ("5, 5") is written again as one value.
+      const comma = text.indexOf(",", found.valueStart);
+      if (++lengthLines > 1 || (comma >= 0 && comma < found.valueEnd)) plain = false;
     } else if (name === "transfer-encoding") {
       const value = text.slice(found.valueStart, found.valueEnd);
       transferCodings = transferCodings ? `${transferCodings}, ${value}` : value;
