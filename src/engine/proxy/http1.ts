@@ -259,6 +259,11 @@ function nextField(text: string, from: number, names: (string[] | undefined)[]):
   return -1;
 }
 
+/** firstField is nextField from a head's first field line on. */
+function firstField(text: string, names: (string[] | undefined)[]): number {
+  return nextField(text, text.indexOf("\r\n"), names);
+}
+
 /** found is nextField's last find; parsing is synchronous, so one record serves every head. */
 const found = { name: "", valueStart: 0, valueEnd: 0, next: -1 };
 
@@ -324,10 +329,9 @@ function listTokens(value: string, list: readonly string[]): string[] {
   return into;
 }
 
-/** NO_BODY, CHUNKED and UNTIL_CLOSE are the framings without a length, shared by every head. */
-export const NO_BODY: BodyFraming = { kind: "none" };
+/** NO_BODY and CHUNKED are the request framings without a length, shared by every head. */
+const NO_BODY: BodyFraming = { kind: "none" };
 const CHUNKED: BodyFraming = { kind: "chunked" };
-const UNTIL_CLOSE: BodyFraming = { kind: "close" };
 
 /**
  * readContentLength folds a Content-Length value into the one seen so far: RFC 9110 §8.6 lets a
@@ -416,7 +420,7 @@ export function parseRequestHead(input: Buffer): HeadResult<RequestHead> | null 
   // dropped are the lines the proxy does not send on: it writes its own framing, connection
   // and forwarding fields. Most heads have none, and then no array is made.
   let dropped: number[] | null = null;
-  for (let start = nextField(text, text.indexOf("\r\n"), REQUEST_FIELDS); start >= 0; start = nextField(text, found.next, REQUEST_FIELDS)) {
+  for (let start = firstField(text, REQUEST_FIELDS); start >= 0; start = nextField(text, found.next, REQUEST_FIELDS)) {
     const name = found.name;
     if (name === "host") {
       if (host !== null) return fail(400, "more than one Host field");
@@ -518,11 +522,7 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
   let lengthLines = 0;
   let codingLines = 0;
   // The fields are read where they lie; a value is cut out of the text only when it is a list.
-  for (
-    let start = nextField(text, text.indexOf("\r\n"), RESPONSE_FIELDS);
-    start >= 0;
-    start = nextField(text, found.next, RESPONSE_FIELDS)
-  ) {
+  for (let start = firstField(text, RESPONSE_FIELDS); start >= 0; start = nextField(text, found.next, RESPONSE_FIELDS)) {
     const name = found.name;
     if (name === "content-length") {
       const length = foundContentLength(text, contentLength);
@@ -567,8 +567,8 @@ export function parseResponseHead(buffer: Buffer): HeadResult<ResponseHead> | nu
  * responseFramingKind is how a response's body ends (RFC 9112 §6.3): never a body for HEAD,
  * 1xx, 204 and 304; chunked when the last coding is chunked; else Content-Length (its length
  * is `head.contentLength`); else the connection's close (which also covers a
- * Transfer-Encoding without chunked). The forwarder asks for the kind alone, so a response
- * costs no framing object.
+ * Transfer-Encoding without chunked). A kind rather than a framing, so a response costs no
+ * framing object.
  */
 export function responseFramingKind(method: string, head: ResponseHead): BodyFraming["kind"] {
   if (method === "HEAD" || head.status < 200 || head.status === 204 || head.status === 304) return "none";
@@ -576,13 +576,6 @@ export function responseFramingKind(method: string, head: ResponseHead): BodyFra
   if (head.transferCodings) return "close";
   if (head.contentLength >= 0) return head.contentLength === 0 ? "none" : "length";
   return "close";
-}
-
-/** responseFraming is responseFramingKind as a framing, with the length where there is one. */
-export function responseFraming(method: string, head: ResponseHead): BodyFraming {
-  const kind = responseFramingKind(method, head);
-  if (kind === "length") return { kind, length: head.contentLength };
-  return kind === "none" ? NO_BODY : kind === "chunked" ? CHUNKED : UNTIL_CLOSE;
 }
 
 /** IDEMPOTENT are the methods a request may be sent again for (RFC 9110 §9.2.2). */
@@ -810,25 +803,37 @@ function namedLines(text: string, tokens: readonly string[]): number[] {
   return starts;
 }
 
+/** ranges holds keptRanges' answer: pairs of start and end offsets in a head's text. */
+let ranges = new Int32Array(64);
+
 /**
- * keptLines is the head's field lines, each after its CRLF, without the lines that start at
- * `dropped` (in any order): cut out of the received text, so a head with nothing to drop costs
- * one slice.
+ * keptRanges finds the runs of a head's field lines (each after its CRLF) that are kept when the
+ * lines starting at `dropped` (in order) are left out, and returns how many it left in `ranges`
+ * as [from, to) pairs: a head with nothing to drop is one run, from its first CRLF to its end.
  */
-function keptLines(text: string, dropped: number[]): string {
+function keptRanges(text: string, dropped: readonly number[] | null): number {
   const firstBreak = text.indexOf("\r\n");
-  if (firstBreak < 0) return "";
-  if (dropped.length === 0) return text.slice(firstBreak);
-  dropped.sort((a, b) => a - b);
-  let out = "";
+  if (firstBreak < 0) return 0;
+  const cuts = dropped === null ? 0 : dropped.length;
+  const most = 2 * (cuts + 1);
+  if (ranges.length < most) ranges = new Int32Array(most * 2);
+  let count = 0;
   // keptFrom is where the next run of kept lines begins: the CRLF before a line.
   let keptFrom = firstBreak;
-  for (const start of dropped) {
-    if (start - 2 > keptFrom) out += text.slice(keptFrom, start - 2);
+  for (let d = 0; d < cuts; d++) {
+    const start = (dropped as readonly number[])[d] as number;
+    if (start - 2 > keptFrom) {
+      ranges[count++] = keptFrom;
+      ranges[count++] = start - 2;
+    }
     const end = text.indexOf("\r\n", start);
     keptFrom = end < 0 ? text.length : end;
   }
-  return keptFrom < text.length ? out + text.slice(keptFrom) : out;
+  if (keptFrom < text.length) {
+    ranges[count++] = keptFrom;
+    ranges[count++] = text.length;
+  }
+  return count / 2;
 }
 
 /** HTTP_1_1 ends the request line the proxy sends; CRLF ends lines. */
@@ -859,8 +864,9 @@ export function writeRequestHead(head: RequestHead, forwarding: Forwarding, room
   const priorFor = head.priorFor;
   let dropped = head.dropped;
   if (head.connectionTokens.length > 0) {
+    // Lines the Connection field names may come anywhere: the runs are cut in order.
     const named = namedLines(text, head.connectionTokens);
-    if (named.length > 0) dropped = dropped === null ? named : [...dropped, ...named];
+    if (named.length > 0) dropped = (dropped === null ? named : [...dropped, ...named]).sort((a, b) => a - b);
   }
   let extra = "";
   // An absolute-form request may come without Host; the upstream still needs one.
@@ -884,20 +890,8 @@ export function writeRequestHead(head: RequestHead, forwarding: Forwarding, room
   } else at = out.write(`${head.method} ${head.target}`, 0, "latin1");
   at += HTTP_1_1.copy(out, at);
   // The field lines as received, each after its CRLF, cut where a dropped line starts.
-  const firstBreak = text.indexOf("\r\n");
-  if (firstBreak >= 0) {
-    let keptFrom = firstBreak;
-    if (dropped !== null) {
-      // The head's own list is in order; lines its Connection names may come before its end.
-      if (dropped !== head.dropped) dropped = [...dropped].sort((a, b) => a - b);
-      for (const start of dropped) {
-        if (start - 2 > keptFrom) at += source.copy(out, at, base + keptFrom, base + start - 2);
-        const end = text.indexOf("\r\n", start);
-        keptFrom = end < 0 ? text.length : end;
-      }
-    }
-    if (keptFrom < text.length) at += source.copy(out, at, base + keptFrom, base + text.length);
-  }
+  const runs = keptRanges(text, dropped);
+  for (let i = 0; i < 2 * runs; i += 2) at += source.copy(out, at, base + (ranges[i] as number), base + (ranges[i + 1] as number));
   out[at++] = 13;
   out[at++] = 10;
   at += typeof forwardingFields === "string" ? out.write(forwardingFields, at, "latin1") : forwardingFields.copy(out, at);
@@ -922,18 +916,18 @@ export function serializeRequestHead(head: RequestHead, forwarding: Forwarding):
  * de-chunks is not written again at all: its bytes go on as received.)
  */
 export function serializeResponseHead(head: ResponseHead, options: { chunked: boolean; close: boolean; upgrade: string | null }): string {
-  const dropped = head.connectionTokens.length > 0 ? namedLines(head.text, head.connectionTokens) : [];
-  for (
-    let start = nextField(head.text, head.text.indexOf("\r\n"), RESPONSE_FIELDS);
-    start >= 0;
-    start = nextField(head.text, found.next, RESPONSE_FIELDS)
-  ) {
+  const source = head.text;
+  const dropped = head.connectionTokens.length > 0 ? namedLines(source, head.connectionTokens) : [];
+  for (let start = firstField(source, RESPONSE_FIELDS); start >= 0; start = nextField(source, found.next, RESPONSE_FIELDS)) {
     dropped.push(start);
   }
+  dropped.sort((a, b) => a - b);
   // The status and reason go on as received, after the version the proxy speaks.
-  const statusLineEnd = head.text.indexOf("\r\n");
-  const statusAndReason = head.text.slice(9, statusLineEnd < 0 ? head.text.length : statusLineEnd);
-  let text = `HTTP/1.1 ${statusAndReason}${keptLines(head.text, dropped)}\r\n`;
+  const statusLineEnd = source.indexOf("\r\n");
+  let text = `HTTP/1.1 ${source.slice(9, statusLineEnd < 0 ? source.length : statusLineEnd)}`;
+  const runs = keptRanges(source, dropped);
+  for (let i = 0; i < 2 * runs; i += 2) text += source.slice(ranges[i], ranges[i + 1]);
+  text += "\r\n";
   if (head.contentLength >= 0) text += `Content-Length: ${head.contentLength}\r\n`;
   if (options.chunked) text += `Transfer-Encoding: ${head.transferCodings}\r\n`;
   if (options.upgrade) text += `Connection: upgrade\r\nUpgrade: ${options.upgrade}\r\n`;

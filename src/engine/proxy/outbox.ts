@@ -36,6 +36,11 @@ function after(bytes: Bytes, offset: number): Bytes {
   return typeof bytes === "string" ? bytes.slice(offset) : bytes.subarray(offset);
 }
 
+/** copyOf is bytes `from` to `to` of a buffer, copied. */
+function copyOf(buffer: Uint8Array, from: number, to: number): Buffer {
+  return Buffer.from(buffer.subarray(from, to));
+}
+
 /**
  * Outbox holds the bytes a socket did not take. Bun's `socket.write` is unbuffered: it returns
  * how many bytes the kernel (or the TLS layer) accepted, and the rest is the caller's to send
@@ -56,15 +61,7 @@ export class Outbox {
    * written; false means bytes wait for `flush` (or the socket is closed).
    */
   send(socket: Socket<unknown>, bytes: Bytes): boolean {
-    if (this.queue.length > 0) {
-      this.queue.push(bytes);
-      return false;
-    }
-    const written = socket.write(bytes);
-    if (written === byteLength(bytes)) return true;
-    if (written < 0) return false;
-    this.queue.push(written === 0 ? bytes : after(bytes, written));
-    return false;
+    return this.write(socket, bytes, byteLength(bytes), false);
   }
 
   /**
@@ -72,14 +69,19 @@ export class Outbox {
    * this call (a head written in place): what the socket does not take now is copied to wait.
    */
   sendCopy(socket: Socket<unknown>, buffer: Uint8Array, length: number): boolean {
+    return this.write(socket, buffer, length, true);
+  }
+
+  /** write sends the first `length` bytes of `bytes`; what waits is a copy when the caller reuses `bytes`. */
+  private write(socket: Socket<unknown>, bytes: Bytes, length: number, reused: boolean): boolean {
     if (this.queue.length > 0) {
-      this.queue.push(Buffer.from(buffer.subarray(0, length)));
+      this.queue.push(reused ? copyOf(bytes as Uint8Array, 0, length) : bytes);
       return false;
     }
-    const written = socket.write(buffer, 0, length);
+    const written = typeof bytes === "string" ? socket.write(bytes) : socket.write(bytes, 0, length);
     if (written === length) return true;
     if (written < 0) return false;
-    this.queue.push(Buffer.from(buffer.subarray(written, length)));
+    this.queue.push(reused ? copyOf(bytes as Uint8Array, written, length) : written === 0 ? bytes : after(bytes, written));
     return false;
   }
 

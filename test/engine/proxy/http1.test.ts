@@ -7,7 +7,7 @@ import {
   parseResponseHead,
   type RequestHead,
   type ResponseHead,
-  responseFraming,
+  responseFramingKind,
   serializeRequestHead,
   serializeResponseHead,
 } from "../../../src/engine/proxy/http1";
@@ -306,7 +306,7 @@ describe("response heads", () => {
     ["an empty reason", "GET", "HTTP/1.1 200 \r\nContent-Length: 1\r\n\r\n", "length"],
     ["no reason at all", "GET", "HTTP/1.1 200\r\nContent-Length: 1\r\n\r\n", "length"],
   ])("%s: the body is framed by %s", (_what, method, text, kind) => {
-    expect(responseFraming(method, response(text)).kind).toBe(kind as never);
+    expect(responseFramingKind(method, response(text))).toBe(kind as never);
   });
 
   test.each([
