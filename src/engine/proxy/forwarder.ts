@@ -590,15 +590,15 @@ class Exchange implements UpstreamOwner {
       body = taken;
     }
     // A large body goes in a write of its own rather than through the head's buffer.
-    const joined = body !== null && body.length <= JOIN_BODY_BYTES;
-    let length = writeRequestHead(this.head, this.client.forwarding, joined ? (body as Uint8Array).length : 0);
+    const joined = body !== null && body.length <= JOIN_BODY_BYTES ? body : null;
+    let length = writeRequestHead(this.head, this.client.forwarding, joined?.length ?? 0);
     const buffer = headBuffer();
-    if (joined) {
-      buffer.set(body as Uint8Array, length);
-      length += (body as Uint8Array).length;
+    if (joined !== null) {
+      buffer.set(joined, length);
+      length += joined.length;
     }
     let sent = connection.sendCopy(buffer, length);
-    if (body !== null && !joined) sent = connection.send(body) && sent;
+    if (body !== null && joined === null) sent = connection.send(body) && sent;
     if (sent) this.client.resumeReading();
     else this.client.pauseReading();
   }
