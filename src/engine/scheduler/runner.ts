@@ -7,6 +7,7 @@ import { isDiskFull } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
 import { HealthMonitor, type HealthState } from "../health";
 import type { LogCause } from "../services/diagnose";
+import { startsAgainSoon } from "../services/restart-policy";
 import type { GpuHold, RunRow, ServiceRow, ServiceStore, VersionRow } from "../services/store";
 import type { ExitRecord, LaunchResult, RunHandle, Supervisor } from "../supervisor";
 import type { WorkloadUser } from "../users";
@@ -211,6 +212,7 @@ export class ServiceRunner {
         cwd,
         memoryMb: spec.memory_mb,
         user,
+        spare: startsAgainSoon(service.kind, spec.restart, service.restart_state),
       });
     } catch (error) {
       if (error instanceof RunNotRecorded) {

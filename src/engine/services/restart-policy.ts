@@ -38,6 +38,17 @@ export function defaultRestartPolicy(kind: ServiceKind): RestartPolicy {
   return { policy: "always", max_restarts: 5, window_seconds: 300, backoff_s: 1 };
 }
 
+/**
+ * startsAgainSoon says whether a service's run is likely to be followed by another of the same
+ * service: a long-running kind whose policy restarts it, or a batch job that has already been
+ * restarted (one that succeeds the first time, the common case, never starts again). The shim
+ * then prepares the next run's directory while this one runs.
+ */
+export function startsAgainSoon(kind: ServiceKind, policy: RestartPolicy, state: RestartState): boolean {
+  if (policy.policy === "never") return false;
+  return kind !== "batch" || state.restarts.length > 0;
+}
+
 /** restartsInWindow returns the counted restarts that fall inside the window ending at `nowMs`. */
 export function restartsInWindow(policy: RestartPolicy, state: RestartState, nowMs: number): string[] {
   const since = nowMs - policy.window_seconds * 1000;

@@ -24,6 +24,12 @@ export interface LaunchSpec {
   memoryMb: number | null;
   /** user is who the workload runs as (the shim drops to it just before exec); null: the engine's own user. */
   user: WorkloadUser | null;
+  /**
+   * spare asks the shim to make the service's next run directory once the workload runs, for a
+   * service likely to start again soon (a restart then makes no new inode before its workload
+   * runs). Left out: none is made, and a run takes one that is there all the same.
+   */
+  spare?: boolean;
 }
 
 /** RunHandle names a live run: the shim and the workload, each by pid and start time. */
@@ -217,6 +223,7 @@ export class Supervisor {
     this.byRunDir.set(spec.runDir, spec.runId);
     const argv = [
       this.shimPath,
+      ...(spec.spare ? ["--spare"] : []),
       spec.runDir,
       spec.logFile,
       this.notifySocket,
@@ -291,7 +298,14 @@ export class Supervisor {
       mkdirSync(dirname(spec.logFile), { recursive: true, mode: 0o700 });
       mkdirSync(dirname(spec.runDir), { recursive: true, mode: 0o700 });
       mkdirSync(spec.runDir, { mode: 0o750 });
-      const proc = Bun.spawn(argv, { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
+      // Nor does it know --spare.
+      const proc = Bun.spawn(argv[1] === "--spare" ? [argv[0] as string, ...argv.slice(2)] : argv, {
+        cwd: spec.cwd,
+        env: spec.env,
+        stdin: "ignore",
+        stdout: "pipe",
+        stderr: "pipe",
+      });
       const [stdout, stderr] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
       return stdout.trim() || stderr.trim();
     }

@@ -8,7 +8,7 @@
  * to `exit.json` in the run directory, tells the daemon through its notify socket (best
  * effort: a daemon that is away reads exit.json when it comes back), and exits.
  *
- * Usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...
+ * Usage: engine-shim [--spare] RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...
  * LOG_FILE rotates to LOG_FILE.1 ... LOG_FILE.(LOG_MAX_FILES-1) when it would pass LOG_MAX_BYTES.
  * NOTIFY_SOCKET and CGROUP_PROCS may be "-" for none. CGROUP_PROCS is a `cgroup.procs` file
  * the workload joins before exec (so its memory limit applies from the first byte).
@@ -21,6 +21,12 @@
  *   "err ERRNO STAGE\n"                   it could not start (STAGE: exec, cgroup, user, chdir, setup,
  *                                         rundir: the run's directory or the log's could not be made).
  * RUN_DIR and LOG_FILE's directory are made when missing (0750; missing parents 0700).
+ * A spare run directory, `.next-run` in the directory above RUN_DIR's (the service's, so that
+ * the runs' own directory holds runs only), becomes RUN_DIR by a rename when there is one: it
+ * already holds the exit record's room and an empty pids file. With --spare, the shim makes the
+ * next one once its workload runs, so a service that restarts creates no inode between its
+ * crash and its new workload (on ext4, each create looks through the inodes the last minutes
+ * freed: decision 473).
  * The shim is written to stay small: no allocation in the loop, a few hundred KB of RSS.
  *
  * A full disk loses neither the exit nor the shim (issue 13): exit.json's space is reserved
@@ -296,13 +302,61 @@ static const char *signal_name(int sig) {
 static void reserve_exit(void) {
   char tmp[PATH_MAX];
   path_in_run(tmp, sizeof tmp, "exit.json.tmp");
-  exit_fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  /* No O_TRUNC: a spare's file keeps the room it was given (a new run's file is empty anyway). */
+  exit_fd = open(tmp, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
   if (exit_fd < 0) return;
   if (posix_fallocate(exit_fd, 0, EXIT_RESERVE_BYTES) != 0) {
     /* No fallocate here (or no room yet): reserve by writing. */
     static const char spaces[EXIT_RESERVE_BYTES] = {0};
     if (pwrite(exit_fd, spaces, sizeof spaces, 0) != (ssize_t)sizeof spaces) (void)!ftruncate(exit_fd, 0);
   }
+}
+
+/* spare_path names the service's spare run directory: `.next-run` two levels above RUN_DIR
+   (RUN_DIR is <service>/runs/<run>). -1 when RUN_DIR has no such parent. */
+static int spare_path(char *out, size_t size, const char *suffix) {
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", run_dir);
+  for (int up = 0; up < 2; up++) {
+    char *slash = strrchr(parent, '/');
+    if (!slash || slash == parent) return -1;
+    *slash = 0;
+  }
+  snprintf(out, size, "%s/.next-run%s", parent, suffix);
+  return 0;
+}
+
+/* make_spare makes the service's next run directory ahead, under a name of its own, then
+   renames it to `.next-run`: the exit record's room (the same reservation as reserve_exit) and
+   an empty pids file, so the next shim takes all three by one rename. One that is there already
+   is left; anything that fails leaves no spare (the next run makes its own, as without one). */
+static void make_spare(void) {
+  char tmp[PATH_MAX], spare[PATH_MAX], record[PATH_MAX], pids[PATH_MAX], suffix[32];
+  if (spare_path(spare, sizeof spare, "") != 0 || access(spare, F_OK) == 0) return;
+  snprintf(suffix, sizeof suffix, ".%d", (int)getpid());
+  if (spare_path(tmp, sizeof tmp, suffix) != 0) return;
+  if (mkdir(tmp, 0750) != 0) return;
+  snprintf(record, sizeof record, "%s/exit.json.tmp", tmp);
+  snprintf(pids, sizeof pids, "%s/pids.tmp", tmp);
+  int fd = open(record, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+  int ok = fd >= 0 && posix_fallocate(fd, 0, EXIT_RESERVE_BYTES) == 0;
+  if (fd >= 0) close(fd);
+  if (ok) {
+    int pids_fd = open(pids, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+    ok = pids_fd >= 0;
+    if (ok) close(pids_fd);
+  }
+  if (ok && rename(tmp, spare) == 0) return;
+  unlink(record);
+  unlink(pids);
+  rmdir(tmp);
+}
+
+/* take_spare makes the service's spare run directory this run's; 0 when it did. */
+static int take_spare(void) {
+  char spare[PATH_MAX];
+  if (spare_path(spare, sizeof spare, "") != 0) return -1;
+  return rename(spare, run_dir);
 }
 
 /* write_exit records how the run ended in exit.json, atomically (write then rename), into the
@@ -406,8 +460,13 @@ static void report(int fd, const char *line) {
 }
 
 static int shim_main(int argc, char **argv) {
+  int spare = argc > 1 && strcmp(argv[1], "--spare") == 0;
+  if (spare) {
+    argv++;
+    argc--;
+  }
   if (argc < 10 || strcmp(argv[8], "--") != 0) {
-    fprintf(stderr, "usage: engine-shim RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...\n");
+    fprintf(stderr, "usage: engine-shim [--spare] RUN_DIR LOG_FILE NOTIFY_SOCKET LOG_MAX_BYTES LOG_MAX_FILES CGROUP_PROCS CREDENTIALS -- ARGV...\n");
     return 2;
   }
   const char *credentials = argv[7];
@@ -430,13 +489,14 @@ static int shim_main(int argc, char **argv) {
   if (log_max_bytes < 4096) log_max_bytes = 4096;
   if (log_max_files < 1) log_max_files = 1;
 
-  /* The run's directory (0750) and the service's logs/ and runs/ (0700, the engine's own) are
-     made here, off the daemon's event loop: on a busy disk each mkdir costs it 25-200 us. */
+  /* The run's directory (0750; the spare, when the last run left one) and the service's logs/
+     and runs/ (0700, the engine's own) are made here, off the daemon's event loop: on a busy
+     disk each mkdir costs it 25-200 us. */
   char log_dir[PATH_MAX];
   snprintf(log_dir, sizeof log_dir, "%s", log_path);
   char *log_slash = strrchr(log_dir, '/');
   if (log_slash && log_slash != log_dir) *log_slash = 0;
-  if (make_dir(run_dir, 0750, 0700) != 0 || (log_slash && make_dir(log_dir, 0700, 0700) != 0)) {
+  if ((take_spare() != 0 && make_dir(run_dir, 0750, 0700) != 0) || (log_slash && make_dir(log_dir, 0700, 0700) != 0)) {
     char line[64];
     snprintf(line, sizeof line, "err %d rundir\n", errno);
     report(1, line);
@@ -579,6 +639,7 @@ static int shim_main(int argc, char **argv) {
     snprintf(line, sizeof line, "ok %d %d\n", (int)getpid(), (int)child);
     report(status_fd, line);
   }
+  if (spare) make_spare();
 
   open_log();
   static struct stream streams[2];

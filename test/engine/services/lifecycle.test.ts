@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { RUNS_KEPT } from "../../../src/engine/services/store";
 import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
@@ -227,6 +227,32 @@ describe("restart policy", () => {
     await eventually(() => readdirSync(runsDir).length === RUNS_KEPT, { timeoutMs: 5000 });
     const kept = readdirSync(runsDir);
     expect((await api.diagnose("many-runs")).last_run?.id).toBeOneOf(kept);
+  });
+
+  test("a service its policy restarts has its next run's directory made while it runs, and a restart takes it; a batch job's first run makes none", async () => {
+    const { id } = await api.deployed({
+      name: "quick-restarter",
+      command: "exec sleep 300",
+      restart: { policy: "always", max_restarts: 5, window_seconds: 60, backoff_s: 0 },
+    });
+    const first = await api.waitFor("quick-restarter", "running");
+    const serviceDir = join(engine.dataDir, "services", id);
+    const spare = join(serviceDir, ".next-run");
+    await eventually(() => existsSync(spare));
+    const spareInode = statSync(spare).ino;
+    process.kill(first.pid as number, "SIGKILL");
+    const second = await api.waitFor("quick-restarter", "running", (record) => record.pid !== first.pid);
+    const run = (await api.diagnose("quick-restarter")).last_run?.id as string;
+    // The restart's run directory is the spare, renamed: no new directory, exit record or pids file on its way.
+    expect(statSync(join(serviceDir, "runs", run)).ino).toBe(spareInode);
+    expect(readdirSync(join(serviceDir, "runs")).length).toBe(2);
+    await eventually(() => existsSync(spare) && statSync(spare).ino !== spareInode);
+    expect(second.pid).not.toBe(first.pid);
+    await api.control("quick-restarter", "stop");
+
+    const job = await api.deployed({ name: "one-shot", kind: "batch", command: "true" });
+    await api.waitFor("one-shot", "completed");
+    expect(readdirSync(join(engine.dataDir, "services", job.id)).sort()).toEqual(["logs", "runs"]);
   });
 
   test("backoff is reported while restarting", async () => {

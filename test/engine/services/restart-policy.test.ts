@@ -7,6 +7,7 @@ import {
   type RestartPolicy,
   type RestartState,
   restartsInWindow,
+  startsAgainSoon,
 } from "../../../src/engine/services/restart-policy";
 
 const T0 = Date.parse("2026-11-21T10:00:00.000Z");
@@ -75,5 +76,21 @@ describe("backoffDelayMs", () => {
     expect(backoffDelayMs(0, 5, midJitter)).toBe(0);
     // a backoff above the cap is honoured as given
     expect(backoffDelayMs(600, 3, midJitter)).toBe(600_000);
+  });
+});
+
+describe("startsAgainSoon (the shim prepares the next run's directory)", () => {
+  const restarted: RestartState = { ...EMPTY_RESTART_STATE, restarts: ["2026-11-21T09:59:00.000Z"] };
+  test.each([
+    ["service", "always", EMPTY_RESTART_STATE, true],
+    ["model", "on-failure", EMPTY_RESTART_STATE, true],
+    ["database", "always", EMPTY_RESTART_STATE, true],
+    ["service", "never", restarted, false],
+    ["batch", "on-failure", EMPTY_RESTART_STATE, false],
+    ["batch", "always", EMPTY_RESTART_STATE, false],
+    ["batch", "on-failure", restarted, true],
+    ["batch", "never", restarted, false],
+  ] as const)("%s under %s", (kind, name, state, expected) => {
+    expect(startsAgainSoon(kind, { ...policy, policy: name }, state)).toBe(expected);
   });
 });

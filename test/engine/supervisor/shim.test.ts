@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { isSameProcess, readProcessStat } from "../../../src/engine/supervisor";
 import { eventually, tempDir, testShim } from "../../helpers";
@@ -106,5 +106,56 @@ describe("engine-shim", () => {
   test("malformed CREDENTIALS are refused before anything starts", async () => {
     const { report } = await runShim("bad-credentials", ["true"], { credentials: "nobody" });
     expect(report).toBe("");
+  });
+  test("with --spare it makes the next run's directory once the workload runs, and the next run takes it by a rename", async () => {
+    const runs = join(dir, "spare", "runs");
+    mkdirSync(runs, { recursive: true });
+    const start = async (name: string, spare: boolean, argv: string[]) => {
+      const runDir = join(runs, name);
+      const proc = Bun.spawn(
+        [testShim(), ...(spare ? ["--spare"] : []), runDir, join(runs, "..", "out.log"), "-", "1048576", "2", "-", "-", "--", ...argv],
+        { stdout: "pipe" },
+      );
+      const report = (await new Response(proc.stdout).text()).trim();
+      await proc.exited;
+      return { runDir, report };
+    };
+    // Without --spare, nothing is made ahead.
+    const plain = await start("run-0", false, ["true"]);
+    expect(plain.report).toStartWith("ok ");
+    await eventually(() => existsSync(join(plain.runDir, "exit.json")));
+    expect(readdirSync(join(runs, "..")).sort()).toEqual(["out.log", "runs"]);
+
+    const first = await start("run-1", true, ["sleep", "30"]);
+    const [, , firstChild] = (/^ok (\d+) (\d+)$/.exec(first.report) ?? []).map(Number);
+    // Beside runs/, in the service's directory: runs/ holds runs only.
+    const spare = join(runs, "..", ".next-run");
+    await eventually(() => existsSync(spare));
+    // The room of the exit record is reserved, the pids file is there, and nothing else is.
+    expect(readdirSync(spare).sort()).toEqual(["exit.json.tmp", "pids.tmp"]);
+    expect(statSync(join(spare, "exit.json.tmp")).size).toBe(4096);
+    expect(statSync(join(spare, "exit.json.tmp")).blocks).toBeGreaterThan(0);
+    expect(statSync(spare).mode & 0o777).toBe(0o750 & ~process.umask());
+    const spareInode = statSync(spare).ino;
+
+    const second = await start("run-2", false, ["/bin/sh", "-c", "exit 3"]);
+    expect(second.report).toStartWith("ok ");
+    // The spare became the run's directory: the same inode, and no spare is left.
+    expect(statSync(second.runDir).ino).toBe(spareInode);
+    expect(existsSync(spare)).toBe(false);
+    await eventually(() => existsSync(join(second.runDir, "exit.json")));
+    expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 3, signal: null });
+    // The record was cut to its length; the pids file names the second shim and its workload.
+    expect(readFileSync(join(second.runDir, "exit.json"), "utf8")).toEndWith("}\n");
+    const [shimPid, childPid] = readFileSync(join(second.runDir, "pids"), "utf8").trim().split(" ").map(Number);
+    expect(`ok ${shimPid} ${childPid}`).toBe(second.report);
+    expect(readdirSync(second.runDir).sort()).toEqual(["exit.json", "pids"]);
+
+    process.kill(firstChild as number, "SIGKILL");
+    await eventually(() => existsSync(join(first.runDir, "exit.json")));
+    expect(JSON.parse(readFileSync(join(first.runDir, "exit.json"), "utf8"))).toMatchObject({ signal: "SIGKILL" });
+    // Only directories of runs, and no half-made spare, are left behind.
+    expect(readdirSync(runs).sort()).toEqual(["run-0", "run-1", "run-2"]);
+    expect(readdirSync(join(runs, "..")).sort()).toEqual(["out.log", "runs"]);
   });
 });
