@@ -1249,6 +1249,8 @@ export class ServiceManager implements ServiceDirectory {
    * the service's secrets redacted, and for a port clash finds who holds the port.
    */
   private logCauseOf(service: ServiceRow, version: VersionRow, lines: LogLine[]): LogCause | null {
+    // A run that said nothing names no cause: no secrets are opened for a redactor with nothing to redact.
+    if (lines.length === 0) return null;
     try {
       const cause = findLogCause(lines, redactor(this.secretValuesOf(version)));
       if (cause?.class !== "port_in_use") return cause;
