@@ -54,6 +54,20 @@ describe("engine-shim", () => {
     await eventually(() => !isSameProcess(shimPid as number, shim?.startTime ?? 0));
   });
 
+  test("the workload starts with no signal blocked or ignored, whatever the shim blocks and ignores around its start", async () => {
+    const { runDir, report } = await runShim("signals", ["sleep", "30"]);
+    const [, , childPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+    const status = readFileSync(`/proc/${childPid}/status`, "utf8");
+    const mask = (name: string) =>
+      /^(\w+):\s+([0-9a-f]+)$/m.exec(status.split("\n").find((line) => line.startsWith(`${name}:`)) ?? "")?.[2];
+    expect(mask("SigBlk")).toBe("0000000000000000");
+    expect(mask("SigIgn")).toBe("0000000000000000");
+    // So a plain SIGTERM ends it, as it would a process started from a shell.
+    process.kill(childPid as number, "SIGTERM");
+    await eventually(() => existsSync(join(runDir, "exit.json")));
+    expect(JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8"))).toMatchObject({ signal: "SIGTERM" });
+  });
+
   test("leftovers of the group are killed when the main process exits, and the shim does not wait on them", async () => {
     const { runDir, report } = await runShim("leftover", ["/bin/sh", "-c", "sleep 300 & echo started; exit 0"]);
     expect(report).toStartWith("ok ");
