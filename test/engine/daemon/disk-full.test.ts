@@ -197,10 +197,12 @@ describe("a full disk (issue 13)", () => {
     const engine = await startTestEngine({ dataDir: disk.dir });
     cleanups.push(() => engine.close());
     const api = new ServiceClient(engine);
-    await api.deployed({ name: "again", command: ["sleep", "300"] });
+    const { id } = await api.deployed({ name: "again", command: ["sleep", "300"] });
     await api.waitFor("again", "running");
     expect((await api.control("again", "stop")).status).toBe(200);
     await api.waitFor("again", "stopped");
+    // The next run's directory made while it ran needs no inode (the next test): without it, a run does.
+    rmSync(join(disk.dir, "services", id, ".next-run"), { recursive: true, force: true });
 
     disk.fillInodes();
     expect((await api.control("again", "start")).status).toBe(200);
@@ -209,6 +211,29 @@ describe("a full disk (issue 13)", () => {
     expect(waiting.restarts).toBe(0);
     disk.freeInodes();
     await api.waitFor("again", "running", () => true, 15000);
+  }, 60000);
+
+  test("a service whose next run's directory was made while it ran starts again with no inode left", async () => {
+    const disk = mountTmpfs("8m", "nr_inodes=1000");
+    cleanups.push(() => disk.unmount());
+    const engine = await startTestEngine({ dataDir: disk.dir });
+    cleanups.push(() => engine.close());
+    const api = new ServiceClient(engine);
+    const { id } = await api.deployed({ name: "ready", command: ["sleep", "300"] });
+    const first = await api.waitFor("ready", "running");
+    await eventually(() => existsSync(join(disk.dir, "services", id, ".next-run")));
+    expect((await api.control("ready", "stop")).status).toBe(200);
+    await api.waitFor("ready", "stopped");
+
+    disk.fillInodes();
+    expect((await api.control("ready", "start")).status).toBe(200);
+    // Its directory, exit record and pids file were all there: the run needs no new inode.
+    const second = await api.waitFor("ready", "running", (record) => record.pid !== first.pid);
+    expect(second.restarts).toBe(0);
+    // With no inode for another spare, the one after it would wait for room; this one stops cleanly.
+    expect((await api.control("ready", "stop")).status).toBe(200);
+    await api.waitFor("ready", "stopped");
+    disk.freeInodes();
   }, 60000);
 
   test.each([
