@@ -715,7 +715,14 @@ static int shim_main(int argc, char **argv) {
      second until it is written, and only then tell the daemon (it sees the shim alive and the
      run not yet ended meanwhile). */
   int exit_record = -1;
-  while (write_exit(status, 0, NULL, &exit_record) != 0) sleep(1);
+  while (write_exit(status, 0, NULL, &exit_record) != 0) {
+    /* A run directory removed under the shim (its service's directory deleted by hand) will not
+       come back: there is nowhere to record the exit, and waiting would keep this process for
+       ever. The daemon settles such a run as lost once the shim is gone. */
+    struct stat run_dir_stat;
+    if (stat(run_dir, &run_dir_stat) != 0 && errno == ENOENT) break;
+    sleep(1);
+  }
   /* Told first, synced after: the daemon reads exit.json and the log from the page cache, so a
      restart need not wait for the disk; a power loss in between leaves a record the next daemon
      cannot read, and the run is settled as lost, as it would be without exit.json at all. */

@@ -68,6 +68,14 @@ describe("engine-shim", () => {
     expect(JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8"))).toMatchObject({ signal: "SIGTERM" });
   });
 
+  test("a shim whose run directory was removed under it ends once its workload does, instead of retrying for ever", async () => {
+    const { runDir, report } = await runShim("removed", ["sleep", "0.3"]);
+    const [, shimPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+    const shimStart = readProcessStat(shimPid as number)?.startTime ?? 0;
+    rmSync(runDir, { recursive: true, force: true });
+    await eventually(() => !isSameProcess(shimPid as number, shimStart), { timeoutMs: 5000 });
+  });
+
   test("leftovers of the group are killed when the main process exits, and the shim does not wait on them", async () => {
     const { runDir, report } = await runShim("leftover", ["/bin/sh", "-c", "sleep 300 & echo started; exit 0"]);
     expect(report).toStartWith("ok ");
