@@ -465,21 +465,48 @@ async function waitGone(pids: () => number[], withinMs: number): Promise<void> {
  * copyTree copies a directory tree with modes and, as root, owners (a root engine's services
  * own their data dirs), keeping symlinks as links; `keep` filters by path relative to `from`.
  */
-function copyTree(from: string, to: string, keep: (relative: string, stat: Stats) => boolean): void {
+export function copyTree(from: string, to: string, keep: (relative: string, stat: Stats) => boolean): void {
   const root = process.getuid?.() === 0;
   const walk = (relative: string) => {
     const source = relative ? join(from, relative) : from;
     const target = relative ? join(to, relative) : to;
-    const stat = lstatSync(source);
+    // A running box's data dir changes while it is copied: an entry that went between its
+    // directory's listing and its copy (a log rotated, a pruned run, a file renamed into place)
+    // is left out, as rsync leaves out a file that vanished. The copy's root must be there.
+    const gone = (error: unknown) => relative !== "" && (error as NodeJS.ErrnoException).code === "ENOENT";
+    let stat: Stats;
+    try {
+      stat = lstatSync(source);
+    } catch (error) {
+      if (gone(error)) return;
+      throw error;
+    }
     if (relative && !keep(relative, stat)) return;
     if (stat.isDirectory()) {
       mkdirSync(target, { recursive: true, mode: 0o700 });
-      for (const entry of readdirSync(source)) walk(relative ? join(relative, entry) : entry);
+      let entries: string[];
+      try {
+        entries = readdirSync(source);
+      } catch (error) {
+        if (!gone(error)) throw error;
+        entries = [];
+      }
+      for (const entry of entries) walk(relative ? join(relative, entry) : entry);
       chmodSync(target, stat.mode & 0o7777);
     } else if (stat.isSymbolicLink()) {
-      symlinkSync(readlinkSync(source), target);
+      try {
+        symlinkSync(readlinkSync(source), target);
+      } catch (error) {
+        if (gone(error)) return;
+        throw error;
+      }
     } else if (stat.isFile()) {
-      copyFileSync(source, target);
+      try {
+        copyFileSync(source, target);
+      } catch (error) {
+        if (gone(error)) return;
+        throw error;
+      }
       chmodSync(target, stat.mode & 0o7777);
     } else return;
     if (root) {
