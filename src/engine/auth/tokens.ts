@@ -21,6 +21,16 @@ interface TokenRow {
   origin: string;
 }
 
+/**
+ * PresentedToken is a presented token's row as the check needs it: the principal it makes (one
+ * object, frozen, shared by every request with that token) and its expiry as a number.
+ */
+interface PresentedToken {
+  row: TokenRow;
+  principal: Principal;
+  expiresMs: number | null;
+}
+
 /** BEARER matches an Authorization header: RFC 6750 §2.1, token68-ish printable characters. */
 const BEARER = /^Bearer[ ]+([\x21-\x7e]{1,512})[ ]*$/i;
 
@@ -33,12 +43,13 @@ const BEARER = /^Bearer[ ]+([\x21-\x7e]{1,512})[ ]*$/i;
 export class TokenStore {
   readonly #db: Database;
   readonly #clock: Clock;
-  readonly #pendingLastUsed = new Map<string, string>();
+  /** #pendingLastUsed holds, per token id, when it was last presented (ms since the epoch) and not yet written. */
+  readonly #pendingLastUsed = new Map<string, number>();
   /**
-   * #byDigest caches rows of presented tokens. Every write to `tokens` goes through this
-   * store and clears it, so a revocation takes effect on the next request.
+   * #byDigest caches rows of presented tokens, with the principal each makes. Every write to
+   * `tokens` goes through this store and clears it, so a revocation takes effect on the next request.
    */
-  readonly #byDigest = new Map<string, TokenRow>();
+  readonly #byDigest = new Map<string, PresentedToken>();
   #flushTimer: ReturnType<typeof setInterval> | undefined;
 
   constructor(db: Database, clock: Clock) {
@@ -73,7 +84,10 @@ export class TokenStore {
     const update = this.#db.query("UPDATE tokens SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)");
     try {
       this.#db.transaction(() => {
-        for (const [id, at] of pending) update.run(at, id, at);
+        for (const [id, at] of pending) {
+          const stamp = iso(new Date(at));
+          update.run(stamp, id, stamp);
+        }
       })();
     } catch (error) {
       // Not stored: keep them for the next flush, unless a newer use came in meanwhile.
@@ -181,30 +195,28 @@ export class TokenStore {
     const match = BEARER.exec(header);
     if (!match?.[1]) throw new AppError("invalid_token", "the Authorization header is not a well-formed bearer token");
     const digest = digestSecret(match[1]);
-    let row = this.#byDigest.get(digest) ?? null;
-    if (!row) {
-      row = this.#db.query<TokenRow, [string]>("SELECT * FROM tokens WHERE digest = ?").get(digest);
+    let presented = this.#byDigest.get(digest) ?? null;
+    if (!presented) {
+      const row = this.#db.query<TokenRow, [string]>("SELECT * FROM tokens WHERE digest = ?").get(digest);
       if (row) {
+        presented = { row, principal: principalOf(row), expiresMs: row.expires_at === null ? null : Date.parse(row.expires_at) };
         if (this.#byDigest.size >= 10_000) this.#byDigest.clear();
-        this.#byDigest.set(digest, row);
+        this.#byDigest.set(digest, presented);
       }
     }
-    if (!row || !constantTimeEqual(row.digest, digest)) throw new AppError("invalid_token", "the bearer token is not valid");
+    if (!presented || !constantTimeEqual(presented.row.digest, digest))
+      throw new AppError("invalid_token", "the bearer token is not valid");
+    const { row, principal, expiresMs } = presented;
     if (row.revoked_at !== null) throw new AppError("token_revoked", "the bearer token has been revoked");
-    const now = this.#clock.now();
-    if (row.expires_at !== null && Date.parse(row.expires_at) <= now.getTime()) {
-      throw new AppError("token_expired", "the bearer token has expired");
-    }
-    this.#pendingLastUsed.set(row.id, iso(now));
-    return {
-      kind: "token",
-      tokenId: row.id,
-      name: row.name,
-      role: row.role,
-      maxGpus: row.max_gpus,
-      maxConcurrentJobs: row.max_concurrent_jobs,
-      scopeServices: JSON.parse(row.scope_services) as string[],
-    };
+    const now = this.#clock.now().getTime();
+    if (expiresMs !== null && expiresMs <= now) throw new AppError("token_expired", "the bearer token has expired");
+    this.#pendingLastUsed.set(row.id, now);
+    return principal;
+  }
+
+  #pendingIso(id: string): string | null {
+    const at = this.#pendingLastUsed.get(id);
+    return at === undefined ? null : iso(new Date(at));
   }
 
   #toRecord(row: TokenRow): Token {
@@ -215,12 +227,25 @@ export class TokenStore {
       created_at: row.created_at,
       max_gpus: row.max_gpus,
       max_concurrent_jobs: row.max_concurrent_jobs,
-      last_used_at: maxIso(row.last_used_at, this.#pendingLastUsed.get(row.id) ?? null),
+      last_used_at: maxIso(row.last_used_at, this.#pendingIso(row.id)),
       revoked: row.revoked_at !== null,
       expires_at: row.expires_at,
       scope_services: JSON.parse(row.scope_services) as string[],
     };
   }
+}
+
+/** principalOf is the principal a token's row makes, frozen: every request with the token shares it. */
+function principalOf(row: TokenRow): Principal {
+  return Object.freeze({
+    kind: "token",
+    tokenId: row.id,
+    name: row.name,
+    role: row.role,
+    maxGpus: row.max_gpus,
+    maxConcurrentJobs: row.max_concurrent_jobs,
+    scopeServices: Object.freeze(JSON.parse(row.scope_services) as string[]) as string[],
+  });
 }
 
 function maxIso(a: string | null, b: string | null): string | null {
