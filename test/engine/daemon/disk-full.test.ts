@@ -189,7 +189,8 @@ describe("a full disk (issue 13)", () => {
     expect((await api.control("flood", "stop")).status).toBe(200);
   }, 60000);
 
-  test("a service that cannot start for lack of space waits, pending, and starts once there is room (not failed)", async () => {
+  /** ranOnceOnFewInodes runs `name` once on a small tmpfs with few inodes, and stops it. */
+  async function ranOnceOnFewInodes(name: string) {
     // No inode left is ENOSPC too, and it lets the run directory be refused while the
     // database (whose files exist) still takes writes.
     const disk = mountTmpfs("8m", "nr_inodes=1000");
@@ -197,12 +198,18 @@ describe("a full disk (issue 13)", () => {
     const engine = await startTestEngine({ dataDir: disk.dir });
     cleanups.push(() => engine.close());
     const api = new ServiceClient(engine);
-    const { id } = await api.deployed({ name: "again", command: ["sleep", "300"] });
-    await api.waitFor("again", "running");
-    expect((await api.control("again", "stop")).status).toBe(200);
-    await api.waitFor("again", "stopped");
+    const { id } = await api.deployed({ name, command: ["sleep", "300"] });
+    const first = await api.waitFor(name, "running");
+    expect((await api.control(name, "stop")).status).toBe(200);
+    await api.waitFor(name, "stopped");
+    // The shim makes the next run's directory before it handles a stop: it is there by now.
+    return { disk, api, first, spare: join(disk.dir, "services", id, ".next-run") };
+  }
+
+  test("a service that cannot start for lack of space waits, pending, and starts once there is room (not failed)", async () => {
+    const { disk, api, spare } = await ranOnceOnFewInodes("again");
     // The next run's directory made while it ran needs no inode (the next test): without it, a run does.
-    rmSync(join(disk.dir, "services", id, ".next-run"), { recursive: true, force: true });
+    rmSync(spare, { recursive: true, force: true });
 
     disk.fillInodes();
     expect((await api.control("again", "start")).status).toBe(200);
@@ -214,16 +221,8 @@ describe("a full disk (issue 13)", () => {
   }, 60000);
 
   test("a service whose next run's directory was made while it ran starts again with no inode left", async () => {
-    const disk = mountTmpfs("8m", "nr_inodes=1000");
-    cleanups.push(() => disk.unmount());
-    const engine = await startTestEngine({ dataDir: disk.dir });
-    cleanups.push(() => engine.close());
-    const api = new ServiceClient(engine);
-    const { id } = await api.deployed({ name: "ready", command: ["sleep", "300"] });
-    const first = await api.waitFor("ready", "running");
-    await eventually(() => existsSync(join(disk.dir, "services", id, ".next-run")));
-    expect((await api.control("ready", "stop")).status).toBe(200);
-    await api.waitFor("ready", "stopped");
+    const { disk, api, first, spare } = await ranOnceOnFewInodes("ready");
+    expect(existsSync(spare)).toBe(true);
 
     disk.fillInodes();
     expect((await api.control("ready", "start")).status).toBe(200);
