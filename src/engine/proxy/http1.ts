@@ -245,13 +245,10 @@ function nextField(text: string, from: number, names: (string[] | undefined)[]):
       let i = 0;
       while (i < name.length && (text.charCodeAt(start + i) | 0x20) === name.charCodeAt(i)) i += 1;
       if (i < name.length) continue;
-      let valueStart = colon + 1;
-      let valueEnd = lineBreak < 0 ? text.length : lineBreak;
-      while (valueStart < valueEnd && (text.charCodeAt(valueStart) === 32 || text.charCodeAt(valueStart) === 9)) valueStart += 1;
-      while (valueEnd > valueStart && (text.charCodeAt(valueEnd - 1) === 32 || text.charCodeAt(valueEnd - 1) === 9)) valueEnd -= 1;
+      const valueStart = valueFrom(text, colon + 1, lineBreak < 0 ? text.length : lineBreak);
       found.name = name;
       found.valueStart = valueStart;
-      found.valueEnd = valueEnd;
+      found.valueEnd = valueTo(text, valueStart, lineBreak < 0 ? text.length : lineBreak);
       found.next = lineBreak;
       return start;
     }
@@ -289,13 +286,24 @@ function digitsValue(text: string, from: number, to: number): number {
   return n;
 }
 
-/** trimValue is the field value between `from` and `to` without the optional whitespace around it (spaces and tabs only, RFC 9110 §5.6.3). */
-function trimValue(text: string, from: number, to: number): string {
+/** valueFrom is where a field value between `from` and `to` starts, after its optional whitespace (spaces and tabs only, RFC 9110 §5.6.3). */
+function valueFrom(text: string, from: number, to: number): number {
   let start = from;
+  while (start < to && (text.charCodeAt(start) === 32 || text.charCodeAt(start) === 9)) start += 1;
+  return start;
+}
+
+/** valueTo is where a field value that starts at `start` ends, before the optional whitespace that comes before `to`. */
+function valueTo(text: string, start: number, to: number): number {
   let end = to;
-  while (start < end && (text.charCodeAt(start) === 32 || text.charCodeAt(start) === 9)) start += 1;
   while (end > start && (text.charCodeAt(end - 1) === 32 || text.charCodeAt(end - 1) === 9)) end -= 1;
-  return text.slice(start, end);
+  return end;
+}
+
+/** trimValue is the field value between `from` and `to` without the optional whitespace around it. */
+function trimValue(text: string, from: number, to: number): string {
+  const start = valueFrom(text, from, to);
+  return text.slice(start, valueTo(text, start, to));
 }
 
 /**
