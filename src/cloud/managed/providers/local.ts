@@ -472,41 +472,33 @@ export function copyTree(from: string, to: string, keep: (relative: string, stat
     const target = relative ? join(to, relative) : to;
     // A running box's data dir changes while it is copied: an entry that went between its
     // directory's listing and its copy (a log rotated, a pruned run, a file renamed into place)
-    // is left out, as rsync leaves out a file that vanished. The copy's root must be there.
-    const gone = (error: unknown) => relative !== "" && (error as NodeJS.ErrnoException).code === "ENOENT";
-    let stat: Stats;
-    try {
-      stat = lstatSync(source);
-    } catch (error) {
-      if (gone(error)) return;
-      throw error;
-    }
-    if (relative && !keep(relative, stat)) return;
+    // is left out, as rsync leaves out a file that vanished. The copy's own root must be there.
+    const unlessGone = <T>(step: () => T): T | undefined => {
+      try {
+        return step();
+      } catch (error) {
+        if (relative !== "" && (error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+        throw error;
+      }
+    };
+    const stat = unlessGone(() => lstatSync(source));
+    if (stat === undefined || (relative && !keep(relative, stat))) return;
     if (stat.isDirectory()) {
       mkdirSync(target, { recursive: true, mode: 0o700 });
-      let entries: string[];
-      try {
-        entries = readdirSync(source);
-      } catch (error) {
-        if (!gone(error)) throw error;
-        entries = [];
-      }
-      for (const entry of entries) walk(relative ? join(relative, entry) : entry);
+      for (const entry of unlessGone(() => readdirSync(source)) ?? []) walk(relative ? join(relative, entry) : entry);
       chmodSync(target, stat.mode & 0o7777);
     } else if (stat.isSymbolicLink()) {
-      try {
+      const copied = unlessGone(() => {
         symlinkSync(readlinkSync(source), target);
-      } catch (error) {
-        if (gone(error)) return;
-        throw error;
-      }
+        return true;
+      });
+      if (!copied) return;
     } else if (stat.isFile()) {
-      try {
+      const copied = unlessGone(() => {
         copyFileSync(source, target);
-      } catch (error) {
-        if (gone(error)) return;
-        throw error;
-      }
+        return true;
+      });
+      if (!copied) return;
       chmodSync(target, stat.mode & 0o7777);
     } else return;
     if (root) {
