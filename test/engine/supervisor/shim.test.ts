@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { isSameProcess, readProcessStat } from "../../../src/engine/supervisor";
 import { eventually, tempDir, testShim } from "../../helpers";
@@ -131,7 +131,6 @@ describe("engine-shim", () => {
   });
   test("with --spare it makes the next run's directory once the workload runs, and the next run takes it by a rename", async () => {
     const runs = join(dir, "spare", "runs");
-    mkdirSync(runs, { recursive: true });
     const start = async (name: string, spare: boolean, argv: string[]) => {
       const runDir = join(runs, name);
       const proc = Bun.spawn(
