@@ -1,9 +1,9 @@
-import { lstatSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { lstatSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { AppError } from "../../lib/errors";
 import { processIds } from "../../lib/procfs";
 import { libc } from "./libc";
-import { AccountFiles, type AddResult, grewFrom, removeAccounts, type SystemAccount } from "./passwd";
+import { AccountFiles, type AddResult, accountText, grewFrom, removeAccounts, type SystemAccount } from "./passwd";
 
 /**
  * WorkloadUser is the identity a workload (and its builds and exec probes) runs as: the
@@ -98,7 +98,6 @@ function readText(path: string): string {
  * user's, the usual one) is read by parsing those lines alone.
  */
 interface Local {
-  key: string;
   passwdText: string;
   groupText: string;
   passwd: PasswdEntry[];
@@ -108,26 +107,18 @@ interface Local {
 }
 let local: Local | null = null;
 
-function fileKey(path: string): string {
-  try {
-    const stat = statSync(path);
-    return `${stat.ino}:${stat.size}:${stat.mtimeMs}`;
-  } catch {
-    return "-";
-  }
-}
-
 function localAccounts(): Local {
-  const key = `${fileKey("/etc/passwd")}|${fileKey("/etc/group")}`;
-  if (local?.key === key) return local;
-  const passwdText = readText("/etc/passwd");
-  const groupText = readText("/etc/group");
+  // The texts come from passwd.ts's cache: read again only when a file changed, and not at all
+  // after this process's own write of them.
+  const passwdText = accountText("/etc/passwd");
+  const groupText = accountText("/etc/group");
+  if (local && local.passwdText === passwdText && local.groupText === groupText) return local;
   if (local && grewFrom(local.passwdText, passwdText) && grewFrom(local.groupText, groupText)) {
     addLocal(local, passwdText.slice(local.passwdText.length), groupText.slice(local.groupText.length));
-    Object.assign(local, { key, passwdText, groupText });
+    Object.assign(local, { passwdText, groupText });
     return local;
   }
-  local = { key, passwdText, groupText, passwd: [], users: new Map(), groups: new Map(), ids: new Set() };
+  local = { passwdText, groupText, passwd: [], users: new Map(), groups: new Map(), ids: new Set() };
   addLocal(local, passwdText, groupText);
   return local;
 }
@@ -229,7 +220,7 @@ function findPasswd(nameOrUid: string): PasswdEntry | null {
 /** groupIds returns the gids of the named groups that exist on this host. */
 function groupIds(names: string[]): number[] {
   const ids: number[] = [];
-  const text = readText("/etc/group");
+  const text = accountText("/etc/group");
   for (const name of names) {
     const line = text.split("\n").find((l) => l.startsWith(`${name}:`)) ?? getent("group", name).trim();
     const gid = line.split(":")[2];
@@ -275,7 +266,7 @@ async function runTool(tool: "useradd" | "groupadd", args: string[]): Promise<{ 
 /** memberGroups returns the supplementary groups /etc/group lists `user` in (what initgroups(3) would set, for local files). */
 function memberGroups(user: string): number[] {
   const ids: number[] = [];
-  for (const line of readText("/etc/group").split("\n")) {
+  for (const line of accountText("/etc/group").split("\n")) {
     const [, , gid, members] = line.split(":");
     if (gid && /^\d+$/.test(gid) && (members ?? "").split(",").includes(user)) ids.push(Number(gid));
   }

@@ -3,6 +3,7 @@ import {
   existsSync,
   fchmodSync,
   fchownSync,
+  fstatSync,
   fsync,
   fsyncSync,
   linkSync,
@@ -20,6 +21,43 @@ import { promisify } from "node:util";
 import { libc } from "./libc";
 
 const fsyncAsync = promisify(fsync);
+
+/** fileKey names one version of a file: its inode, size and mtime ("-" when it cannot be read). */
+export function fileKey(path: string): string {
+  try {
+    return keyOf(statSync(path));
+  } catch {
+    return "-";
+  }
+}
+
+function keyOf(stat: { ino: number; size: number; mtimeMs: number }): string {
+  return `${stat.ino}:${stat.size}:${stat.mtimeMs}`;
+}
+
+/**
+ * accountTexts are the texts of the world-readable account files (passwd, group) as last read
+ * or written by this process, each with the key of the file it came from. A new service's user
+ * is looked up, checked and written in turn, and each step read the whole of both files again:
+ * with thousands of services, most of a new user's cost. The shadow files are not kept.
+ */
+const accountTexts = new Map<string, { key: string; text: string }>();
+
+/** accountText is a passwd- or group-format file's text ("" when it cannot be read), read again only when its key changed. */
+export function accountText(path: string): string {
+  const key = fileKey(path);
+  const known = accountTexts.get(path);
+  if (known?.key === key) return known.text;
+  let text = "";
+  try {
+    text = readFileSync(path, "utf8");
+  } catch {
+    // missing or unreadable: no entries
+  }
+  // The key was taken before the read: a file replaced in between is read again next time.
+  if (key !== "-") accountTexts.set(path, { key, text });
+  return text;
+}
 
 /** SystemAccount is one service user and, unless its group exists already, its group of the same number. */
 export interface SystemAccount {
@@ -95,8 +133,8 @@ export class AccountFiles {
         if (taken !== "taken") return all(taken);
         held.push(`${path}.lock`);
       }
-      let passwd = readFileSync(files.passwd, "utf8");
-      let group = readFileSync(files.group, "utf8");
+      const passwd = accountText(files.passwd);
+      const group = accountText(files.group);
       // Each file's names and ids, read once: checking each account against the text again was
       // quadratic in the number of users (one per service name, batch jobs included).
       const users = entriesOf(files.passwd, passwd);
@@ -111,30 +149,31 @@ export class AccountFiles {
         if (users.has(account.name, account.uid)) return "taken";
         if (account.makeGroup && groups.has(account.name, account.gid)) return "taken";
         if (account.makeGroup) {
-          const line = `${account.name}:x:${account.gid}:`;
-          group = appendLine(group, line);
           groups.add(account.name, account.gid);
-          lines.group.push(line);
+          lines.group.push(`${account.name}:x:${account.gid}:`);
           lines.gshadow.push(`${account.name}:!::`);
         }
-        const line = `${account.name}:x:${account.uid}:${account.gid}:${account.comment}:${account.home}:${account.shell}`;
-        passwd = appendLine(passwd, line);
         users.add(account.name, account.uid);
-        lines.passwd.push(line);
+        lines.passwd.push(`${account.name}:x:${account.uid}:${account.gid}:${account.comment}:${account.home}:${account.shell}`);
         lines.shadow.push(`${account.name}:!:${days}::::::`);
         return "added";
       });
       // The groups first: a user's gid never names a group that is not there yet.
       const writes: [string, string][] = [];
+      // Each file's new lines are joined to its text once: appending them one by one made a
+      // flattened copy of the whole file per account.
       if (lines.group.length > 0) {
-        writes.push([files.group, group]);
+        writes.push([files.group, appendLines(group, lines.group)]);
         if (existsSync(files.gshadow)) writes.push([files.gshadow, appendLines(readFileSync(files.gshadow, "utf8"), lines.gshadow)]);
       }
       if (lines.passwd.length > 0) {
-        writes.push([files.passwd, passwd]);
+        writes.push([files.passwd, appendLines(passwd, lines.passwd)]);
         if (existsSync(files.shadow)) writes.push([files.shadow, appendLines(readFileSync(files.shadow, "utf8"), lines.shadow)]);
       }
-      await replaceAllWith(writes);
+      const keys = await replaceAllWith(writes);
+      for (const [index, [path, text]] of writes.entries()) {
+        if (path === files.passwd || path === files.group) accountTexts.set(path, { key: keys[index] ?? "-", text });
+      }
       return results;
     } finally {
       for (const lock of held) unlinkQuietly(lock);
@@ -242,10 +281,6 @@ function addEntries(parsed: Parsed, text: string): void {
   }
 }
 
-function appendLine(text: string, line: string): string {
-  return appendLines(text, [line]);
-}
-
 function appendLines(text: string, lines: string[]): string {
   return `${text}${text === "" || text.endsWith("\n") ? "" : "\n"}${lines.map((line) => `${line}\n`).join("")}`;
 }
@@ -268,7 +303,7 @@ function replaceWith(path: string, content: string): void {
  * every `path+` is written, then all are synced at once (the journal commits them together), then
  * renamed over their files one after another, so a reader sees the files change in this order.
  */
-async function replaceAllWith(writes: readonly [path: string, content: string][]): Promise<void> {
+async function replaceAllWith(writes: readonly [path: string, content: string][]): Promise<string[]> {
   const nexts: Beside[] = [];
   try {
     for (const [path, content] of writes) nexts.push(writeBeside(path, content));
@@ -287,17 +322,20 @@ async function replaceAllWith(writes: readonly [path: string, content: string][]
   } finally {
     for (const next of nexts.slice(renamed)) unlinkQuietly(next.path);
   }
+  return nexts.map((next) => next.key);
 }
 
 interface Beside {
   path: string;
   fd: number;
+  /** key is the written file's fileKey (a rename keeps its inode, size and mtime). */
+  key: string;
 }
 
 /** writeBeside writes `path+` with the owner and mode of `path`, not synced yet: its fd stays open. */
 function writeBeside(path: string, content: string): Beside {
   const before = statSync(path);
-  const next = { path: `${path}+`, fd: openSync(`${path}+`, "w", 0o600) };
+  const next = { path: `${path}+`, fd: openSync(`${path}+`, "w", 0o600), key: "-" };
   try {
     const bytes = Buffer.from(content, "utf8");
     let written = 0;
@@ -305,6 +343,7 @@ function writeBeside(path: string, content: string): Beside {
     // Owner before mode: chown clears set-id bits, and a mode set first could be lost.
     fchownSync(next.fd, before.uid, before.gid);
     fchmodSync(next.fd, before.mode & 0o7777);
+    next.key = keyOf(fstatSync(next.fd));
   } catch (error) {
     discard(next);
     throw error;

@@ -1,8 +1,19 @@
 import { afterEach, beforeEach, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { join } from "node:path";
 import { libc } from "../../../src/engine/users/libc";
-import { AccountFiles, removeAccounts, type SystemAccount } from "../../../src/engine/users/passwd";
+import { AccountFiles, accountText, removeAccounts, type SystemAccount } from "../../../src/engine/users/passwd";
 import { eventually, tempDir } from "../../helpers";
 
 const BASE = {
@@ -108,6 +119,30 @@ describe("AccountFiles", () => {
     expect(await files.add([account("eng-f", 61195)])).toEqual(["added"]);
     expect(existsSync(join(etc, "group.lock"))).toBe(false);
   });
+
+  test.skipIf(libc() === null)(
+    "the texts kept between writes follow this process's writes and every change another tool makes",
+    async () => {
+      const files = new AccountFiles(etc);
+      expect(await files.add([account("eng-g", 61196)])).toEqual(["added"]);
+      expect(accountText(join(etc, "passwd"))).toBe(read("passwd"));
+      expect(accountText(join(etc, "group"))).toBe(read("group"));
+      // Another tool replaces the file (useradd writes passwd+ and renames it): the next add sees its user.
+      const edited = `${read("passwd")}eng-h:x:61197:61197:made by useradd:/srv/eng-h:/usr/sbin/nologin\n`;
+      writeFileSync(join(etc, "passwd+"), edited);
+      renameSync(join(etc, "passwd+"), join(etc, "passwd"));
+      expect(await files.add([account("eng-h", 61198)])).toEqual(["taken"]);
+      // An edit in place (same inode; vipw would rename, an editor may not).
+      const inPlace = read("passwd").replace("made by useradd", "made in place by an editor");
+      writeFileSync(join(etc, "passwd"), inPlace);
+      expect(accountText(join(etc, "passwd"))).toBe(inPlace);
+      expect(await files.add([account("eng-i", 61199)])).toEqual(["added"]);
+      expect(read("passwd")).toBe(`${inPlace}eng-i:x:61199:61199:engine service eng-i:/srv/eng-i:/usr/sbin/nologin\n`);
+      expect(read("group")).toBe(`${BASE.group}eng-g:x:61196:\neng-i:x:61199:\n`);
+      rmSync(join(etc, "group"));
+      expect(accountText(join(etc, "group"))).toBe("");
+    },
+  );
 
   test("a file that is a link, a field with a separator, or files that are not there: left to groupadd and useradd", async () => {
     const files = new AccountFiles(etc);
