@@ -1,4 +1,4 @@
-import { existsSync, statSync } from "node:fs";
+import { accessSync, constants, existsSync, statSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
 import type { ServiceDeploy, ServiceKind, ServicePatch } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
@@ -295,8 +295,36 @@ export function assertCommandExists(argv: string[], cwd: string | null, path: st
     if (existsSync(full)) return;
     throw new InputError([detail(["command"], `the command ${program} does not exist (looked for ${full})`, "command_not_found", program)]);
   }
-  if (Bun.which(program, { PATH: path, cwd: cwd ?? undefined })) return;
+  if (onPath(program, path, cwd)) return;
   throw new InputError([detail(["command"], `the command ${program} is not on the PATH of this host`, "command_not_found", program)]);
+}
+
+/** FOUND_ON_PATH remembers where a program was found on a PATH (and cwd, for relative entries); bounded. */
+const FOUND_ON_PATH = new Map<string, string>();
+const FOUND_ON_PATH_LIMIT = 256;
+
+/**
+ * onPath says whether `program` is an executable on `path`. Where it was found before on the same
+ * PATH, the file still being there and executable answers it with one system call: a flood of
+ * jobs running the same program walked every PATH entry for each deploy. A file that went is
+ * looked for again, so a program moved elsewhere on the PATH is still found.
+ */
+function onPath(program: string, path: string, cwd: string | null): boolean {
+  const key = `${path}\0${cwd ?? ""}\0${program}`;
+  const known = FOUND_ON_PATH.get(key);
+  if (known !== undefined) {
+    try {
+      accessSync(known, constants.X_OK);
+      return true;
+    } catch {
+      FOUND_ON_PATH.delete(key);
+    }
+  }
+  const found = Bun.which(program, { PATH: path, cwd: cwd ?? undefined });
+  if (!found) return false;
+  if (FOUND_ON_PATH.size >= FOUND_ON_PATH_LIMIT) FOUND_ON_PATH.clear();
+  FOUND_ON_PATH.set(key, found);
+  return true;
 }
 
 /** NOT_A_PROGRAM are shell builtins and keywords, and wrappers whose program is a later word. */

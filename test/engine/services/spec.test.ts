@@ -1,8 +1,11 @@
 import { describe, expect, test } from "bun:test";
+import { chmodSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { assertNoBindingCycle, type BoundService, bindingVariables } from "../../../src/engine/services/env";
-import { applyPatch, deployOf, normalizeDeploy } from "../../../src/engine/services/spec";
+import { applyPatch, assertCommandExists, deployOf, normalizeDeploy } from "../../../src/engine/services/spec";
 import { bundledTemplateSources, TemplateCatalog } from "../../../src/engine/templates";
 import { InputError } from "../../../src/lib/validation";
+import { tempDir } from "../../helpers";
 
 const silent = { warn: () => undefined, info: () => undefined, error: () => undefined } as never;
 const templates = new TemplateCatalog(bundledTemplateSources(), silent);
@@ -208,5 +211,38 @@ describe("bindings", () => {
     const check = () => assertNoBindingCycle("a", bindings as string[], graph as Map<string, string[]>);
     if (cycle) expect(check).toThrow(/a → b → c → a/);
     else expect(check).not.toThrow();
+  });
+});
+
+describe("assertCommandExists on a PATH", () => {
+  test("a program is found where it is now: moved along the PATH, removed, or no longer executable", () => {
+    const first = tempDir("engine-test-path-a-");
+    const second = tempDir("engine-test-path-b-");
+    const path = `${first}:${second}`;
+    const code = () => {
+      try {
+        assertCommandExists(["tool-x", "--flag"], null, path);
+        return "found";
+      } catch (error) {
+        return (error as InputError).detail[0]?.type;
+      }
+    };
+    try {
+      expect(code()).toBe("command_not_found");
+      writeFileSync(join(second, "tool-x"), "#!/bin/sh\n", { mode: 0o755 });
+      expect(code()).toBe("found");
+      expect(code()).toBe("found");
+      renameSync(join(second, "tool-x"), join(first, "tool-x"));
+      expect(code()).toBe("found");
+      chmodSync(join(first, "tool-x"), 0o644);
+      expect(code()).toBe("command_not_found"); // root too: no execute bit at all
+      chmodSync(join(first, "tool-x"), 0o755);
+      expect(code()).toBe("found");
+      rmSync(join(first, "tool-x"));
+      expect(code()).toBe("command_not_found");
+    } finally {
+      rmSync(first, { recursive: true, force: true });
+      rmSync(second, { recursive: true, force: true });
+    }
   });
 });
