@@ -209,10 +209,10 @@ export function nssAsks(conf: string, database: "passwd" | "group", userdb: bool
 }
 
 /** findPasswd looks a user up by name or numeric uid: /etc/passwd first (no process), then NSS. */
-function findPasswd(nameOrUid: string): PasswdEntry | null {
+function findPasswd(nameOrUid: string, accounts: Local = localAccounts()): PasswdEntry | null {
   const numeric = /^\d+$/.test(nameOrUid);
   const match = (entry: PasswdEntry) => (numeric ? entry.uid === Number(nameOrUid) : entry.name === nameOrUid);
-  const { passwd, users } = localAccounts();
+  const { passwd, users } = accounts;
   const found = numeric ? passwd.find(match) : users.get(nameOrUid);
   return found ?? parsePasswd(getent("passwd", nameOrUid)).find(match) ?? null;
 }
@@ -230,16 +230,11 @@ function groupIds(names: string[]): number[] {
 }
 
 /** findGroup returns the gid of a group by name, or null when the host has none. */
-function findGroup(name: string): number | null {
-  const found = localAccounts().groups.get(name);
+function findGroup(name: string, accounts: Local = localAccounts()): number | null {
+  const found = accounts.groups.get(name);
   if (found !== undefined) return found;
   const gid = getent("group", name).trim().split(":")[2];
   return gid && /^\d+$/.test(gid) ? Number(gid) : null;
-}
-
-/** usedIds are the uids and gids the local passwd and group files hold (the cache's own set: read it, never add to it). */
-function usedIds(): ReadonlySet<number> {
-  return localAccounts().ids;
 }
 
 let nologinPath: string | null = null;
@@ -296,14 +291,13 @@ export class ServiceUsers {
   ) {}
 
   /** idFree says whether an id is neither a user's nor a group's, locally or through NSS. */
-  private idFree(id: number): boolean {
-    return !this.reserved.has(id) && !usedIds().has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
+  private idFree(id: number, used: ReadonlySet<number>): boolean {
+    return !this.reserved.has(id) && !used.has(id) && getent("passwd", String(id)) === "" && getent("group", String(id)) === "";
   }
 
   /** freeId is the lowest id of the range that no user or group has, locally or through NSS. */
-  private freeId(): number {
+  private freeId(used: ReadonlySet<number>): number {
     // The cache's set is read as it is (copying it cost O(users) a new user).
-    const used = usedIds();
     for (let id = this.idRange.min; id <= this.idRange.max; id++) {
       if (used.has(id) || this.reserved.has(id)) continue;
       if (getent("passwd", String(id)) === "" && getent("group", String(id)) === "") return id;
@@ -396,7 +390,9 @@ export class ServiceUsers {
   async ensureServiceUser(serviceName: string, home: string, recorded: RecordedUser | null): Promise<WorkloadUser> {
     const name = serviceUserName(serviceName);
     for (let attempt = 0; ; attempt++) {
-      const entry = findPasswd(name);
+      // One look at the files an attempt: each look is a stat of both.
+      const accounts = localAccounts();
+      const entry = findPasswd(name, accounts);
       if (entry) {
         if (!entry.comment.startsWith(SERVICE_USER_COMMENT)) {
           throw new AppError(
@@ -410,8 +406,9 @@ export class ServiceUsers {
       // Debian: it would run out after some 900 services, batch jobs included). The group gets
       // the same number, as systemd's DynamicUser= does; a recorded id is asked for again so
       // files the old user owned stay its own.
-      const id = recorded !== null && recorded.name === name && this.idFree(recorded.uid) ? recorded.uid : this.freeId();
-      const existingGroup = findGroup(name);
+      const id =
+        recorded !== null && recorded.name === name && this.idFree(recorded.uid, accounts.ids) ? recorded.uid : this.freeId(accounts.ids);
+      const existingGroup = findGroup(name, accounts);
       const added = await this.addAccount({
         name,
         uid: id,
@@ -421,7 +418,9 @@ export class ServiceUsers {
         home,
         shell: nologin(),
       });
-      if (added === "added" || (added === "taken" && attempt < 20)) continue; // read it back, or choose again
+      // Written under the files' locks, as asked: no need to read it back.
+      if (added === "added") return { name, uid: id, gid: existingGroup ?? id, groups: this.gpuGroups(), home };
+      if (added === "taken" && attempt < 20) continue; // choose again
       if (added === "busy" && attempt < 20) {
         await Bun.sleep(5 + attempt * 10);
         continue;
