@@ -128,11 +128,11 @@ export class AccountFiles {
     const held: string[] = [];
     try {
       if (!lib.tryWriteLock(lockFd)) return all("busy");
-      for (const path of Object.values(files).filter((file) => existsSync(file))) {
-        const taken = takeLockFile(path);
-        if (taken !== "taken") return all(taken);
-        held.push(`${path}.lock`);
-      }
+      const taken = takeLockFiles(
+        Object.values(files).filter((file) => existsSync(file)),
+        held,
+      );
+      if (taken !== "taken") return all(taken);
       const passwd = accountText(files.passwd);
       const group = accountText(files.group);
       // Each file's names and ids, read once: checking each account against the text again was
@@ -204,10 +204,7 @@ export function removeAccounts(names: readonly string[], etc = "/etc"): boolean 
   try {
     if (!lib.tryWriteLock(lockFd)) return false;
     const present = files.filter((path) => existsSync(path));
-    for (const path of present) {
-      if (takeLockFile(path) !== "taken") return false;
-      held.push(`${path}.lock`);
-    }
+    if (takeLockFiles(present, held) !== "taken") return false;
     const gone = new Set(names);
     for (const path of present) {
       const text = readFileSync(path, "utf8");
@@ -362,12 +359,17 @@ function discard(next: Beside): void {
 }
 
 /**
- * takeLockFile takes shadow-utils' lock of one file: `<file>.<pid>` holding this pid, linked to
- * `<file>.lock`; a lock whose owner is gone is removed and taken. Answers "taken" when it holds it.
+ * takeLockFiles takes shadow-utils' lock of each file, in order: `<file>.lock` holding this pid,
+ * a link to a `<file>.<pid>` as commonio_lock makes it; a lock whose owner is gone is removed
+ * and taken. One such file is linked to all the locks, then removed (others read a lock's pid,
+ * never its name or links): one new inode a write instead of one a file, where each create
+ * costs more the more the file system deleted lately (decision 473). Each lock taken goes into
+ * `held`, for the caller to remove, also when a later one is busy. Answers "taken" when it holds all.
  */
-function takeLockFile(path: string): "taken" | "busy" | "unsupported" {
-  const lock = `${path}.lock`;
-  const mine = `${path}.${process.pid}`;
+function takeLockFiles(paths: readonly string[], held: string[]): "taken" | "busy" | "unsupported" {
+  const first = paths[0];
+  if (first === undefined) return "taken";
+  const mine = `${first}.${process.pid}`;
   try {
     const fd = openSync(mine, "w", 0o600);
     writeSync(fd, String(process.pid));
@@ -376,21 +378,30 @@ function takeLockFile(path: string): "taken" | "busy" | "unsupported" {
     return "unsupported";
   }
   try {
-    for (let attempt = 0; attempt < 2; attempt++) {
-      try {
-        linkSync(mine, lock);
-        return "taken";
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== "EEXIST") return "unsupported";
-      }
-      const owner = Number(readQuietly(lock).trim());
-      if (Number.isInteger(owner) && owner > 0 && processAlive(owner)) return "busy";
-      unlinkQuietly(lock); // its owner died holding it, as shadow-utils' commonio_lock treats it
+    for (const path of paths) {
+      const taken = linkLock(mine, `${path}.lock`);
+      if (taken !== "taken") return taken;
+      held.push(`${path}.lock`);
     }
-    return "busy";
+    return "taken";
   } finally {
     unlinkQuietly(mine);
   }
+}
+
+function linkLock(mine: string, lock: string): "taken" | "busy" | "unsupported" {
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      linkSync(mine, lock);
+      return "taken";
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") return "unsupported";
+    }
+    const owner = Number(readQuietly(lock).trim());
+    if (Number.isInteger(owner) && owner > 0 && processAlive(owner)) return "busy";
+    unlinkQuietly(lock); // its owner died holding it, as shadow-utils' commonio_lock treats it
+  }
+  return "busy";
 }
 
 function processAlive(pid: number): boolean {

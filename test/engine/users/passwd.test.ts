@@ -121,6 +121,24 @@ describe("AccountFiles", () => {
   });
 
   test.skipIf(libc() === null)(
+    "while a write syncs, each file's shadow-utils lock holds this pid, all four links of one file",
+    async () => {
+      const files = new AccountFiles(etc);
+      const writing = files.add([account("eng-l", 61200)]); // the locks are taken before its first wait
+      const locks = ["passwd", "shadow", "group", "gshadow"].map((file) => join(etc, `${file}.lock`));
+      try {
+        for (const lock of locks) expect(readFileSync(lock, "utf8")).toBe(String(process.pid));
+        expect(new Set(locks.map((lock) => statSync(lock).ino)).size).toBe(1);
+        expect(statSync(locks[0] as string).nlink).toBe(4);
+        expect(readdirSync(etc).filter((file) => /\.\d+$/.test(file))).toEqual([]);
+      } finally {
+        expect(await writing).toEqual(["added"]);
+      }
+      for (const lock of locks) expect(existsSync(lock)).toBe(false);
+    },
+  );
+
+  test.skipIf(libc() === null)(
     "the texts kept between writes follow this process's writes and every change another tool makes",
     async () => {
       const files = new AccountFiles(etc);
