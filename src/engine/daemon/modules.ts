@@ -275,12 +275,16 @@ export function servicesModule(
       await manager.start();
       supervisor.replayEarlyNotices();
     },
-    stop() {
+    async stop() {
       // A manager only provisioned adopted nothing: what runs is still the predecessor's.
       if (!manager || !started) return;
       keptRunning = manager.liveServiceNames();
       manager.handOver();
+      const stopped = manager;
       manager = null;
+      // A new service user's write of the account files holds their locks: it ends here, not
+      // after this daemon, where the next engine (or a test's clean-up) met the locks as busy.
+      await stopped.accountsIdle();
       if (keptRunning.length === 0) return;
       log?.info(
         { services: keptRunning },

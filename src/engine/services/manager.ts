@@ -291,6 +291,11 @@ export class ServiceManager implements ServiceDirectory {
     for (const runner of this.runners.values()) runner.handOver();
   }
 
+  /** accountsIdle resolves once no write of the account files (a new service user's) is in flight or due. */
+  accountsIdle(): Promise<void> {
+    return this.users.idle();
+  }
+
   /** resumeAfterDrain takes deploys again after a restart that did not go through. */
   resumeAfterDrain(): void {
     this.draining = false;

@@ -372,13 +372,22 @@ export class ServiceUsers {
   }
 
   /**
-   * idle resolves once no write of the account files is in flight in this process. A removal
-   * (removeServiceUsersOf) waits for it: the write holds the files' locks, which cannot keep
-   * this process from itself, so a removal meeting them would take them for another's. Writes
-   * start only on a turn of the event loop, so none starts between idle and the caller's next step.
+   * idle resolves once no write of the account files is in flight or due in this process. A
+   * removal (removeServiceUsersOf) waits for it: the write holds the files' locks, which cannot
+   * keep this process from itself, so a removal meeting them would take them for another's; and
+   * a daemon that stops waits for it, so that no write of its goes on after it (its locks made
+   * the next engine's, or a test's clean-up, take the files for busy). A write is due on the
+   * next turn of the event loop when accounts were asked for while another was in flight: it
+   * is waited for too. Writes start only on a turn of the event loop, so none starts between
+   * idle and the caller's next step.
    */
   async idle(): Promise<void> {
-    while (this.writing) await this.writing;
+    for (;;) {
+      if (this.writing) await this.writing;
+      // setImmediate runs in order: this turn comes after the one that starts the due write.
+      else if (this.writeDue || this.queued) await new Promise<void>((resolve) => setImmediate(resolve));
+      else return;
+    }
   }
 
   /**
@@ -493,6 +502,7 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
     if (options.only && !options.only.some((service) => serviceUserName(service) === name)) continue;
     users.push({ name, uid: Number(uid) });
   }
+  if (process.env.DEBUG_USERS) console.error("removeServiceUsersOf", dataDir, users);
   if (users.length === 0) return [];
   // Users with no process left go in one rewrite of the account files (userdel costs a process
   // and four rewrites each); the others, and all where the files cannot be written, go through
@@ -500,10 +510,19 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
   const busy = uidsInUse();
   const idle = users.filter((user) => !busy.has(user.uid));
   const removed = removeAccounts(idle.map((user) => user.name)) ? idle : [];
+  if (process.env.DEBUG_USERS)
+    console.error(
+      "busy",
+      users.filter((u) => busy.has(u.uid)),
+      "removed",
+      removed,
+    );
   for (const user of users.filter((candidate) => !removed.includes(candidate))) {
     const deadline = Date.now() + (options.waitMs ?? 0);
     for (;;) {
-      const code = Bun.spawnSync(["userdel", user.name], { stdout: "ignore", stderr: "ignore" }).exitCode;
+      const r = Bun.spawnSync(["userdel", user.name], { stdout: "ignore", stderr: "pipe" });
+      const code = r.exitCode;
+      if (process.env.DEBUG_USERS) console.error("userdel", user.name, code, r.stderr.toString());
       if (code === 0) removed.push(user);
       if (code !== 8 || Date.now() >= deadline) break;
       Bun.sleepSync(20);

@@ -1,8 +1,9 @@
 import { afterAll, expect, test } from "bun:test";
 import { chownSync, existsSync, lchownSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { nssAsks, removeLeftovers } from "../../../src/engine/users/accounts";
-import { tempDir } from "../../helpers";
+import { nssAsks, removeLeftovers, ServiceUsers } from "../../../src/engine/users/accounts";
+import type { AccountFiles, AddResult, SystemAccount } from "../../../src/engine/users/passwd";
+import { eventually, tempDir } from "../../helpers";
 
 const DEBIAN =
   "# /etc/nsswitch.conf\npasswd:         files systemd\ngroup:          files systemd\nshadow:         files\nhosts: files dns\n";
@@ -47,3 +48,31 @@ afterAll(() => rmSync(scratch, { recursive: true, force: true }));
     expect(readFileSync(target, "utf8")).toBe("keep");
   },
 );
+
+test("idle waits for the write in flight and for the one due behind it", async () => {
+  // Writes the test settles by hand: the second is asked for while the first is in flight.
+  const writes: { names: string[]; settle: () => void }[] = [];
+  const files = {
+    add: (accounts: SystemAccount[]) =>
+      new Promise<AddResult[]>((resolve) => {
+        writes.push({ names: accounts.map((account) => account.name), settle: () => resolve(accounts.map(() => "added")) });
+      }),
+  } as unknown as AccountFiles;
+  const users = new ServiceUsers({ min: 64900, max: 64999 }, files);
+  const first = users.ensureServiceUser("idle-test-a", join(scratch, "a"), null);
+  await eventually(() => writes.length === 1);
+  const second = users.ensureServiceUser("idle-test-b", join(scratch, "b"), null);
+  let idle = false;
+  const waited = users.idle().then(() => {
+    idle = true;
+  });
+  writes[0]?.settle();
+  await first;
+  // The second write starts on the next turn: idle has not resolved in between.
+  await eventually(() => writes.length === 2);
+  expect(idle).toBe(false);
+  writes[1]?.settle();
+  await Promise.all([second, waited]);
+  expect(idle).toBe(true);
+  expect(writes.map((write) => write.names)).toEqual([["eng-idle-test-a"], ["eng-idle-test-b"]]);
+});
