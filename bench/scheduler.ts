@@ -17,7 +17,9 @@
  *   D. M one-shot batch jobs (`true`) for each M of --jobs, submitted through the API with
  *      bounded concurrency until all completed: jobs/s vs a Bun.spawn(["true"]) loop awaiting
  *      each exit (and a shell loop), measured just before; and the daemon's CPU time per job
- *      (user + system, from /proc), which the machine's other load moves far less than a rate.
+ *      (user + system, from /proc), which the machine's other load moves far less than a rate,
+ *      the whole machine's, and the shares of the round its main thread ran and waited for a
+ *      core (schedstat).
  *
  * Everything is bounded in count and time; every process started is ended (the engine
  * stopped, its workloads, shims and users reaped, the data dir removed), on failure too.
@@ -200,6 +202,9 @@ interface JobFigures {
   clientCpuMs: number;
   machineCpuMs: number;
   bunMachineCpuMs: number;
+  /** mainRan and mainWaited are the shares of the round's wall time the daemon's main thread ran, and waited on a run queue for a core (schedstat). */
+  mainRan: number;
+  mainWaited: number;
   completed: number;
   failed: number;
 }
@@ -210,6 +215,20 @@ function machineBusyMs(): number {
   // user nice system idle iowait irq softirq steal (guest time is counted in user already)
   const [user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0, steal = 0] = fields;
   return (user + nice + system + irq + softirq + steal) * 10;
+}
+
+/**
+ * schedNs is a thread's time on a CPU and its time waiting on a run queue so far, in ns
+ * (/proc/PID/task/TID/schedstat): a thread that is runnable but waits for a core shows there,
+ * not in its CPU time. Zeros where the kernel keeps no schedstat.
+ */
+function schedNs(pid: number, tid = pid): { ran: number; waited: number } {
+  try {
+    const [ran = 0, waited = 0] = readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").trim().split(" ").map(Number);
+    return { ran, waited };
+  } catch {
+    return { ran: 0, waited: 0 };
+  }
 }
 
 /** selfCpuMs is this bench process's own CPU time so far, in ms. */
@@ -513,6 +532,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const jobNames = Array.from({ length: count }, (_, i) => `job-${round}-${String(i).padStart(5, "0")}`);
       const settled = new Map<string, string>();
       const cpuBefore = cpuMs(daemonPid);
+      const schedBefore = schedNs(daemonPid);
       const machineBefore = machineBusyMs();
       const clientBefore = selfCpuMs();
       const jobsStart = performance.now();
@@ -570,6 +590,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const daemonCpuMs = (cpuMs(daemonPid) - cpuBefore) / count;
       const machineCpuMs = (machineBusyMs() - machineBefore) / count;
       const clientCpuMs = (selfCpuMs() - clientBefore) / count;
+      const schedAfter = schedNs(daemonPid);
       const completed = [...settled.values()].filter((s) => s === "completed").length;
       jobs.set(count, {
         enginePerS: (count / jobsMs) * 1000,
@@ -579,6 +600,8 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
         clientCpuMs,
         machineCpuMs,
         bunMachineCpuMs,
+        mainRan: (schedAfter.ran - schedBefore.ran) / 1e6 / jobsMs,
+        mainWaited: (schedAfter.waited - schedBefore.waited) / 1e6 / jobsMs,
         completed,
         failed: count - completed,
       });
@@ -646,7 +669,7 @@ try {
     const jobLine = [...figures.jobs]
       .map(
         ([m, j]) =>
-          `${m} jobs ${fmt(j.enginePerS / j.bunPerS, 3)}× (CPU ms a job: machine ${fmt(j.machineCpuMs, 2)}, daemon ${fmt(j.daemonCpuMs, 2)}, client ${fmt(j.clientCpuMs, 2)}; Bun.spawn loop ${fmt(j.bunMachineCpuMs, 2)})`,
+          `${m} jobs ${fmt(j.enginePerS / j.bunPerS, 3)}× (CPU ms a job: machine ${fmt(j.machineCpuMs, 2)}, daemon ${fmt(j.daemonCpuMs, 2)}, client ${fmt(j.clientCpuMs, 2)}; Bun.spawn loop ${fmt(j.bunMachineCpuMs, 2)}; daemon's main thread ran ${fmt(j.mainRan * 100, 0)} %, waited for a core ${fmt(j.mainWaited * 100, 0)} %)`,
       )
       .join(", ");
     console.log(
@@ -688,6 +711,21 @@ for (const count of JOBS) {
   // What a job costs the whole machine, and where: the daemon, this bench's client (one POST and
   // its polls), and the rest (launcher, shim, the workload, the kernel's process and file work).
   // With every core busy, jobs/s is at most cores × 1000 / the machine's ms a job.
+  // The daemon's main thread is where a job's API and scheduling work runs: a share of waiting
+  // for a core next to its running says the cores are full, not that the thread idles.
+  ratioRows.push([
+    `   (the daemon's main thread: ran / waited for a core, % of the round)`,
+    `${spread(
+      of((f) => (job(f)?.mainRan ?? Number.NaN) * 100),
+      0,
+    )} / ${spread(
+      of((f) => (job(f)?.mainWaited ?? Number.NaN) * 100),
+      0,
+    )}`,
+    "",
+    "",
+    "",
+  ]);
   ratioRows.push([
     `   (the machine's CPU time per job, ms: daemon + client + rest)`,
     `${spread(of((f) => job(f)?.machineCpuMs ?? Number.NaN))}: ${spread(of((f) => job(f)?.daemonCpuMs ?? Number.NaN))} + ${spread(
