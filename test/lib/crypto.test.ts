@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { randomBytes } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { constantTimeEqual, digestSecret, generateToken, SecretBox } from "../../src/lib/crypto";
 import { createLogger } from "../../src/lib/logger";
@@ -36,17 +36,21 @@ describe("crypto", () => {
 describe("logger", () => {
   test("redacts every secret field before it reaches the file", async () => {
     const dir = tempDir();
-    const { log, flush } = createLogger({ level: "info", dataDir: dir, stdout: false });
-    log.info(
-      { token: "T1", password: "P1", body: { token: "T2", secret: "S1" }, headers: { authorization: "Bearer T3" }, admin_token: "A1" },
-      "secrets inside",
-    );
-    flush();
-    const text = await eventually(() => {
-      const content = readFileSync(join(dir, "engine.log"), "utf8");
-      return content.includes("secrets inside") ? content : "";
-    });
-    for (const secret of ["T1", "P1", "T2", "S1", "Bearer T3", "A1"]) expect(text).not.toContain(`"${secret}"`);
-    expect(text).toContain("[redacted]");
+    try {
+      const { log, flush } = createLogger({ level: "info", dataDir: dir, stdout: false });
+      log.info(
+        { token: "T1", password: "P1", body: { token: "T2", secret: "S1" }, headers: { authorization: "Bearer T3" }, admin_token: "A1" },
+        "secrets inside",
+      );
+      flush();
+      const text = await eventually(() => {
+        const content = readFileSync(join(dir, "engine.log"), "utf8");
+        return content.includes("secrets inside") ? content : "";
+      });
+      for (const secret of ["T1", "P1", "T2", "S1", "Bearer T3", "A1"]) expect(text).not.toContain(`"${secret}"`);
+      expect(text).toContain("[redacted]");
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
