@@ -300,17 +300,22 @@ static const char *signal_name(int sig) {
 
 /* reserve_exit preallocates exit.json.tmp when the run starts, so that the exit record fits
    even when the disk is full by the time the workload ends (issue 13). */
+/* reserve_room gives the exit record's file its EXIT_RESERVE_BYTES; 0 when it has them. */
+static int reserve_room(int fd) {
+  if (posix_fallocate(fd, 0, EXIT_RESERVE_BYTES) == 0) return 0;
+  /* No fallocate here (or no room yet): reserve by writing. */
+  static const char spaces[EXIT_RESERVE_BYTES] = {0};
+  if (pwrite(fd, spaces, sizeof spaces, 0) == (ssize_t)sizeof spaces) return 0;
+  (void)!ftruncate(fd, 0);
+  return -1;
+}
+
 static void reserve_exit(void) {
   char tmp[PATH_MAX];
   path_in_run(tmp, sizeof tmp, "exit.json.tmp");
   /* No O_TRUNC: a spare's file keeps the room it was given (a new run's file is empty anyway). */
   exit_fd = open(tmp, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-  if (exit_fd < 0) return;
-  if (posix_fallocate(exit_fd, 0, EXIT_RESERVE_BYTES) != 0) {
-    /* No fallocate here (or no room yet): reserve by writing. */
-    static const char spaces[EXIT_RESERVE_BYTES] = {0};
-    if (pwrite(exit_fd, spaces, sizeof spaces, 0) != (ssize_t)sizeof spaces) (void)!ftruncate(exit_fd, 0);
-  }
+  if (exit_fd >= 0) reserve_room(exit_fd);
 }
 
 /* spare_path names the service's spare run directory: `.next-run` two levels above RUN_DIR
@@ -340,7 +345,7 @@ static void make_spare(void) {
   snprintf(record, sizeof record, "%s/exit.json.tmp", tmp);
   snprintf(pids, sizeof pids, "%s/pids.tmp", tmp);
   int fd = open(record, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-  int ok = fd >= 0 && posix_fallocate(fd, 0, EXIT_RESERVE_BYTES) == 0;
+  int ok = fd >= 0 && reserve_room(fd) == 0;
   if (fd >= 0) close(fd);
   if (ok) {
     int pids_fd = open(pids, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
