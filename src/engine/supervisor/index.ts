@@ -221,9 +221,7 @@ export class Supervisor {
       procs = group.procsPath;
     }
     this.byRunDir.set(spec.runDir, spec.runId);
-    const argv = [
-      this.shimPath,
-      ...(spec.spare ? ["--spare"] : []),
+    const args = [
       spec.runDir,
       spec.logFile,
       this.notifySocket,
@@ -236,7 +234,7 @@ export class Supervisor {
     ];
     let report: string;
     try {
-      report = await this.startShim(argv, spec);
+      report = await this.startShim(args, spec);
       // What a spawn would have thrown: a working directory it cannot enter, a run directory
       // it cannot make (a full disk is the disk's fault, not the service's: the caller knows it by its code).
       const setup = /^err (\d+) (chdir|rundir)$/.exec(report);
@@ -284,14 +282,13 @@ export class Supervisor {
   }
 
   /**
-   * startShim starts the shim through the launcher (no fork in this process), or spawns it
-   * where no launcher runs, and answers its one-line report (its stdout, else its stderr). A
-   * report lost with its
-   * launcher is read back from the run's `pids` file, which the shim writes before it reports:
-   * without it, the shim never got going.
+   * startShim starts the shim with `args` through the launcher (no fork in this process), or
+   * spawns it where no launcher runs, and answers its one-line report (its stdout, else its
+   * stderr). A report lost with its launcher is read back from the run's `pids` file, which the
+   * shim writes before it reports: without it, the shim never got going.
    */
-  private async startShim(argv: string[], spec: LaunchSpec): Promise<string> {
-    const launched = await this.launcher.launch(argv, spec.env, spec.cwd);
+  private async startShim(args: string[], spec: LaunchSpec): Promise<string> {
+    const launched = await this.launcher.launch([this.shimPath, ...(spec.spare ? ["--spare"] : []), ...args], spec.env, spec.cwd);
     if (launched === undefined) {
       // A shim from before the launcher does not make its directories: made here, as the shim
       // makes them (the service's logs/ and runs/ 0700, the run's 0750).
@@ -299,13 +296,7 @@ export class Supervisor {
       mkdirSync(dirname(spec.runDir), { recursive: true, mode: 0o700 });
       mkdirSync(spec.runDir, { mode: 0o750 });
       // Nor does it know --spare.
-      const proc = Bun.spawn(argv[1] === "--spare" ? [argv[0] as string, ...argv.slice(2)] : argv, {
-        cwd: spec.cwd,
-        env: spec.env,
-        stdin: "ignore",
-        stdout: "pipe",
-        stderr: "pipe",
-      });
+      const proc = Bun.spawn([this.shimPath, ...args], { cwd: spec.cwd, env: spec.env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
       const [stdout, stderr] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
       return stdout.trim() || stderr.trim();
     }
