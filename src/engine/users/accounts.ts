@@ -502,7 +502,6 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
     if (options.only && !options.only.some((service) => serviceUserName(service) === name)) continue;
     users.push({ name, uid: Number(uid) });
   }
-  if (process.env.DEBUG_USERS) console.error("removeServiceUsersOf", dataDir, users);
   if (users.length === 0) return [];
   // Users with no process left go in one rewrite of the account files (userdel costs a process
   // and four rewrites each); the others, and all where the files cannot be written, go through
@@ -510,19 +509,10 @@ export function removeServiceUsersOf(dataDir: string, options: { only?: readonly
   const busy = uidsInUse();
   const idle = users.filter((user) => !busy.has(user.uid));
   const removed = removeAccounts(idle.map((user) => user.name)) ? idle : [];
-  if (process.env.DEBUG_USERS)
-    console.error(
-      "busy",
-      users.filter((u) => busy.has(u.uid)),
-      "removed",
-      removed,
-    );
   for (const user of users.filter((candidate) => !removed.includes(candidate))) {
     const deadline = Date.now() + (options.waitMs ?? 0);
     for (;;) {
-      const r = Bun.spawnSync(["userdel", user.name], { stdout: "ignore", stderr: "pipe" });
-      const code = r.exitCode;
-      if (process.env.DEBUG_USERS) console.error("userdel", user.name, code, r.stderr.toString());
+      const code = Bun.spawnSync(["userdel", user.name], { stdout: "ignore", stderr: "ignore" }).exitCode;
       if (code === 0) removed.push(user);
       if (code !== 8 || Date.now() >= deadline) break;
       Bun.sleepSync(20);

@@ -5,7 +5,7 @@ import type { Dialect } from "../../../src/cloud/db";
 import { LocalProvider, type ManagedService, type ProvisionerOptions, ScriptedProvider } from "../../../src/cloud/managed";
 import { createLogger } from "../../../src/lib/logger";
 import { VERSION } from "../../../src/lib/version";
-import { eventually, MutableClock, REPO_ROOT, reapWorkloads, tempDir, testShim } from "../../helpers";
+import { eventually, MutableClock, REPO_ROOT, reapWorkloads, removeServiceUsers, tempDir, testShim } from "../../helpers";
 import { startTestCloud, type TestCloud } from "../helpers";
 
 /** ENGINE_SOURCE is this checkout's engine CLI, which boxes run from source in these tests. */
@@ -35,6 +35,24 @@ export function boxPids(cloudDataDir: string): number[] {
   return found;
 }
 
+/** goneBoxesWithUsers names the boxes under `boxes` that are gone but whose service users (home `<box>/data/data/<service>`) are still in /etc/passwd. */
+function goneBoxesWithUsers(boxes: string): string[] {
+  let passwd = "";
+  try {
+    passwd = readFileSync("/etc/passwd", "utf8");
+  } catch {
+    return [];
+  }
+  const found = new Set<string>();
+  for (const line of passwd.split("\n")) {
+    const home = line.split(":")[5] ?? "";
+    if (!home.startsWith(`${boxes}/`)) continue;
+    const box = home.slice(boxes.length + 1).split("/")[0] ?? "";
+    if (box && !existsSync(join(boxes, box))) found.add(box);
+  }
+  return [...found];
+}
+
 /** reapBoxes kills every box engine a console started under its data dir, and their workloads. */
 export function reapBoxes(cloudDataDir: string): void {
   for (const pid of boxPids(cloudDataDir)) {
@@ -51,6 +69,9 @@ export function reapBoxes(cloudDataDir: string): void {
     const data = join(boxes, box, "data");
     if (existsSync(data)) reapWorkloads(data);
   }
+  // A box destroyed during the test took its files, and the users its root engine made unless a
+  // process of theirs was still being reaped: those go now.
+  for (const box of goneBoxesWithUsers(boxes)) removeServiceUsers(join(boxes, box, "data"));
   // Shims and anything else still naming a box's path (a shim spawned but not yet recorded).
   for (const entry of readdirSync("/proc")) {
     if (!/^\d+$/.test(entry)) continue;
