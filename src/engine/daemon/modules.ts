@@ -26,6 +26,7 @@ import { EngineMetrics } from "../metrics";
 import { type CaDescription, ProxyController } from "../proxy";
 import { type ServiceDirectory, ServiceManager, ServiceStore } from "../services";
 import { openStore } from "../store";
+import { type Checkpointer, startCheckpointer } from "../store/checkpointer";
 import { Supervisor } from "../supervisor";
 import { bundledTemplateSources, readTemplateDir, TemplateCatalog } from "../templates";
 import { AcmeIssuer, LeafCertificates, LocalCa, leavesDirectory, pkiDirectory, trustStatus } from "../tls";
@@ -126,14 +127,23 @@ export function localCaModule(): Module {
  */
 export function storeModule(open: (store: ReturnType<typeof openStore>) => void): Module {
   let db: ReturnType<typeof openStore> | null = null;
+  let checkpointer: Checkpointer | null = null;
   return {
     name: "store",
     provision({ config }) {
       db = openStore(join(config.dataDir, "engine.db"));
       open(db);
     },
-    start() {},
-    stop() {
+    // Its WAL checkpoints run on a worker thread from the start on, not in the daemon's commits.
+    start({ config, log }) {
+      if (!db || checkpointer) return;
+      checkpointer = startCheckpointer(db, join(config.dataDir, "engine.db"), (message) =>
+        log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
+      );
+    },
+    async stop() {
+      await checkpointer?.stop();
+      checkpointer = null;
       db?.close();
     },
   } satisfies Module;

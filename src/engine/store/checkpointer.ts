@@ -1,0 +1,144 @@
+import type { Database } from "bun:sqlite";
+
+/** CHECKPOINT_EVERY_MS is how often the worker copies the WAL's new pages into the database. */
+export const CHECKPOINT_EVERY_MS = 500;
+/**
+ * RESTART_FRAMES is the WAL length (pages of 4 KiB: 16 MiB) past which the worker checkpoints with
+ * RESTART: under writes that never pause, a passive checkpoint never catches up with the last
+ * commit, and the WAL only starts over at its beginning once one has.
+ */
+export const RESTART_FRAMES = 4000;
+/** AUTOCHECKPOINT_PAGES is SQLite's own default, which the connection gets back if the worker fails. */
+const AUTOCHECKPOINT_PAGES = 1000;
+/** STOP_WAIT_MS bounds the wait for the worker's last checkpoint when the store closes. */
+const STOP_WAIT_MS = 5000;
+
+/** CheckpointStart is the worker's first message; `stop` its last. */
+type CheckpointMessage = { path: string; everyMs: number; restartFrames: number } | { stop: true };
+/** CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), ended (it could not open the database), or stopped. */
+export type CheckpointReport = { ready: true } | { failed: string } | { ended: string } | { stopped: true };
+
+/**
+ * checkpointWorker is the worker's whole program. It runs from its own source text (toString),
+ * so it uses nothing from outside its body: it opens its own connection to the database and
+ * checkpoints PASSIVE every `everyMs` (it never waits for the writer, nor makes it wait), and
+ * with RESTART once the WAL is `restartFrames` long (the writer then waits for one short copy).
+ */
+function checkpointWorker(scope: {
+  onmessage: ((event: MessageEvent<CheckpointMessage>) => void) | null;
+  postMessage(report: CheckpointReport): void;
+}): void {
+  let db: import("bun:sqlite").Database | null = null;
+  let timer: ReturnType<typeof setInterval> | null = null;
+  scope.onmessage = async (event) => {
+    const message = event.data;
+    if ("stop" in message) {
+      if (timer) clearInterval(timer);
+      try {
+        db?.exec("PRAGMA wal_checkpoint(PASSIVE)");
+      } catch {
+        // The closing connection's own checkpoint copies what is left.
+      }
+      db?.close();
+      db = null;
+      scope.postMessage({ stopped: true });
+      return;
+    }
+    const { Database } = await import("bun:sqlite");
+    let opened: import("bun:sqlite").Database;
+    try {
+      opened = new Database(message.path, { readwrite: true, create: false });
+      opened.exec("PRAGMA busy_timeout = 5000");
+    } catch (error) {
+      scope.postMessage({ ended: `cannot open ${message.path}: ${(error as Error).message}` });
+      return;
+    }
+    db = opened;
+    const checkpoint = (mode: "PASSIVE" | "RESTART") =>
+      opened.query<{ busy: number; log: number; checkpointed: number }, []>(`PRAGMA wal_checkpoint(${mode})`).get();
+    // A failure is reported once until a checkpoint succeeds again (a full disk fails every turn).
+    let failing = "";
+    timer = setInterval(() => {
+      try {
+        const passive = checkpoint("PASSIVE");
+        if (passive && passive.log >= message.restartFrames) checkpoint("RESTART");
+        failing = "";
+      } catch (error) {
+        const text = (error as Error).message;
+        if (text !== failing) scope.postMessage({ failed: text });
+        failing = text;
+      }
+    }, message.everyMs);
+    scope.postMessage({ ready: true });
+  };
+}
+
+/** Checkpointer is the running worker; stop() waits for its last checkpoint and ends it. */
+export interface Checkpointer {
+  stop(): Promise<void>;
+}
+
+/**
+ * startCheckpointer moves the WAL checkpoints of `db` (the file at `path`) off the calling
+ * thread. SQLite's automatic checkpoint runs inside the commit that takes the WAL past 1000
+ * pages and fsyncs the WAL and the database there, on the daemon's event loop: measured on this
+ * machine's disk, 36 µs a commit on average, in stalls of milliseconds (decision 502). The
+ * connection turns it off, and a worker thread with a connection of its own checkpoints instead.
+ * Should the worker fail, the connection gets its automatic checkpoint back. `onFailed` hears
+ * of a checkpoint that failed (a full disk, say); the worker tries again at its next turn.
+ */
+export function startCheckpointer(
+  db: Database,
+  path: string,
+  onFailed: (message: string) => void,
+  options: { everyMs?: number; restartFrames?: number } = {},
+): Checkpointer {
+  const source = `(${checkpointWorker.toString()})(self);`;
+  const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+  const worker = new Worker(url);
+  let stopped: (() => void) | null = null;
+  let running = true;
+  const fallBack = (why: string) => {
+    if (!running) return;
+    running = false;
+    URL.revokeObjectURL(url);
+    db.exec(`PRAGMA wal_autocheckpoint = ${AUTOCHECKPOINT_PAGES}`);
+    onFailed(`the checkpoint worker ended (${why}); the database checkpoints in its commits again`);
+  };
+  worker.onmessage = (event: MessageEvent<CheckpointReport>) => {
+    const report = event.data;
+    // The worker loads its source from the URL after the constructor returns: it is let go once loaded.
+    if ("ready" in report) URL.revokeObjectURL(url);
+    else if ("failed" in report) onFailed(report.failed);
+    else if ("ended" in report) {
+      fallBack(report.ended);
+      worker.terminate();
+    } else if ("stopped" in report) stopped?.();
+  };
+  worker.onerror = (event) => {
+    fallBack(String(event.message).split("\n").at(-1) ?? "");
+    worker.terminate();
+  };
+  worker.addEventListener("close", () => fallBack("it exited"));
+  db.exec("PRAGMA wal_autocheckpoint = 0");
+  worker.postMessage({
+    path,
+    everyMs: options.everyMs ?? CHECKPOINT_EVERY_MS,
+    restartFrames: options.restartFrames ?? RESTART_FRAMES,
+  } satisfies CheckpointMessage);
+  (worker as Worker & { unref?: () => void }).unref?.();
+  return {
+    async stop() {
+      if (!running) return;
+      running = false;
+      const done = new Promise<void>((resolve) => {
+        stopped = resolve;
+        setTimeout(resolve, STOP_WAIT_MS).unref?.();
+      });
+      worker.postMessage({ stop: true } satisfies CheckpointMessage);
+      await done;
+      worker.terminate();
+      db.exec(`PRAGMA wal_autocheckpoint = ${AUTOCHECKPOINT_PAGES}`);
+    },
+  };
+}

@@ -1,0 +1,103 @@
+import type { Database } from "bun:sqlite";
+import { afterEach, describe, expect, test } from "bun:test";
+import { rmSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { openStore } from "../../../src/engine/store";
+import { type Checkpointer, startCheckpointer } from "../../../src/engine/store/checkpointer";
+import { eventually, tempDir } from "../../helpers";
+
+const PAGE = 4096;
+const dirs: string[] = [];
+const open: { db: Database; checkpointer: Checkpointer | null }[] = [];
+
+afterEach(async () => {
+  for (const item of open.splice(0)) {
+    await item.checkpointer?.stop();
+    item.db.close();
+  }
+  for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+});
+
+function store(): { db: Database; path: string } {
+  const dir = tempDir("engine-test-checkpoint-");
+  dirs.push(dir);
+  const path = join(dir, "engine.db");
+  const db = openStore(path);
+  db.exec("CREATE TABLE blobs (id INTEGER PRIMARY KEY, body BLOB)");
+  return { db, path };
+}
+
+/** writePages commits `count` rows of one page each, one commit apiece (as the daemon commits). */
+function writePages(db: Database, count: number): void {
+  const insert = db.query("INSERT INTO blobs (body) VALUES (?)");
+  for (let i = 0; i < count; i++) insert.run(new Uint8Array(PAGE - 200));
+}
+
+const autocheckpoint = (db: Database) =>
+  db.query<{ wal_autocheckpoint: number }, []>("PRAGMA wal_autocheckpoint").get()?.wal_autocheckpoint;
+
+describe("the checkpoint worker", () => {
+  test("the connection stops checkpointing in its commits; the worker copies the WAL into the database", async () => {
+    const { db, path } = store();
+    const failures: string[] = [];
+    const checkpointer = startCheckpointer(db, path, (message) => failures.push(message), { everyMs: 50 });
+    open.push({ db, checkpointer });
+    expect(autocheckpoint(db)).toBe(0);
+    const before = statSync(path).size;
+    // 1500 pages: past SQLite's own 1000, which the connection no longer acts on.
+    writePages(db, 1500);
+    expect(statSync(path).size).toBe(before);
+    await eventually(() => statSync(path).size >= before + 1500 * PAGE, { timeoutMs: 10_000 });
+    expect(db.query<{ n: number }, []>("SELECT COUNT(*) AS n FROM blobs").get()?.n).toBe(1500);
+    expect(failures).toEqual([]);
+  });
+
+  test("a WAL past the restart length starts over from its beginning, while the writes go on", async () => {
+    const { db, path } = store();
+    const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 20, restartFrames: 100 });
+    open.push({ db, checkpointer });
+    // Writes that never pause for long: 3000 pages in batches of 50, a few ms apart.
+    for (let batch = 0; batch < 60; batch++) {
+      writePages(db, 50);
+      await Bun.sleep(5);
+    }
+    // Without a restart the WAL would hold all 3000 pages (12 MiB); it started over instead.
+    expect(statSync(`${path}-wal`).size).toBeLessThan(1500 * PAGE);
+    expect(db.query<{ n: number }, []>("SELECT COUNT(*) AS n FROM blobs").get()?.n).toBe(3000);
+  });
+
+  test("stop copies what is left, ends the worker and gives the connection its automatic checkpoint back", async () => {
+    const { db, path } = store();
+    const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 60_000 });
+    open.push({ db, checkpointer: null });
+    const before = statSync(path).size;
+    writePages(db, 300);
+    await checkpointer.stop();
+    expect(statSync(path).size).toBeGreaterThanOrEqual(before + 300 * PAGE);
+    expect(autocheckpoint(db)).toBe(1000);
+    await checkpointer.stop();
+  });
+
+  test("a worker that cannot open the database hands the checkpoints back to the connection and says so", async () => {
+    const { db } = store();
+    const failures: string[] = [];
+    const checkpointer = startCheckpointer(db, join(dirs[0] ?? "", "gone", "engine.db"), (message) => failures.push(message), {
+      everyMs: 20,
+    });
+    open.push({ db, checkpointer });
+    await eventually(() => autocheckpoint(db) === 1000, { timeoutMs: 10_000 });
+    expect(failures.join("\n")).toMatch(/the checkpoint worker ended \(.*\); the database checkpoints in its commits again/);
+  });
+
+  test("a checkpoint that fails is reported once, not at every turn", async () => {
+    const { db } = store();
+    const notADatabase = join(dirs[0] ?? "", "not-a-database");
+    writeFileSync(notADatabase, "this is not a database, and it is long enough to be read as a header".repeat(20));
+    const failures: string[] = [];
+    const checkpointer = startCheckpointer(db, notADatabase, (message) => failures.push(message), { everyMs: 10 });
+    open.push({ db, checkpointer });
+    await eventually(() => failures.length > 0, { timeoutMs: 10_000 });
+    await Bun.sleep(200);
+    expect(failures).toEqual(["file is not a database"]);
+  });
+});
