@@ -119,6 +119,9 @@ export function localCaModule(): Module {
   } satisfies Module;
 }
 
+/** CHECKPOINTER_DELAY_MS is how long after its start the daemon moves its checkpoints to a worker. */
+const CHECKPOINTER_DELAY_MS = 3000;
+
 /**
  * storeModule opens the engine's database; the context's store reads it from then on. A
  * successor provisions it before its switch only when opening it writes nothing (storeIsCurrent:
@@ -128,21 +131,30 @@ export function localCaModule(): Module {
 export function storeModule(open: (store: ReturnType<typeof openStore>) => void): Module {
   let db: ReturnType<typeof openStore> | null = null;
   let checkpointer: Checkpointer | null = null;
+  let later: ReturnType<typeof setTimeout> | null = null;
   return {
     name: "store",
     provision({ config }) {
       db = openStore(join(config.dataDir, "engine.db"));
       open(db);
     },
-    // Its WAL checkpoints run on a worker thread from the start on, not in the daemon's commits.
+    // Its WAL checkpoints move to a worker thread a moment after the start: a new thread's
+    // runtime, started inside a restart's hand-over, took cores from it (decision 502).
     start({ config, log }) {
-      if (!db || checkpointer) return;
-      checkpointer = startCheckpointer(db, join(config.dataDir, "engine.db"), (message) =>
-        log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
-      );
+      if (!db || checkpointer || later) return;
+      const store = db;
+      later = setTimeout(() => {
+        later = null;
+        checkpointer = startCheckpointer(store, join(config.dataDir, "engine.db"), (message) =>
+          log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
+        );
+      }, CHECKPOINTER_DELAY_MS);
+      later.unref?.();
     },
-    async stop() {
-      await checkpointer?.stop();
+    stop() {
+      if (later) clearTimeout(later);
+      later = null;
+      checkpointer?.stop();
       checkpointer = null;
       db?.close();
     },

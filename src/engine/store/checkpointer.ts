@@ -10,13 +10,11 @@ export const CHECKPOINT_EVERY_MS = 500;
 export const RESTART_FRAMES = 4000;
 /** AUTOCHECKPOINT_PAGES is SQLite's own default, which the connection gets back if the worker fails. */
 const AUTOCHECKPOINT_PAGES = 1000;
-/** STOP_WAIT_MS bounds the wait for the worker's last checkpoint when the store closes. */
-const STOP_WAIT_MS = 5000;
 
-/** CheckpointStart is the worker's first message; `stop` its last. */
+/** CheckpointMessage is the worker's first message (what to checkpoint, how often), then `stop`, its last. */
 type CheckpointMessage = { path: string; everyMs: number; restartFrames: number } | { stop: true };
-/** CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), ended (it could not open the database), or stopped. */
-export type CheckpointReport = { ready: true } | { failed: string } | { ended: string } | { stopped: true };
+/** CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), or ended (it could not open the database). */
+export type CheckpointReport = { ready: true } | { failed: string } | { ended: string };
 
 /**
  * checkpointWorker is the worker's whole program. It runs from its own source text (toString),
@@ -27,21 +25,19 @@ export type CheckpointReport = { ready: true } | { failed: string } | { ended: s
 function checkpointWorker(scope: {
   onmessage: ((event: MessageEvent<CheckpointMessage>) => void) | null;
   postMessage(report: CheckpointReport): void;
+  close(): void;
 }): void {
   let db: import("bun:sqlite").Database | null = null;
   let timer: ReturnType<typeof setInterval> | null = null;
   scope.onmessage = async (event) => {
     const message = event.data;
     if ("stop" in message) {
+      // No last checkpoint: the connection checkpoints again from now on (and when it closes),
+      // and a stop during a restart's hand-over should cost nothing.
       if (timer) clearInterval(timer);
-      try {
-        db?.exec("PRAGMA wal_checkpoint(PASSIVE)");
-      } catch {
-        // The closing connection's own checkpoint copies what is left.
-      }
       db?.close();
       db = null;
-      scope.postMessage({ stopped: true });
+      scope.close();
       return;
     }
     const { Database } = await import("bun:sqlite");
@@ -73,9 +69,9 @@ function checkpointWorker(scope: {
   };
 }
 
-/** Checkpointer is the running worker; stop() waits for its last checkpoint and ends it. */
+/** Checkpointer is the running worker; stop() ends it and gives the connection its automatic checkpoint back. */
 export interface Checkpointer {
-  stop(): Promise<void>;
+  stop(): void;
 }
 
 /**
@@ -83,8 +79,8 @@ export interface Checkpointer {
  * thread. SQLite's automatic checkpoint runs inside the commit that takes the WAL past 1000
  * pages and fsyncs the WAL and the database there, on the daemon's event loop: measured on this
  * machine's disk, 36 µs a commit on average, in stalls of milliseconds (decision 502). The
- * connection turns it off, and a worker thread with a connection of its own checkpoints instead.
- * Should the worker fail, the connection gets its automatic checkpoint back. `onFailed` hears
+ * connection turns it off once a worker thread, with a connection of its own, is ready to
+ * checkpoint instead. Should the worker fail, the connection gets its automatic checkpoint back. `onFailed` hears
  * of a checkpoint that failed (a full disk, say); the worker tries again at its next turn.
  */
 export function startCheckpointer(
@@ -96,7 +92,6 @@ export function startCheckpointer(
   const source = `(${checkpointWorker.toString()})(self);`;
   const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
   const worker = new Worker(url);
-  let stopped: (() => void) | null = null;
   let running = true;
   const fallBack = (why: string) => {
     if (!running) return;
@@ -108,19 +103,21 @@ export function startCheckpointer(
   worker.onmessage = (event: MessageEvent<CheckpointReport>) => {
     const report = event.data;
     // The worker loads its source from the URL after the constructor returns: it is let go once loaded.
-    if ("ready" in report) URL.revokeObjectURL(url);
-    else if ("failed" in report) onFailed(report.failed);
+    // The connection stops checkpointing only once the worker does; the URL is let go once loaded.
+    if ("ready" in report) {
+      URL.revokeObjectURL(url);
+      if (running) db.exec("PRAGMA wal_autocheckpoint = 0");
+    } else if ("failed" in report) onFailed(report.failed);
     else if ("ended" in report) {
       fallBack(report.ended);
       worker.terminate();
-    } else if ("stopped" in report) stopped?.();
+    }
   };
   worker.onerror = (event) => {
     fallBack(String(event.message).split("\n").at(-1) ?? "");
     worker.terminate();
   };
   worker.addEventListener("close", () => fallBack("it exited"));
-  db.exec("PRAGMA wal_autocheckpoint = 0");
   worker.postMessage({
     path,
     everyMs: options.everyMs ?? CHECKPOINT_EVERY_MS,
@@ -128,16 +125,13 @@ export function startCheckpointer(
   } satisfies CheckpointMessage);
   (worker as Worker & { unref?: () => void }).unref?.();
   return {
-    async stop() {
+    stop() {
       if (!running) return;
       running = false;
-      const done = new Promise<void>((resolve) => {
-        stopped = resolve;
-        setTimeout(resolve, STOP_WAIT_MS).unref?.();
-      });
+      // Not waited for: the worker closes its connection and ends on its own thread, while the
+      // connection checkpoints in its commits again from this moment.
       worker.postMessage({ stop: true } satisfies CheckpointMessage);
-      await done;
-      worker.terminate();
+      URL.revokeObjectURL(url);
       db.exec(`PRAGMA wal_autocheckpoint = ${AUTOCHECKPOINT_PAGES}`);
     },
   };

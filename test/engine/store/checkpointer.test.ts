@@ -1,6 +1,6 @@
 import type { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
-import { rmSync, statSync, writeFileSync } from "node:fs";
+import { readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { openStore } from "../../../src/engine/store";
 import { type Checkpointer, startCheckpointer } from "../../../src/engine/store/checkpointer";
@@ -12,7 +12,7 @@ const open: { db: Database; checkpointer: Checkpointer | null }[] = [];
 
 afterEach(async () => {
   for (const item of open.splice(0)) {
-    await item.checkpointer?.stop();
+    item.checkpointer?.stop();
     item.db.close();
   }
   for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
@@ -33,6 +33,11 @@ function writePages(db: Database, count: number): void {
   for (let i = 0; i < count; i++) insert.run(new Uint8Array(PAGE - 200));
 }
 
+/** workerThreads counts this process's threads that run a Worker (Bun names them so). */
+function workerThreads(): number {
+  return readdirSync("/proc/self/task").filter((tid) => readFileSync(`/proc/self/task/${tid}/comm`, "utf8").trim() === "Worker").length;
+}
+
 const autocheckpoint = (db: Database) =>
   db.query<{ wal_autocheckpoint: number }, []>("PRAGMA wal_autocheckpoint").get()?.wal_autocheckpoint;
 
@@ -42,7 +47,8 @@ describe("the checkpoint worker", () => {
     const failures: string[] = [];
     const checkpointer = startCheckpointer(db, path, (message) => failures.push(message), { everyMs: 50 });
     open.push({ db, checkpointer });
-    expect(autocheckpoint(db)).toBe(0);
+    // Until the worker is ready, the connection keeps checkpointing.
+    await eventually(() => autocheckpoint(db) === 0, { timeoutMs: 10_000 });
     const before = statSync(path).size;
     // 1500 pages: past SQLite's own 1000, which the connection no longer acts on.
     writePages(db, 1500);
@@ -66,16 +72,22 @@ describe("the checkpoint worker", () => {
     expect(db.query<{ n: number }, []>("SELECT COUNT(*) AS n FROM blobs").get()?.n).toBe(3000);
   });
 
-  test("stop copies what is left, ends the worker and gives the connection its automatic checkpoint back", async () => {
+  test("stop ends the worker and gives the connection its automatic checkpoint back", async () => {
+    // The workers of the tests before end on their own threads, a moment after their stop.
+    await eventually(() => workerThreads() === 0, { timeoutMs: 10_000 });
     const { db, path } = store();
     const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 60_000 });
     open.push({ db, checkpointer: null });
-    const before = statSync(path).size;
-    writePages(db, 300);
-    await checkpointer.stop();
-    expect(statSync(path).size).toBeGreaterThanOrEqual(before + 300 * PAGE);
+    await eventually(() => autocheckpoint(db) === 0, { timeoutMs: 10_000 });
+    expect(workerThreads()).toBe(1);
+    checkpointer.stop();
     expect(autocheckpoint(db)).toBe(1000);
-    await checkpointer.stop();
+    await eventually(() => workerThreads() === 0, { timeoutMs: 10_000 });
+    // The connection checkpoints in its commits again: 1500 pages pass its 1000.
+    const before = statSync(path).size;
+    writePages(db, 1500);
+    expect(statSync(path).size).toBeGreaterThanOrEqual(before + 1000 * (PAGE - 200));
+    checkpointer.stop();
   });
 
   test("a worker that cannot open the database hands the checkpoints back to the connection and says so", async () => {
@@ -85,7 +97,8 @@ describe("the checkpoint worker", () => {
       everyMs: 20,
     });
     open.push({ db, checkpointer });
-    await eventually(() => autocheckpoint(db) === 1000, { timeoutMs: 10_000 });
+    await eventually(() => failures.length > 0, { timeoutMs: 10_000 });
+    expect(autocheckpoint(db)).toBe(1000);
     expect(failures.join("\n")).toMatch(/the checkpoint worker ended \(.*\); the database checkpoints in its commits again/);
   });
 
