@@ -80,8 +80,9 @@ export interface Checkpointer {
  * pages and fsyncs the WAL and the database there, on the daemon's event loop: measured on this
  * machine's disk, 36 µs a commit on average, in stalls of milliseconds (decision 502). The
  * connection turns it off once a worker thread, with a connection of its own, is ready to
- * checkpoint instead. Should the worker fail, the connection gets its automatic checkpoint back. `onFailed` hears
- * of a checkpoint that failed (a full disk, say); the worker tries again at its next turn.
+ * checkpoint instead. Should the worker fail, the connection gets its automatic checkpoint
+ * back. `onFailed` hears of a checkpoint that failed (a full disk, say); the worker tries again
+ * at its next turn.
  */
 export function startCheckpointer(
   db: Database,
@@ -102,8 +103,8 @@ export function startCheckpointer(
   };
   worker.onmessage = (event: MessageEvent<CheckpointReport>) => {
     const report = event.data;
-    // The worker loads its source from the URL after the constructor returns: it is let go once loaded.
-    // The connection stops checkpointing only once the worker does; the URL is let go once loaded.
+    // The connection stops checkpointing only once the worker does. The worker loads its source
+    // from the URL after the constructor returns: the URL is let go once it has.
     if ("ready" in report) {
       URL.revokeObjectURL(url);
       if (running) db.exec("PRAGMA wal_autocheckpoint = 0");
