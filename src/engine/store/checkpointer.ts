@@ -1,6 +1,6 @@
 import type { Database } from "bun:sqlite";
 
-/** CHECKPOINT_EVERY_MS is how often the worker copies the WAL's new pages into the database. */
+/** CHECKPOINT_EVERY_MS is how often the worker looks whether the WAL has pages to copy into the database. */
 export const CHECKPOINT_EVERY_MS = 500;
 /**
  * RESTART_FRAMES is the WAL length (pages of 4 KiB: 16 MiB) past which the worker checkpoints with
@@ -8,19 +8,25 @@ export const CHECKPOINT_EVERY_MS = 500;
  * commit, and the WAL only starts over at its beginning once one has.
  */
 export const RESTART_FRAMES = 4000;
-/** AUTOCHECKPOINT_PAGES is SQLite's own default, which the connection gets back if the worker fails. */
+/** AUTOCHECKPOINT_PAGES is SQLite's own default: the worker checkpoints at it too, and the connection gets it back if the worker fails. */
 const AUTOCHECKPOINT_PAGES = 1000;
 
 /** CheckpointMessage is the worker's first message (what to checkpoint, how often), then `stop`, its last. */
-type CheckpointMessage = { path: string; everyMs: number; restartFrames: number } | { stop: true };
+type CheckpointMessage = { path: string; everyMs: number; checkpointFrames: number; restartFrames: number } | { stop: true };
 /** CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), or ended (it could not open the database). */
 export type CheckpointReport = { ready: true } | { failed: string } | { ended: string };
 
 /**
  * checkpointWorker is the worker's whole program. It runs from its own source text (toString),
- * so it uses nothing from outside its body: it opens its own connection to the database and
- * checkpoints PASSIVE every `everyMs` (it never waits for the writer, nor makes it wait), and
- * with RESTART once the WAL is `restartFrames` long (the writer then waits for one short copy).
+ * so it uses nothing from outside its body: it opens its own connection to the database and,
+ * every `everyMs`, checkpoints PASSIVE once `checkpointFrames` pages wait in the WAL (it never
+ * waits for the writer, nor makes it wait), and with RESTART once the WAL is `restartFrames`
+ * long (the writer then waits for one short copy). How many pages wait it reads from the WAL
+ * index's header in the `-shm` file (mxFrame, and the checkpoint's nBackfill: SQLite's file
+ * format, in the machine's byte order): a checkpoint that copied everything lets the next commit
+ * start the WAL over, which syncs its header on the writer's thread, so checkpointing at every
+ * turn made a light load's commits wait for that sync twice a second. Where the header cannot
+ * be read, it checkpoints at every turn.
  */
 function checkpointWorker(scope: {
   onmessage: ((event: MessageEvent<CheckpointMessage>) => void) | null;
@@ -52,10 +58,31 @@ function checkpointWorker(scope: {
     db = opened;
     const checkpoint = (mode: "PASSIVE" | "RESTART") =>
       opened.query<{ busy: number; log: number; checkpointed: number }, []>(`PRAGMA wal_checkpoint(${mode})`).get();
+    const { closeSync, openSync, readSync } = await import("node:fs");
+    const header = new Uint8Array(100);
+    const view = new DataView(header.buffer);
+    const little = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+    /** waiting answers [pages in the WAL, pages not yet copied], or null where the index cannot be read. */
+    const waiting = (): [number, number] | null => {
+      let fd = -1;
+      try {
+        fd = openSync(`${message.path}-shm`, "r");
+        if (readSync(fd, header, 0, 100, 0) < 100) return null;
+      } catch {
+        return null;
+      } finally {
+        if (fd >= 0) closeSync(fd);
+      }
+      const frames = view.getUint32(16, little);
+      const copied = view.getUint32(96, little);
+      return [frames, copied <= frames ? frames - copied : frames];
+    };
     // A failure is reported once until a checkpoint succeeds again (a full disk fails every turn).
     let failing = "";
     timer = setInterval(() => {
       try {
+        const wal = waiting();
+        if (wal && wal[1] < message.checkpointFrames && wal[0] < message.restartFrames) return;
         const passive = checkpoint("PASSIVE");
         if (passive && passive.log >= message.restartFrames) checkpoint("RESTART");
         failing = "";
@@ -88,7 +115,7 @@ export function startCheckpointer(
   db: Database,
   path: string,
   onFailed: (message: string) => void,
-  options: { everyMs?: number; restartFrames?: number } = {},
+  options: { everyMs?: number; checkpointFrames?: number; restartFrames?: number } = {},
 ): Checkpointer {
   const source = `(${checkpointWorker.toString()})(self);`;
   const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
@@ -122,6 +149,7 @@ export function startCheckpointer(
   worker.postMessage({
     path,
     everyMs: options.everyMs ?? CHECKPOINT_EVERY_MS,
+    checkpointFrames: options.checkpointFrames ?? AUTOCHECKPOINT_PAGES,
     restartFrames: options.restartFrames ?? RESTART_FRAMES,
   } satisfies CheckpointMessage);
   (worker as Worker & { unref?: () => void }).unref?.();

@@ -58,17 +58,31 @@ describe("the checkpoint worker", () => {
     expect(failures).toEqual([]);
   });
 
+  test("fewer pages than SQLite's own threshold are left in the WAL, so commits do not start it over at every turn", async () => {
+    const { db, path } = store();
+    const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 20 });
+    open.push({ db, checkpointer });
+    await eventually(() => autocheckpoint(db) === 0, { timeoutMs: 10_000 });
+    const before = statSync(path).size;
+    writePages(db, 300);
+    await Bun.sleep(300);
+    expect(statSync(path).size).toBe(before);
+    writePages(db, 800);
+    await eventually(() => statSync(path).size >= before + 1000 * (PAGE - 200), { timeoutMs: 10_000 });
+  });
+
   test("a WAL past the restart length starts over from its beginning, while the writes go on", async () => {
     const { db, path } = store();
-    const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 20, restartFrames: 100 });
+    const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 20, checkpointFrames: 50, restartFrames: 100 });
     open.push({ db, checkpointer });
     // Writes that never pause for long: 3000 pages in batches of 50, a few ms apart.
     for (let batch = 0; batch < 60; batch++) {
       writePages(db, 50);
       await Bun.sleep(5);
     }
-    // Without a restart the WAL would hold all 3000 pages (12 MiB); it started over instead.
-    expect(statSync(`${path}-wal`).size).toBeLessThan(1500 * PAGE);
+    // Without a restart the WAL would hold all 3000 pages (12.4 MB); it started over instead
+    // (how often depends on how soon the worker's thread gets a core, on a busy machine too).
+    expect(statSync(`${path}-wal`).size).toBeLessThan(2500 * PAGE);
     expect(db.query<{ n: number }, []>("SELECT COUNT(*) AS n FROM blobs").get()?.n).toBe(3000);
   });
 
