@@ -130,22 +130,24 @@ const CHECKPOINTER_DELAY_MS = 3000;
  */
 export function storeModule(open: (store: ReturnType<typeof openStore>) => void): Module {
   let db: ReturnType<typeof openStore> | null = null;
+  let path = "";
   let checkpointer: Checkpointer | null = null;
   let later: ReturnType<typeof setTimeout> | null = null;
   return {
     name: "store",
     provision({ config }) {
-      db = openStore(join(config.dataDir, "engine.db"));
+      path = join(config.dataDir, "engine.db");
+      db = openStore(path);
       open(db);
     },
     // Its WAL checkpoints move to a worker thread a moment after the start: a new thread's
     // runtime, started inside a restart's hand-over, took cores from it (decision 502).
-    start({ config, log }) {
+    start({ log }) {
       if (!db || checkpointer || later) return;
       const store = db;
       later = setTimeout(() => {
         later = null;
-        checkpointer = startCheckpointer(store, join(config.dataDir, "engine.db"), (message) =>
+        checkpointer = startCheckpointer(store, path, (message) =>
           log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
         );
       }, CHECKPOINTER_DELAY_MS);

@@ -1,32 +1,36 @@
 import type { Database } from "bun:sqlite";
 
-/** CHECKPOINT_EVERY_MS is how often the worker looks whether the WAL has pages to copy into the database. */
-export const CHECKPOINT_EVERY_MS = 500;
+/** CHECKPOINT_EVERY_MS is how often the worker looks at the WAL: a busy one is checkpointed at once. */
+const CHECKPOINT_EVERY_MS = 500;
+/** IDLE_EVERY_MS is how long a quiet WAL (fewer than AUTOCHECKPOINT_PAGES) waits for its checkpoint. */
+const IDLE_EVERY_MS = 30_000;
 /**
  * RESTART_FRAMES is the WAL length (pages of 4 KiB: 16 MiB) past which the worker checkpoints with
  * RESTART: under writes that never pause, a passive checkpoint never catches up with the last
  * commit, and the WAL only starts over at its beginning once one has.
  */
-export const RESTART_FRAMES = 4000;
-/** AUTOCHECKPOINT_PAGES is SQLite's own default: the worker checkpoints at it too, and the connection gets it back if the worker fails. */
+const RESTART_FRAMES = 4000;
+/** AUTOCHECKPOINT_PAGES is SQLite's own default: what the worker counts as a busy WAL, and what the connection gets back if the worker fails. */
 const AUTOCHECKPOINT_PAGES = 1000;
 
 /** CheckpointMessage is the worker's first message (what to checkpoint, how often), then `stop`, its last. */
-type CheckpointMessage = { path: string; everyMs: number; checkpointFrames: number; restartFrames: number } | { stop: true };
+type CheckpointMessage =
+  | { path: string; everyMs: number; idleMs: number; checkpointFrames: number; restartFrames: number }
+  | { stop: true };
 /** CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), or ended (it could not open the database). */
-export type CheckpointReport = { ready: true } | { failed: string } | { ended: string };
+type CheckpointReport = { ready: true } | { failed: string } | { ended: string };
 
 /**
  * checkpointWorker is the worker's whole program. It runs from its own source text (toString),
- * so it uses nothing from outside its body: it opens its own connection to the database and,
- * every `everyMs`, checkpoints PASSIVE once `checkpointFrames` pages wait in the WAL (it never
- * waits for the writer, nor makes it wait), and with RESTART once the WAL is `restartFrames`
- * long (the writer then waits for one short copy). How many pages wait it reads from the WAL
- * index's header in the `-shm` file (mxFrame, and the checkpoint's nBackfill: SQLite's file
- * format, in the machine's byte order): a checkpoint that copied everything lets the next commit
- * start the WAL over, which syncs its header on the writer's thread, so checkpointing at every
- * turn made a light load's commits wait for that sync twice a second. Where the header cannot
- * be read, it checkpoints at every turn.
+ * so it uses nothing from outside its body: it opens its own connection to the database and
+ * checkpoints PASSIVE (it never waits for the writer, nor makes it wait), and with RESTART once
+ * the WAL is `restartFrames` long (the writer then waits for one short copy). It looks every
+ * `everyMs`, and checkpoints when the last checkpoint found `checkpointFrames` pages or more,
+ * or the WAL file grew by as many since, else once `idleMs` passed: a checkpoint that copied
+ * everything lets the next commit start the WAL over, which syncs its header on the writer's
+ * thread, so checkpointing every 500 ms made a light load's commits wait for that sync twice a
+ * second. It never opens the `-shm` file to count the pages from the WAL index: closing a
+ * descriptor of it would drop the POSIX locks SQLite holds there for this process.
  */
 function checkpointWorker(scope: {
   onmessage: ((event: MessageEvent<CheckpointMessage>) => void) | null;
@@ -58,32 +62,29 @@ function checkpointWorker(scope: {
     db = opened;
     const checkpoint = (mode: "PASSIVE" | "RESTART") =>
       opened.query<{ busy: number; log: number; checkpointed: number }, []>(`PRAGMA wal_checkpoint(${mode})`).get();
-    const { closeSync, openSync, readSync } = await import("node:fs");
-    const header = new Uint8Array(100);
-    const view = new DataView(header.buffer);
-    const little = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
-    /** waiting answers [pages in the WAL, pages not yet copied], or null where the index cannot be read. */
-    const waiting = (): [number, number] | null => {
-      let fd = -1;
+    const { statSync } = await import("node:fs");
+    const pageBytes = opened.query<{ page_size: number }, []>("PRAGMA page_size").get()?.page_size ?? 4096;
+    /** walBytes is the WAL file's size: stat, no descriptor (see above). */
+    const walBytes = () => {
       try {
-        fd = openSync(`${message.path}-shm`, "r");
-        if (readSync(fd, header, 0, 100, 0) < 100) return null;
+        return statSync(`${message.path}-wal`).size;
       } catch {
-        return null;
-      } finally {
-        if (fd >= 0) closeSync(fd);
+        return 0;
       }
-      const frames = view.getUint32(16, little);
-      const copied = view.getUint32(96, little);
-      return [frames, copied <= frames ? frames - copied : frames];
     };
     // A failure is reported once until a checkpoint succeeds again (a full disk fails every turn).
     let failing = "";
+    let busy = false;
+    let lastBytes = walBytes();
+    let lastAt = Date.now();
     timer = setInterval(() => {
+      // Now when the last one found a busy WAL or the file grew by as much since, else once idleMs passed.
+      const bytes = walBytes();
+      if (!busy && bytes - lastBytes < message.checkpointFrames * pageBytes && Date.now() - lastAt < message.idleMs) return;
+      lastAt = Date.now();
       try {
-        const wal = waiting();
-        if (wal && wal[1] < message.checkpointFrames && wal[0] < message.restartFrames) return;
         const passive = checkpoint("PASSIVE");
+        busy = (passive?.log ?? 0) >= message.checkpointFrames;
         if (passive && passive.log >= message.restartFrames) checkpoint("RESTART");
         failing = "";
       } catch (error) {
@@ -91,6 +92,7 @@ function checkpointWorker(scope: {
         if (text !== failing) scope.postMessage({ failed: text });
         failing = text;
       }
+      lastBytes = walBytes();
     }, message.everyMs);
     scope.postMessage({ ready: true });
   };
@@ -115,7 +117,7 @@ export function startCheckpointer(
   db: Database,
   path: string,
   onFailed: (message: string) => void,
-  options: { everyMs?: number; checkpointFrames?: number; restartFrames?: number } = {},
+  options: { everyMs?: number; idleMs?: number; checkpointFrames?: number; restartFrames?: number } = {},
 ): Checkpointer {
   const source = `(${checkpointWorker.toString()})(self);`;
   const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
@@ -149,6 +151,7 @@ export function startCheckpointer(
   worker.postMessage({
     path,
     everyMs: options.everyMs ?? CHECKPOINT_EVERY_MS,
+    idleMs: options.idleMs ?? IDLE_EVERY_MS,
     checkpointFrames: options.checkpointFrames ?? AUTOCHECKPOINT_PAGES,
     restartFrames: options.restartFrames ?? RESTART_FRAMES,
   } satisfies CheckpointMessage);
