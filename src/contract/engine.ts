@@ -557,6 +557,25 @@ export const LogsQuery = t.Object({
   tail: t.Optional(t.String({ pattern: "^[0-9]{1,6}$", description: "How many of the latest lines (default 100)" })),
   follow: t.Optional(t.Union([t.Literal("true"), t.Literal("false"), t.Literal("1"), t.Literal("0")])),
 });
+/**
+ * ServiceReadQuery makes a read of one service a blocking query (decision 503), as Consul's and
+ * Nomad's are: with `index` (the `X-Engine-Index` of the record the client has) and `wait`, the
+ * answer waits until the record differs from that one, or `wait` seconds have passed.
+ */
+export const ServiceReadQuery = t.Object({
+  index: t.Optional(
+    t.String({
+      pattern: "^[0-9a-z]{1,32}$",
+      description: "The X-Engine-Index of the record the client has: answer once the record differs",
+    }),
+  ),
+  wait: t.Optional(
+    t.String({
+      pattern: "^([1-9][0-9]?|[12][0-9]{2}|300)$",
+      description: "With index: wait up to this many seconds (1-300) for the record to change; then answer it as it is",
+    }),
+  ),
+});
 export const LogLine = t.Object({ ts: t.String(), stream: t.String(), line: t.String() });
 export type LogLine = Static<typeof LogLine>;
 

@@ -10,6 +10,7 @@ import {
   ServiceDeploy,
   ServiceIdentParams,
   ServicePatch,
+  ServiceReadQuery,
   ServiceRecord,
   ServiceStatsRecord,
 } from "../../contract/engine";
@@ -32,6 +33,9 @@ const DEFAULT_LOG_TAIL = 100;
 const SSE_HEARTBEAT_MS = 15_000;
 /** SSE_RETRY_MS is how soon a browser's EventSource reconnects after a stream ends (a daemon restart ends it). */
 const SSE_RETRY_MS = 500;
+
+/** WAIT_RECHECK_MS is how often a blocking read looks at its record without a change notice (a restart leaving the window). */
+const WAIT_RECHECK_MS = 1000;
 
 /** recordShape checks each listed record against the schema the list answers with. */
 const recordShape = TypeCompiler.Compile(ServiceRecord);
@@ -95,17 +99,34 @@ export function serviceRoutes(deps: ServiceRouteDeps, ctx: RequestContext) {
     })
     .get(
       "/api/services/:ident",
-      ({ params, request }) => {
+      async ({ params, query, request, set, server }) => {
         // One lookup: the record names the service the scope is checked against (an unknown
         // ident is 404 either way, as it was when the scope was checked first).
-        const record = deps.services.get(params.ident);
-        assertServiceInScope(ctx.principalOf(request), record.name);
+        const read = () => {
+          const record = deps.services.get(params.ident);
+          assertServiceInScope(ctx.principalOf(request), record.name);
+          return record;
+        };
+        let record = read();
+        if (query.index !== undefined && query.wait !== undefined && recordIndex(record) === query.index) {
+          // Held past the listener's idle timeout if need be: the wait is what the client asked for.
+          server?.timeout(request, 0);
+          record = await changedRecord(deps, record.id, query.index, Number(query.wait) * 1000, read, [request.signal, deps.closing]);
+        }
+        const index = recordIndex(record);
+        set.headers["x-engine-index"] = index;
+        set.headers.etag = `"${index}"`;
         return record;
       },
       {
         params: ServiceIdentParams,
+        query: ServiceReadQuery,
         response: { 200: ServiceRecord, ...errorResponses(...AUTHED, 404, 422) },
-        detail: { tags: ["services"], summary: "Read a service by name or id" },
+        detail: {
+          tags: ["services"],
+          summary:
+            "Read a service by name or id. The answer's X-Engine-Index names this state of the record; a read with `index` (that value) and `wait` (seconds, at most 300) is a blocking query: it answers once the record differs, or when the wait is over with the record as it is (the same index), or at once when the index is not the current one. A deleted service answers 404",
+        },
       },
     )
     .patch(
@@ -199,6 +220,70 @@ export function serviceRoutes(deps: ServiceRouteDeps, ctx: RequestContext) {
           "What each live workload uses now (its process group and descendants, from /proc): CPU seconds so far and resident memory; a scoped token sees its scope only",
       },
     });
+}
+
+/** recordIndex names one state of a service's record: a digest of what the API answers. */
+export function recordIndex(record: ServiceRecord): string {
+  return Bun.hash(JSON.stringify(record)).toString(36);
+}
+
+/**
+ * changedRecord waits until the service's record (read by `read`) no longer has `index`, or
+ * `waitMs` passed, or one of `endWhen` aborted (the client left, or the daemon hands over: the
+ * client asks again, of the next one), and answers the record as it is then; a read that throws
+ * (the service deleted, 404) ends the wait with that error. The record is read again after each
+ * change notice of the service, once the change's transaction has returned, and every
+ * WAIT_RECHECK_MS (a count of restarts in a window changes with time alone).
+ */
+function changedRecord(
+  deps: ServiceRouteDeps,
+  serviceId: string,
+  index: string,
+  waitMs: number,
+  read: () => ServiceRecord,
+  endWhen: (AbortSignal | undefined)[],
+): Promise<ServiceRecord> {
+  return new Promise<ServiceRecord>((resolve, reject) => {
+    const signals = endWhen.filter((signal): signal is AbortSignal => signal !== undefined);
+    let done = false;
+    const finish = (settle: () => void) => {
+      if (done) return;
+      done = true;
+      unsubscribe();
+      clearInterval(recheck);
+      clearTimeout(timer);
+      for (const signal of signals) signal.removeEventListener("abort", end);
+      settle();
+    };
+    const answer = () => {
+      try {
+        const record = read();
+        finish(() => resolve(record));
+      } catch (error) {
+        finish(() => reject(error));
+      }
+    };
+    const look = () => {
+      if (done) return;
+      try {
+        const record = read();
+        if (recordIndex(record) !== index) finish(() => resolve(record));
+      } catch (error) {
+        finish(() => reject(error));
+      }
+    };
+    const end = () => answer();
+    // A change is told inside the transaction that makes it: read once that has returned.
+    const unsubscribe = deps.services.subscribe((id) => {
+      if (id === serviceId) queueMicrotask(look);
+    });
+    const recheck = setInterval(look, WAIT_RECHECK_MS);
+    const timer = setTimeout(answer, waitMs);
+    for (const signal of signals) {
+      if (signal.aborted) return answer();
+      signal.addEventListener("abort", end, { once: true });
+    }
+  });
 }
 
 /**
