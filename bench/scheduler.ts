@@ -13,7 +13,10 @@
  *   C. kill -9 of a workload → a new pid running (restart always, backoff 0), p50/p99, vs the
  *      bare spawn, the shim alone started as the supervisor starts it, and PM2 doing the same
  *      (installed from npm into a temporary prefix at bench time, never a project dependency;
- *      where it cannot be, DESIGN.md's figure is printed, labelled quoted);
+ *      where it cannot be, DESIGN.md's figure is printed, labelled quoted); each seen twice: by
+ *      polling every 1 ms (the engine's GET, PM2's describe), and watched (a blocking read of the
+ *      service, `?index&wait`; PM2's event bus), which has neither a poll's gap nor the polls'
+ *      own load on the daemon in the figure;
  *   D. M one-shot batch jobs (`true`) for each M of --jobs, submitted through the API with
  *      bounded concurrency until all completed: jobs/s vs a Bun.spawn(["true"]) loop awaiting
  *      each exit (and a shell loop), measured just before; and the daemon's CPU time per job
@@ -181,10 +184,16 @@ interface Figures {
   daemonGrowthColdKb: number;
   restartP50: number;
   restartP99: number;
+  /** watchedP50/P99: kill -9 → restarted as a blocking read of the service sees it (no polling). */
+  watchedP50: number;
+  watchedP99: number;
   shimAloneP50: number;
   shimCgroupP50: number;
   pm2P50: number;
   pm2P99: number;
+  /** pm2BusP50/P99: the same for PM2, as its event bus tells the process online again. */
+  pm2BusP50: number;
+  pm2BusP99: number;
   jobs: Map<number, JobFigures>;
 }
 
@@ -266,8 +275,11 @@ function pm2Prefix(): { dir: string } | { reason: string } {
   return { dir };
 }
 
-/** pm2Restarts measures PM2's kill -9 → restarted (bench/pm2-restart.cjs under node), or null with the reason printed. */
-async function pm2Restarts(prefix: string): Promise<number[] | null> {
+/**
+ * pm2Restarts measures PM2's kill -9 → restarted (bench/pm2-restart.cjs under node), polled and
+ * as its event bus tells it, or null with the reason printed.
+ */
+async function pm2Restarts(prefix: string): Promise<{ restartMs: number[]; busMs: number[] } | null> {
   const home = tempDir("engine-bench-pm2-home-");
   try {
     const proc = Bun.spawn(["node", join(import.meta.dir, "pm2-restart.cjs"), String(KILLS), String(KILL_GAP_MS)], {
@@ -278,12 +290,12 @@ async function pm2Restarts(prefix: string): Promise<number[] | null> {
     const timer = setTimeout(() => proc.kill("SIGKILL"), 120_000);
     const [out, err] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
     clearTimeout(timer);
-    const match = /\{"restartMs":\[[^\]]*\]\}/.exec(out);
+    const match = /\{"restartMs":\[[^\]]*\],"busMs":\[[^\]]*\]\}/.exec(out);
     if (!match) {
       console.log(`   PM2 run failed (exit ${proc.exitCode}): ${(err || out).trim().slice(-300)}`);
       return null;
     }
-    return (JSON.parse(match[0]) as { restartMs: number[] }).restartMs;
+    return JSON.parse(match[0]) as { restartMs: number[]; busMs: number[] };
   } finally {
     rmSync(home, { recursive: true, force: true });
   }
@@ -457,6 +469,34 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       restartMs.push(result.seen - t);
       current = result.record;
     }
+    // The same kills, watched instead of polled: a blocking read (?index&wait) answers each change
+    // of the record as it is made, so neither a poll's gap nor the polls' own load on the daemon
+    // is in the figure. Each change (restarting, pending, scheduled, running) is one answer.
+    const watchedMs: number[] = [];
+    const read = async (query: string) => {
+      const response = await fetch(`${base}/api/services/crashy${query}`, { headers });
+      const body = (await response.json()) as Svc;
+      if (response.status !== 200) throw new Error(`crashy: ${response.status} ${JSON.stringify(body)}`);
+      return { body, index: response.headers.get("x-engine-index") ?? "", seen: performance.now() };
+    };
+    for (let i = 0; i < KILLS; i++) {
+      await Bun.sleep(KILL_GAP_MS);
+      let { body, index } = await read("");
+      const oldPid = body.pid ?? 0;
+      const t = performance.now();
+      process.kill(oldPid, "SIGKILL");
+      for (;;) {
+        if (performance.now() - t > RESTART_DEADLINE_MS)
+          throw new Error(`crashy was not running with a new pid within ${RESTART_DEADLINE_MS} ms`);
+        const answer = await read(`?index=${index}&wait=5`);
+        ({ body, index } = answer);
+        if (body.status === "failed") throw new Error(`crashy failed: ${JSON.stringify(body)}`);
+        if (body.status === "running" && body.pid !== null && body.pid !== oldPid) {
+          watchedMs.push(answer.seen - t);
+          break;
+        }
+      }
+    }
     await remove("crashy");
     // Anchors: the shim alone, started as the supervisor starts it (Bun.spawn, read its "ok" line,
     // await its exit), spaced like the kills, without a cgroup (as crashy, which has no memory
@@ -501,11 +541,12 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     };
     const shimAloneMs = await shimAnchor(false);
     const shimCgroupMs = cgroupDriver ? await shimAnchor(true) : [];
-    const pm2Ms = pm2 ? await pm2Restarts(pm2) : null;
+    const pm2Result = pm2 ? await pm2Restarts(pm2) : null;
+    const pm2Ms = pm2Result?.restartMs ?? null;
     load.push(loadAverage());
     if (VERBOSE) {
       console.log(
-        `   run ${run}: kill → restarted ms ${restartMs.map((v) => fmt(v, 1)).join(" ")}${pm2Ms ? `; PM2 ${pm2Ms.map((v) => fmt(v, 1)).join(" ")}` : ""}`,
+        `   run ${run}: kill → restarted ms ${restartMs.map((v) => fmt(v, 1)).join(" ")}${pm2Ms ? `; PM2 ${pm2Ms.map((v) => fmt(v, 1)).join(" ")}` : ""}; watched ${watchedMs.map((v) => fmt(v, 1)).join(" ")}${pm2Result ? `; PM2's bus ${pm2Result.busMs.map((v) => fmt(v, 1)).join(" ")}` : ""}`,
       );
     }
 
@@ -622,10 +663,14 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       daemonGrowthColdKb,
       restartP50: median(restartMs),
       restartP99: percentile(restartMs, 99),
+      watchedP50: median(watchedMs),
+      watchedP99: percentile(watchedMs, 99),
       shimAloneP50: median(shimAloneMs),
       shimCgroupP50: shimCgroupMs.length ? median(shimCgroupMs) : Number.NaN,
       pm2P50: pm2Ms ? median(pm2Ms) : Number.NaN,
       pm2P99: pm2Ms ? percentile(pm2Ms, 99) : Number.NaN,
+      pm2BusP50: pm2Result ? median(pm2Result.busMs) : Number.NaN,
+      pm2BusP99: pm2Result ? percentile(pm2Result.busMs, 99) : Number.NaN,
       jobs,
     };
   } finally {
@@ -777,6 +822,20 @@ printRows(
       "",
     ],
     ["   (the shim alone with a fresh memory cgroup)", "", `shim+cgroup ${spread(of((f) => f.shimCgroupP50))}`, "", ""],
+    [
+      "kill -9 → restarted p50 ms, watched: a blocking read / PM2's event bus",
+      spread(of((f) => f.watchedP50)),
+      "dir" in pm2 ? `PM2 ${spread(of((f) => f.pm2BusP50))}` : "",
+      "dir" in pm2 ? spread(of((f) => f.watchedP50 / f.pm2BusP50)) : "",
+      "",
+    ],
+    [
+      "kill -9 → restarted p99 ms, watched",
+      spread(of((f) => f.watchedP99)),
+      "dir" in pm2 ? `PM2 ${spread(of((f) => f.pm2BusP99))}` : "",
+      "dir" in pm2 ? spread(of((f) => f.watchedP99 / f.pm2BusP99)) : "",
+      "",
+    ],
     [
       "submit → running p50 ms, one at a time",
       spread(of((f) => f.singleP50)),
