@@ -225,6 +225,46 @@ describe("drain restart with no gap", () => {
     expect(reconnections).toBeGreaterThanOrEqual(2);
   }, 90_000);
 
+  test("a blocking read held at a restart is answered as the old process retires, and asked again it waits on the new one", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const headers = adminHeaders(dataDir);
+    const deploy = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ name: "steady", command: "exec sleep 300" }),
+    });
+    expect(deploy.status).toBe(201);
+    const read = async (query = "") => {
+      const response = await fetch(`${engine.url}/api/services/steady${query}`, { headers });
+      return {
+        status: response.status,
+        index: response.headers.get("x-engine-index"),
+        body: (await response.json()) as { pid: number | null },
+      };
+    };
+    const running = await eventually(async () => {
+      const answer = await read();
+      return answer.body.pid !== null ? answer : null;
+    });
+    const heldAt = Date.now();
+    const held = read(`?index=${running.index}&wait=120`);
+    await Bun.sleep(200);
+    await restartAndWait(engine, dataDir);
+    // The old process answered it as it retired: the record unchanged, long before the wait ran out.
+    const answered = await held;
+    expect(answered.status).toBe(200);
+    expect(answered.index).toBe(running.index);
+    expect(Date.now() - heldAt).toBeLessThan(60_000);
+    // The new process keeps the record as it was (the workload kept its pid) and holds the read again.
+    const asked = Date.now();
+    const answer = await read(`?index=${running.index}&wait=1`);
+    expect(Date.now() - asked).toBeGreaterThanOrEqual(900);
+    expect(answer.status).toBe(200);
+    expect(answer.index).toBe(running.index);
+    expect(answer.body.pid).toBe(running.body.pid);
+  }, 90_000);
+
   test("`engine upgrade` of an engine run from source is one clear error (501 not_supported), and nothing restarts", async () => {
     const dataDir = scratch();
     const engine = await started(dataDir);
