@@ -57,6 +57,11 @@ export class EngineClient {
   }
 
   async request<T>(method: string, path: string, body?: unknown): Promise<T> {
+    return (await this.requestWithHeaders<T>(method, path, body)).body;
+  }
+
+  /** requestWithHeaders is request with the answer's headers (a service read's X-Engine-Index). */
+  async requestWithHeaders<T>(method: string, path: string, body?: unknown): Promise<{ body: T; headers: Headers }> {
     const response = await this.#send(method, path, { body, accept: "application/json" });
     const text = await response.text();
     let parsed: unknown;
@@ -65,7 +70,7 @@ export class EngineClient {
     } catch {
       throw new CliError(`the engine answered ${response.status} with a body that is not JSON`);
     }
-    if (response.ok) return parsed as T;
+    if (response.ok) return { body: parsed as T, headers: response.headers };
     throw errorOf(response.status, parsed);
   }
 

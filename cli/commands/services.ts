@@ -9,6 +9,7 @@ import type {
   ServicePatch,
   ServiceRecord,
 } from "../../src/contract/engine";
+import { SERVICE_STATUSES } from "../../src/contract/engine";
 import { CliError, type EngineClient } from "../client";
 import { emit, formatPairs, type Output, printPairs, printTable } from "../output";
 
@@ -26,6 +27,9 @@ const ACTIONS = {
  * they are (a stop would turn a completed batch job into a cancelled one).
  */
 const SETTLED_STATUSES = new Set(["stopped", "completed", "failed", "cancelled"]);
+/** WAIT_DEFAULT_S is how long `services wait` waits without --timeout; MAX_WAIT_S is the most one blocking read waits. */
+const WAIT_DEFAULT_S = 300;
+const MAX_WAIT_S = 300;
 /** DIAGNOSIS_LOG_LINES is how many of the diagnosis's log lines the human report shows. */
 const DIAGNOSIS_LOG_LINES = 20;
 
@@ -671,6 +675,37 @@ export function registerServices(program: Command, client: () => EngineClient, o
         );
       });
   }
+
+  services
+    .command("wait <name>")
+    .description(
+      "wait until a service has a status (running unless --for says another), watching it with blocking reads rather than polling; fails at once if it settles in another status (stopped, failed, completed, cancelled)",
+    )
+    .option("--for <status>", `the status to wait for: ${SERVICE_STATUSES.join(", ")}`, "running")
+    .option("--timeout <s>", "give up after this many seconds", String(WAIT_DEFAULT_S))
+    .action(async (ident: string, options: { for: string; timeout: string }) => {
+      const wanted = oneOf("--for", options.for, SERVICE_STATUSES) as string;
+      const timeoutS = wholeNumber("--timeout", options.timeout) as number;
+      if (timeoutS < 1) throw new CliError("--timeout takes at least 1 second");
+      const deadline = Date.now() + timeoutS * 1000;
+      let read = await client().requestWithHeaders<ServiceRecord>("GET", servicePath(ident));
+      for (;;) {
+        const record = read.body;
+        const said = `${record.name}: ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}`;
+        if (record.status === wanted) {
+          emit(output(), record, () => process.stdout.write(`${said}\n`));
+          return;
+        }
+        if (SETTLED_STATUSES.has(record.status)) throw new CliError(`${said}; it will not be ${wanted} by itself`, "not_reached");
+        const leftS = Math.ceil((deadline - Date.now()) / 1000);
+        const index = read.headers.get("x-engine-index");
+        if (leftS <= 0 || !index) throw new CliError(`${said}; not ${wanted} after ${timeoutS} s`, "timeout");
+        read = await client().requestWithHeaders<ServiceRecord>(
+          "GET",
+          servicePath(ident, `?index=${encodeURIComponent(index)}&wait=${Math.min(leftS, MAX_WAIT_S)}`),
+        );
+      }
+    });
 
   services
     .command("rm <name>")

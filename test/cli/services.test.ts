@@ -75,6 +75,49 @@ describe("engine services CLI", () => {
     expect(JSON.parse((await cli("--json", "services", "list")).stdout)).toEqual([]);
   });
 
+  test("services wait: returns once the status is reached, fails at once when the service settles in another, and gives up at its timeout", async () => {
+    // Deployed and waited for in one go: the wait sees it through pending and scheduled to running.
+    expect((await cli("services", "deploy", "waited", "--", "sh", "-c", "sleep 0.3; exec sleep 300")).code).toBe(0);
+    const running = await cli("services", "wait", "waited");
+    expect(running.code).toBe(0);
+    expect(running.stdout).toBe("waited: running\n");
+    expect(await status("waited")).toBe("running");
+
+    // A job that fails cannot complete: the wait says so as soon as it is failed, not at its timeout.
+    expect(
+      (await cli("services", "deploy", "job-fails", "--kind", "batch", "--restart", "never", "--command", "sleep 0.3; exit 3")).code,
+    ).toBe(0);
+    const started = performance.now();
+    const failed = await cli("services", "wait", "job-fails", "--for", "completed", "--timeout", "60");
+    expect(failed.code).not.toBe(0);
+    expect(failed.stderr).toContain("job-fails: failed");
+    expect(failed.stderr).toContain("will not be completed");
+    expect(performance.now() - started).toBeLessThan(30_000);
+
+    // A service that stays running never completes: the wait gives up after its timeout.
+    const timedOut = await cli("services", "wait", "waited", "--for", "completed", "--timeout", "1");
+    expect(timedOut.code).not.toBe(0);
+    expect(timedOut.stderr).toContain("waited: running");
+    expect(timedOut.stderr).toContain("not completed after 1 s");
+
+    // --json answers the record it waited for.
+    const json = await cli("--json", "services", "wait", "waited");
+    expect((JSON.parse(json.stdout) as ServiceRecord).status).toBe("running");
+
+    // Bad input is a clear error before anything is asked.
+    const unknownStatus = await cli("services", "wait", "waited", "--for", "up");
+    expect(unknownStatus.code).not.toBe(0);
+    expect(unknownStatus.stderr).toContain("--for takes");
+    const badTimeout = await cli("services", "wait", "waited", "--timeout", "soon");
+    expect(badTimeout.code).not.toBe(0);
+    expect(badTimeout.stderr).toContain("--timeout takes a whole number");
+    const missing = await cli("services", "wait", "no-such-service");
+    expect(missing.code).not.toBe(0);
+
+    expect((await cli("services", "rm", "waited")).code).toBe(0);
+    expect((await cli("services", "rm", "job-fails")).code).toBe(0);
+  });
+
   test("diagnose a failed batch job: the cause comes first, --json is the Diagnosis", async () => {
     const deployed = await cli(
       "services",
