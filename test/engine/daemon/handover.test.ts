@@ -18,6 +18,19 @@ function adminHeaders(dataDir: string): Record<string, string> {
   return { authorization: `Bearer ${readFileSync(join(dataDir, "admin.token"), "utf8").trim()}`, "content-type": "application/json" };
 }
 
+/** startedWith starts an engine on a fresh data dir and deploys one service on it. */
+async function startedWith(
+  name: string,
+  command: string,
+): Promise<{ dataDir: string; engine: SpawnedEngine; headers: Record<string, string> }> {
+  const dataDir = scratch();
+  const engine = await started(dataDir);
+  const headers = adminHeaders(dataDir);
+  const deploy = await fetch(`${engine.url}/api/services`, { method: "POST", headers, body: JSON.stringify({ name, command }) });
+  expect(deploy.status).toBe(201);
+  return { dataDir, engine, headers };
+}
+
 /** restartAndWait asks for a drain restart and waits until the engine's own pid serves again (two starts). */
 async function restartAndWait(engine: SpawnedEngine, dataDir: string): Promise<void> {
   const before = listeningCount(engine);
@@ -63,15 +76,7 @@ function apiLoop(call: () => Promise<Response>, loop: Loop, running: () => boole
 
 describe("drain restart with no gap", () => {
   test("API calls over TCP and the unix socket all get answers across a restart; workloads keep their pids; the stand-in is gone after", async () => {
-    const dataDir = scratch();
-    const engine = await started(dataDir);
-    const headers = adminHeaders(dataDir);
-    const deploy = await fetch(`${engine.url}/api/services`, {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ name: "sleeper", command: "exec sleep 300" }),
-    });
-    expect(deploy.status).toBe(201);
+    const { dataDir, engine, headers } = await startedWith("sleeper", "exec sleep 300");
     const running = async () => {
       const record = (await (await fetch(`${engine.url}/api/services/sleeper`, { headers })).json()) as {
         status: string;
@@ -135,15 +140,7 @@ describe("drain restart with no gap", () => {
   }, 90_000);
 
   test("`engine logs -f` and a raw event stream resume with Last-Event-ID across a restart and miss no line", async () => {
-    const dataDir = scratch();
-    const engine = await started(dataDir);
-    const headers = adminHeaders(dataDir);
-    const deploy = await fetch(`${engine.url}/api/services`, {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ name: "counter", command: 'i=0; while true; do echo "n=$i"; i=$((i+1)); sleep 0.01; done' }),
-    });
-    expect(deploy.status).toBe(201);
+    const { dataDir, engine, headers } = await startedWith("counter", 'i=0; while true; do echo "n=$i"; i=$((i+1)); sleep 0.01; done');
     await eventually(
       async () => ((await (await fetch(`${engine.url}/api/services/counter/logs?tail=1`, { headers })).json()) as unknown[]).length > 0,
       { timeoutMs: 15_000 },
@@ -226,15 +223,7 @@ describe("drain restart with no gap", () => {
   }, 90_000);
 
   test("a blocking read held at a restart is answered as the old process retires, and asked again it waits on the new one", async () => {
-    const dataDir = scratch();
-    const engine = await started(dataDir);
-    const headers = adminHeaders(dataDir);
-    const deploy = await fetch(`${engine.url}/api/services`, {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ name: "steady", command: "exec sleep 300" }),
-    });
-    expect(deploy.status).toBe(201);
+    const { dataDir, engine, headers } = await startedWith("steady", "exec sleep 300");
     const read = async (query = "") => {
       const response = await fetch(`${engine.url}/api/services/steady${query}`, { headers });
       return {

@@ -1,22 +1,15 @@
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import type { ServiceRecord } from "../../../src/contract/engine";
-import { startTestEngine, type TestEngine } from "../../helpers";
-import { ServiceClient } from "./harness";
+import { testEngineWithClient } from "./harness";
 
-let engine: TestEngine;
-let api: ServiceClient;
-beforeAll(async () => {
-  engine = await startTestEngine();
-  api = new ServiceClient(engine);
-});
-afterAll(async () => {
-  await engine.close();
-});
+const fixture = testEngineWithClient();
 
 /** read GETs a service with the given query, answering the status, the record and its index. */
 async function read(name: string, query = "") {
   const started = performance.now();
-  const response = await fetch(`${engine.url}/api/services/${name}${query}`, { headers: { authorization: `Bearer ${engine.adminToken}` } });
+  const response = await fetch(`${fixture.engine().url}/api/services/${name}${query}`, {
+    headers: { authorization: `Bearer ${fixture.engine().adminToken}` },
+  });
   const body = (await response.json()) as ServiceRecord & { error?: { code: string } };
   return {
     status: response.status,
@@ -34,8 +27,8 @@ async function pending(promise: Promise<unknown>, ms: number): Promise<boolean> 
 
 describe("a read of a service as a blocking query", () => {
   test("each answer names its state; the same state reads the same index, a change a new one", async () => {
-    await api.deployed({ name: "indexed", command: "exec sleep 300" });
-    const running = await api.waitFor("indexed", "running", (record) => record.pid !== null);
+    await fixture.api().deployed({ name: "indexed", command: "exec sleep 300" });
+    const running = await fixture.api().waitFor("indexed", "running", (record) => record.pid !== null);
     const first = await read("indexed");
     const again = await read("indexed");
     expect(first.status).toBe(200);
@@ -43,15 +36,15 @@ describe("a read of a service as a blocking query", () => {
     expect(first.etag).toBe(`"${first.index}"`);
     expect(again.index).toBe(first.index);
     expect(first.body.pid).toBe(running.pid);
-    await api.control("indexed", "stop");
+    await fixture.api().control("indexed", "stop");
     const stopped = await read("indexed");
     expect(stopped.body.status).toBe("stopped");
     expect(stopped.index).not.toBe(first.index);
   });
 
   test("with the current index it waits for the change and answers the changed record", async () => {
-    await api.deployed({ name: "watched", command: "exec sleep 300" });
-    const before = await api.waitFor("watched", "running", (record) => record.pid !== null);
+    await fixture.api().deployed({ name: "watched", command: "exec sleep 300" });
+    const before = await fixture.api().waitFor("watched", "running", (record) => record.pid !== null);
     const current = await read("watched");
     const waiting = read("watched", `?index=${current.index}&wait=30`);
     // Nothing changes: the read is still held.
@@ -67,8 +60,8 @@ describe("a read of a service as a blocking query", () => {
   });
 
   test("an index that is not the current one answers at once", async () => {
-    await api.deployed({ name: "stale", command: "exec sleep 300" });
-    await api.waitFor("stale", "running");
+    await fixture.api().deployed({ name: "stale", command: "exec sleep 300" });
+    await fixture.api().waitFor("stale", "running");
     const answer = await read("stale", "?index=0&wait=30");
     expect(answer.status).toBe(200);
     expect(answer.ms).toBeLessThan(5_000);
@@ -76,8 +69,8 @@ describe("a read of a service as a blocking query", () => {
   });
 
   test("a wait that runs out answers the record as it is, with the same index", async () => {
-    await api.deployed({ name: "quiet", command: "exec sleep 300" });
-    await api.waitFor("quiet", "running", (record) => record.pid !== null);
+    await fixture.api().deployed({ name: "quiet", command: "exec sleep 300" });
+    await fixture.api().waitFor("quiet", "running", (record) => record.pid !== null);
     const current = await read("quiet");
     const answer = await read("quiet", `?index=${current.index}&wait=1`);
     expect(answer.status).toBe(200);
@@ -87,12 +80,12 @@ describe("a read of a service as a blocking query", () => {
   });
 
   test("a delete answers a held read with its first change; a read of the deleted service is 404", async () => {
-    await api.deployed({ name: "doomed", command: "exec sleep 300" });
-    await api.waitFor("doomed", "running");
+    await fixture.api().deployed({ name: "doomed", command: "exec sleep 300" });
+    await fixture.api().waitFor("doomed", "running");
     const current = await read("doomed");
     const waiting = read("doomed", `?index=${current.index}&wait=30`);
     expect(await pending(waiting, 200)).toBe(true);
-    expect((await engine.call("DELETE", "/api/services/doomed")).status).toBe(200);
+    expect((await fixture.engine().call("DELETE", "/api/services/doomed")).status).toBe(200);
     const answer = await waiting;
     // The delete stops the service first: that change, or the deletion itself, ends the wait.
     if (answer.status === 200) expect(answer.body.desired_state).toBe("stopped");
@@ -109,7 +102,7 @@ describe("a read of a service as a blocking query", () => {
     ["a wait that is not a number", "?index=abc&wait=soon", "wait"],
     ["an index that no answer could have", "?index=ABC-1&wait=5", "index"],
   ])("%s is refused with 422 naming the parameter", async (_what, query, field) => {
-    await api.deployed({ name: "checked", command: "exec sleep 300" });
+    await fixture.api().deployed({ name: "checked", command: "exec sleep 300" });
     const answer = await read("checked", query);
     expect(answer.status).toBe(422);
     const { detail } = answer.body as unknown as { detail: { loc: string[] }[] };

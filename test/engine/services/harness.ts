@@ -1,6 +1,7 @@
+import { afterAll, beforeAll } from "bun:test";
 import { readFileSync } from "node:fs";
 import type { Diagnosis, ServiceRecord } from "../../../src/contract/engine";
-import { eventually } from "../../helpers";
+import { eventually, startTestEngine, type TestEngine } from "../../helpers";
 
 /** ApiCaller is what ServiceClient needs of an engine: an in-process test engine or a spawned one. */
 export interface ApiCaller {
@@ -78,4 +79,25 @@ export function processState(pid: number): string | null {
   } catch {
     return null;
   }
+}
+
+/**
+ * testEngineWithClient starts one in-process engine for the file's tests (beforeAll) and closes
+ * it after them (afterAll); the getters answer it and its ServiceClient.
+ */
+export function testEngineWithClient(): { engine: () => TestEngine; api: () => ServiceClient } {
+  let engine: TestEngine | undefined;
+  let api: ServiceClient | undefined;
+  beforeAll(async () => {
+    engine = await startTestEngine();
+    api = new ServiceClient(engine);
+  });
+  afterAll(async () => {
+    await engine?.close();
+  });
+  const started = <T>(value: T | undefined): T => {
+    if (value === undefined) throw new Error("the test engine is not started: call this inside a test");
+    return value;
+  };
+  return { engine: () => started(engine), api: () => started(api) };
 }
