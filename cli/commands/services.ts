@@ -51,6 +51,46 @@ function oneOf<T extends string>(name: string, text: string | undefined, allowed
   return text as T;
 }
 
+/**
+ * waitForStatus watches a service with blocking reads (decision 503) until it has `wanted` and
+ * answers its record; it throws when the service settles in another status (it will not get
+ * there by itself) or once `timeoutS` has passed.
+ */
+async function waitForStatus(api: EngineClient, ident: string, wanted: string, timeoutS: number): Promise<ServiceRecord> {
+  const deadline = Date.now() + timeoutS * 1000;
+  let read = await api.requestWithHeaders<ServiceRecord>("GET", servicePath(ident));
+  for (;;) {
+    const record = read.body;
+    if (record.status === wanted) return record;
+    const said = statusLine(record);
+    if (SETTLED_STATUSES.has(record.status)) throw new CliError(`${said}; it will not be ${wanted} by itself`, "not_reached");
+    const leftS = Math.ceil((deadline - Date.now()) / 1000);
+    const index = read.headers.get("x-engine-index");
+    if (leftS <= 0 || !index) throw new CliError(`${said}; not ${wanted} after ${timeoutS} s`, "timeout");
+    read = await api.requestWithHeaders<ServiceRecord>(
+      "GET",
+      servicePath(ident, `?index=${encodeURIComponent(index)}&wait=${Math.min(leftS, MAX_WAIT_S)}`),
+    );
+  }
+}
+
+/** statusText is `status — message`; statusLine is the same after the service's name, as the control commands print a service. */
+function statusText(record: ServiceRecord): string {
+  return `${record.status}${record.status_message ? ` — ${record.status_message}` : ""}`;
+}
+
+function statusLine(record: ServiceRecord): string {
+  return `${record.name}: ${statusText(record)}`;
+}
+
+/** waitSeconds reads `--wait [seconds]`: given bare, the default wait. */
+function waitSeconds(value: string | boolean | undefined): number | null {
+  if (value === undefined || value === false) return null;
+  const seconds = value === true ? WAIT_DEFAULT_S : (wholeNumber("--wait", value) as number);
+  if (seconds < 1) throw new CliError("--wait takes at least 1 second");
+  return seconds;
+}
+
 /** collect lets an option be given many times; commander hands each value to it in turn. */
 function collect(value: string, previous: string[] = []): string[] {
   return [...previous, value];
@@ -538,9 +578,14 @@ export function registerServices(program: Command, client: () => EngineClient, o
     services
       .command("deploy <name> [command...]")
       .description("deploy a service, or a new version of one; give its command after --")
-      .usage("<name> [options] [-- command args...]"),
+      .usage("<name> [options] [-- command args...]")
+      .option(
+        "--wait [seconds]",
+        `then wait until it runs (a batch job: until it completes), watching it; fail if it settles otherwise or after the seconds (${WAIT_DEFAULT_S})`,
+      ),
     false,
-  ).action(async (name: string, argv: string[], options: DeployOptions) => {
+  ).action(async (name: string, argv: string[], options: DeployOptions & { wait?: string | boolean }) => {
+    const waitS = waitSeconds(options.wait);
     const body = deployBody(name, argv, options);
     let record: ServiceRecord;
     try {
@@ -548,11 +593,11 @@ export function registerServices(program: Command, client: () => EngineClient, o
     } catch (error) {
       throw await withUpdateHint(error, name, body);
     }
-    emit(output(), record, () =>
-      process.stdout.write(
-        `deployed ${record.name} version ${record.version} (${record.id}): ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`,
-      ),
-    );
+    if (!output().json) process.stdout.write(`deployed ${record.name} version ${record.version} (${record.id}): ${statusText(record)}\n`);
+    if (waitS !== null) record = await waitForStatus(client(), record.name, record.kind === "batch" ? "completed" : "running", waitS);
+    emit(output(), record, () => {
+      if (waitS !== null) process.stdout.write(`${statusLine(record)}\n`);
+    });
   });
 
   /**
@@ -606,7 +651,7 @@ export function registerServices(program: Command, client: () => EngineClient, o
         process.stdout.write(`${record.name} unchanged: version ${record.version} already has these settings\n`);
         return;
       }
-      const state = `${record.status}${record.status_message ? ` — ${record.status_message}` : ""}`;
+      const state = statusText(record);
       process.stdout.write(
         latest > record.version
           ? `updated ${record.name} to version ${latest}, building; version ${record.version} runs until it succeeds: ${state}\n`
@@ -659,9 +704,7 @@ export function registerServices(program: Command, client: () => EngineClient, o
       }
       if (ident === undefined) throw new CliError("give the service to stop, or --all to stop every one");
       const record = await client().request<ServiceRecord>("POST", servicePath(ident, "/stop"));
-      emit(output(), record, () =>
-        process.stdout.write(`${record.name}: ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`),
-      );
+      emit(output(), record, () => process.stdout.write(`${statusLine(record)}\n`));
     });
 
   for (const [action, description] of Object.entries(ACTIONS)) {
@@ -670,9 +713,7 @@ export function registerServices(program: Command, client: () => EngineClient, o
       .description(description)
       .action(async (ident: string) => {
         const record = await client().request<ServiceRecord>("POST", servicePath(ident, `/${action}`));
-        emit(output(), record, () =>
-          process.stdout.write(`${record.name}: ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}\n`),
-        );
+        emit(output(), record, () => process.stdout.write(`${statusLine(record)}\n`));
       });
   }
 
@@ -687,24 +728,8 @@ export function registerServices(program: Command, client: () => EngineClient, o
       const wanted = oneOf("--for", options.for, SERVICE_STATUSES) as string;
       const timeoutS = wholeNumber("--timeout", options.timeout) as number;
       if (timeoutS < 1) throw new CliError("--timeout takes at least 1 second");
-      const deadline = Date.now() + timeoutS * 1000;
-      let read = await client().requestWithHeaders<ServiceRecord>("GET", servicePath(ident));
-      for (;;) {
-        const record = read.body;
-        const said = `${record.name}: ${record.status}${record.status_message ? ` — ${record.status_message}` : ""}`;
-        if (record.status === wanted) {
-          emit(output(), record, () => process.stdout.write(`${said}\n`));
-          return;
-        }
-        if (SETTLED_STATUSES.has(record.status)) throw new CliError(`${said}; it will not be ${wanted} by itself`, "not_reached");
-        const leftS = Math.ceil((deadline - Date.now()) / 1000);
-        const index = read.headers.get("x-engine-index");
-        if (leftS <= 0 || !index) throw new CliError(`${said}; not ${wanted} after ${timeoutS} s`, "timeout");
-        read = await client().requestWithHeaders<ServiceRecord>(
-          "GET",
-          servicePath(ident, `?index=${encodeURIComponent(index)}&wait=${Math.min(leftS, MAX_WAIT_S)}`),
-        );
-      }
+      const record = await waitForStatus(client(), ident, wanted, timeoutS);
+      emit(output(), record, () => process.stdout.write(`${statusLine(record)}\n`));
     });
 
   services

@@ -12,6 +12,7 @@ afterAll(async () => {
 
 const cli = (...args: string[]) => runCli(["--data-dir", engine.dataDir, ...args]);
 const status = async (name: string) => (await engine.json<ServiceRecord>("GET", `/api/services/${name}`)).body.status;
+const fixtureStatus = async (name: string) => (await engine.json("GET", `/api/services/${name}`)).status;
 
 describe("engine services CLI", () => {
   test("deploy / list / show / logs / stop / rm a long-running service", async () => {
@@ -116,6 +117,53 @@ describe("engine services CLI", () => {
 
     expect((await cli("services", "rm", "waited")).code).toBe(0);
     expect((await cli("services", "rm", "job-fails")).code).toBe(0);
+  });
+
+  test("deploy --wait: a service until it runs, a batch job until it completes, and a job that fails is a failed command", async () => {
+    const service = await cli("services", "deploy", "deployed-waited", "--wait", "--", "sh", "-c", "sleep 0.3; exec sleep 300");
+    expect(service.code).toBe(0);
+    const [deployedLine, waitedLine] = service.stdout.split("\n");
+    expect(deployedLine).toMatch(/^deployed deployed-waited version 1 \(svc_[^)]+\): \w+/);
+    expect(waitedLine).toBe("deployed-waited: running");
+
+    const job = await cli(
+      "--json",
+      "services",
+      "deploy",
+      "job-waited",
+      "--kind",
+      "batch",
+      "--wait",
+      "60",
+      "--command",
+      "sleep 0.3; echo done",
+    );
+    expect(job.code).toBe(0);
+    // --json prints one record: the one waited for.
+    expect((JSON.parse(job.stdout) as ServiceRecord).status).toBe("completed");
+
+    const failing = await cli(
+      "services",
+      "deploy",
+      "job-waited-fails",
+      "--kind",
+      "batch",
+      "--restart",
+      "never",
+      "--wait",
+      "--command",
+      "exit 4",
+    );
+    expect(failing.code).not.toBe(0);
+    expect(failing.stdout).toMatch(/^deployed job-waited-fails version 1/);
+    expect(failing.stderr).toContain("job-waited-fails: failed");
+
+    const badWait = await cli("services", "deploy", "never-deployed", "--wait", "soon", "--command", "sleep 1");
+    expect(badWait.code).not.toBe(0);
+    expect(badWait.stderr).toContain("--wait takes a whole number");
+    expect(await fixtureStatus("never-deployed")).toBe(404);
+
+    for (const name of ["deployed-waited", "job-waited", "job-waited-fails"]) expect((await cli("services", "rm", name)).code).toBe(0);
   });
 
   test("diagnose a failed batch job: the cause comes first, --json is the Diagnosis", async () => {
