@@ -261,6 +261,31 @@ describe("the engine's web UI in a browser (compiled dist/engine, headless Chrom
     expect(await panel.getByText("live").count()).toBe(1);
   }, 60_000);
 
+  test("a service's page watches its record with blocking reads: a crash answers the one held and it asks again with the new index", async () => {
+    const watched = (index?: string) =>
+      page.waitForRequest(
+        (request) => {
+          const url = new URL(request.url());
+          return (
+            url.pathname === "/api/services/quiet" &&
+            url.searchParams.has("wait") &&
+            (index === undefined || url.searchParams.get("index") !== index)
+          );
+        },
+        { timeout: STEP_MS },
+      );
+    const first = watched();
+    await page.reload();
+    const held = new URL((await first).url()).searchParams.get("index") ?? "";
+    expect(held).toMatch(/^[0-9a-z]+$/);
+    // The workload dies: the engine restarts it, the held read answers, and the page asks again.
+    const again = watched(held);
+    const record = (await (await fetch(`${engine.url}/api/services/quiet`, { headers: bearer(adminToken) })).json()) as { pid: number };
+    process.kill(record.pid, "SIGKILL");
+    expect(new URL((await again).url()).searchParams.get("index")).not.toBe(held);
+    await page.locator(".badge", { hasText: "running" }).first().waitFor();
+  }, 60_000);
+
   test("action buttons that cannot apply are disabled, with the reason as their title", async () => {
     const actions = page.getByRole("group", { name: "Service actions" });
     const button = (name: string) => actions.getByRole("button", { name, exact: true });

@@ -118,6 +118,41 @@ async function api<T>(method: string, path: string, body?: unknown): Promise<T> 
   return parsed as T;
 }
 
+/** WATCH_WAIT_S is how long one blocking read of a service waits; WATCH_RETRY_MS the pause after one that failed. */
+const WATCH_WAIT_S = 60;
+const WATCH_RETRY_MS = 3000;
+
+/**
+ * watchRecord calls `changed` each time the service's record changes, learnt from blocking
+ * reads (`?index&wait`, decision 503), until `signal` aborts. A read that fails (the engine
+ * restarting, the service deleted, the session ended) is tried again a moment later; the
+ * page's own refresh reports what went wrong.
+ */
+async function watchRecord(name: string, signal: AbortSignal, changed: () => void): Promise<void> {
+  let index: string | null = null;
+  while (!signal.aborted) {
+    try {
+      const query: string = index ? `?index=${encodeURIComponent(index)}&wait=${WATCH_WAIT_S}` : "";
+      const response: Response = await fetch(`/api/services/${encodeURIComponent(name)}${query}`, {
+        headers: { accept: "application/json" },
+        credentials: "same-origin",
+        signal,
+      });
+      await response.arrayBuffer();
+      const next: string | null = response.ok ? response.headers.get("x-engine-index") : null;
+      if (next === null) {
+        await new Promise((resume) => setTimeout(resume, WATCH_RETRY_MS));
+        continue;
+      }
+      if (index !== null && next !== index) changed();
+      index = next;
+    } catch {
+      if (signal.aborted) return;
+      await new Promise((resume) => setTimeout(resume, WATCH_RETRY_MS));
+    }
+  }
+}
+
 const messageOf = (error: unknown) => (error as ApiFailure).message ?? String(error);
 
 function errorBox(message: string): HTMLElement {
@@ -711,6 +746,11 @@ async function renderService(name: string): Promise<void> {
   await refresh();
   const timer = setInterval(() => void refresh(), 3000);
   cleanups.push(() => clearInterval(timer));
+  // The record is watched with blocking reads (decision 503): a crash, a restart or a stop
+  // made elsewhere shows at once, not at the next refresh.
+  const watching = new AbortController();
+  cleanups.push(() => watching.abort());
+  void watchRecord(name, watching.signal, () => void refresh());
 
   // Live logs: the API's SSE stream, sent with the session cookie (a GET needs no CSRF token).
   const source = new EventSource(`/api/services/${encodeURIComponent(name)}/logs?follow=true&tail=200`);
