@@ -223,7 +223,7 @@ export function serviceRoutes(deps: ServiceRouteDeps, ctx: RequestContext) {
 }
 
 /** recordIndex names one state of a service's record: a digest of what the API answers. */
-export function recordIndex(record: ServiceRecord): string {
+function recordIndex(record: ServiceRecord): string {
   return Bun.hash(JSON.stringify(record)).toString(36);
 }
 
