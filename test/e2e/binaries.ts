@@ -1,6 +1,7 @@
-import { copyFileSync, mkdirSync, rmSync } from "node:fs";
+import { copyFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { REPO_ROOT, tempDir } from "../helpers";
+import { removeAfterRun } from "../run-dirs";
 
 /** Binaries are the two compiled programs of one build: `engine` and `engine-cloud`, side by side. */
 export interface Binaries {
@@ -14,12 +15,11 @@ let building: Promise<Binaries> | undefined;
 /**
  * buildBinaries compiles dist/engine and dist/engine-cloud with build.ts into a temp dir, once
  * per test process: every e2e file that asks shares the one build (each takes 10-20 s on a
- * small machine). The directory is removed when the process exits.
+ * small machine). The directory is removed once the run is over (test/run-dirs.ts).
  */
 export function buildBinaries(): Promise<Binaries> {
   building ??= (async () => {
-    const dir = tempDir("engine-e2e-build-");
-    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+    const dir = removeAfterRun(tempDir("engine-e2e-build-"));
     const engine = join(dir, "engine");
     const cloud = join(dir, "engine-cloud");
     const build = Bun.spawn([process.execPath, join(REPO_ROOT, "build.ts"), "--outfile", engine, "--cloud-outfile", cloud], {
@@ -48,15 +48,14 @@ const versioned = new Map<string, Promise<string>>();
 
 /**
  * buildEngineVersion compiles another dist/engine stamped with `version` (build.ts --version),
- * once per process and version, into a temp dir removed when the process exits: the upgrade
+ * once per process and version, into a temp dir removed once the run is over: the upgrade
  * tests need two builds that say different versions.
  */
 export function buildEngineVersion(version: string): Promise<string> {
   let build = versioned.get(version);
   if (!build) {
     build = (async () => {
-      const dir = tempDir("engine-e2e-build-");
-      process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+      const dir = removeAfterRun(tempDir("engine-e2e-build-"));
       const engine = join(dir, "engine");
       const proc = Bun.spawn(
         [process.execPath, join(REPO_ROOT, "build.ts"), "--only", "engine", "--outfile", engine, "--version", version],
