@@ -246,41 +246,36 @@ function changedRecord(
   return new Promise<ServiceRecord>((resolve, reject) => {
     const signals = endWhen.filter((signal): signal is AbortSignal => signal !== undefined);
     let done = false;
-    const finish = (settle: () => void) => {
+    const finish = (outcome: () => void) => {
       if (done) return;
       done = true;
       unsubscribe();
       clearInterval(recheck);
       clearTimeout(timer);
       for (const signal of signals) signal.removeEventListener("abort", end);
-      settle();
+      outcome();
     };
-    const answer = () => {
-      try {
-        const record = read();
-        finish(() => resolve(record));
-      } catch (error) {
-        finish(() => reject(error));
-      }
-    };
-    const look = () => {
+    // Answers the record once it has another index, or as it is with `always`; a read that
+    // throws (deleted: 404) answers that.
+    const settle = (always: boolean) => {
       if (done) return;
       try {
         const record = read();
-        if (recordIndex(record) !== index) finish(() => resolve(record));
+        if (always || recordIndex(record) !== index) finish(() => resolve(record));
       } catch (error) {
         finish(() => reject(error));
       }
     };
-    const end = () => answer();
+    const look = () => settle(false);
+    const end = () => settle(true);
     // A change is told inside the transaction that makes it: read once that has returned.
     const unsubscribe = deps.services.subscribe((id) => {
       if (id === serviceId) queueMicrotask(look);
     });
     const recheck = setInterval(look, WAIT_RECHECK_MS);
-    const timer = setTimeout(answer, waitMs);
+    const timer = setTimeout(end, waitMs);
     for (const signal of signals) {
-      if (signal.aborted) return answer();
+      if (signal.aborted) return end();
       signal.addEventListener("abort", end, { once: true });
     }
   });
