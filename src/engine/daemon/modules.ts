@@ -147,8 +147,10 @@ export function storeModule(open: (store: ReturnType<typeof openStore>) => void)
       const store = db;
       later = setTimeout(() => {
         later = null;
-        checkpointer = startCheckpointer(store, path, (message) =>
-          log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
+        checkpointer = startCheckpointer(store, path, (message, ended) =>
+          ended
+            ? log.warn({ err: message }, "the state database's checkpoint worker ended; its commits checkpoint again")
+            : log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
         );
       }, CHECKPOINTER_DELAY_MS);
       later.unref?.();

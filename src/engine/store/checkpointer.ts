@@ -110,13 +110,13 @@ export interface Checkpointer {
  * machine's disk, 36 µs a commit on average, in stalls of milliseconds (decision 502). The
  * connection turns it off once a worker thread, with a connection of its own, is ready to
  * checkpoint instead. Should the worker fail, the connection gets its automatic checkpoint
- * back. `onFailed` hears of a checkpoint that failed (a full disk, say); the worker tries again
- * at its next turn.
+ * back. `onFailed` hears of a checkpoint that failed (a full disk, say; the worker tries again
+ * at its next turn), or, with `ended`, of the worker's end (the commits checkpoint again).
  */
 export function startCheckpointer(
   db: Database,
   path: string,
-  onFailed: (message: string) => void,
+  onFailed: (message: string, ended: boolean) => void,
   options: { everyMs?: number; idleMs?: number; checkpointFrames?: number; restartFrames?: number } = {},
 ): Checkpointer {
   const source = `(${checkpointWorker.toString()})(self);`;
@@ -128,7 +128,7 @@ export function startCheckpointer(
     running = false;
     URL.revokeObjectURL(url);
     db.exec(`PRAGMA wal_autocheckpoint = ${AUTOCHECKPOINT_PAGES}`);
-    onFailed(`the checkpoint worker ended (${why}); the database checkpoints in its commits again`);
+    onFailed(`the checkpoint worker ended (${why}); the database checkpoints in its commits again`, true);
   };
   worker.onmessage = (event: MessageEvent<CheckpointReport>) => {
     const report = event.data;
@@ -137,7 +137,7 @@ export function startCheckpointer(
     if ("ready" in report) {
       URL.revokeObjectURL(url);
       if (running) db.exec("PRAGMA wal_autocheckpoint = 0");
-    } else if ("failed" in report) onFailed(report.failed);
+    } else if ("failed" in report) onFailed(report.failed, false);
     else if ("ended" in report) {
       fallBack(report.ended);
       worker.terminate();
