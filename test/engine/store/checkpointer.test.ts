@@ -45,14 +45,20 @@ describe("the checkpoint worker", () => {
   test("the connection stops checkpointing in its commits; the worker copies the WAL into the database", async () => {
     const { db, path } = store();
     const failures: string[] = [];
-    const checkpointer = startCheckpointer(db, path, (message) => failures.push(message), { everyMs: 50, idleMs: 2000 });
-    open.push({ db, checkpointer });
+    // A worker that does not look for a minute: what the file does meanwhile is the connection's
+    // doing alone (a worker looking every 50 ms checkpointed in the middle of a slow write).
+    const idle = startCheckpointer(db, path, (message) => failures.push(message), { everyMs: 60_000, idleMs: 60_000 });
+    const entry: (typeof open)[number] = { db, checkpointer: idle };
+    open.push(entry);
     // Until the worker is ready, the connection keeps checkpointing.
     await eventually(() => autocheckpoint(db) === 0, { timeoutMs: 10_000 });
     const before = statSync(path).size;
     // 1500 pages: past SQLite's own 1000, which the connection no longer acts on.
     writePages(db, 1500);
     expect(statSync(path).size).toBe(before);
+    idle.stop();
+    // A worker that looks: it copies the waiting pages once its idle period has passed.
+    entry.checkpointer = startCheckpointer(db, path, (message) => failures.push(message), { everyMs: 50, idleMs: 2000 });
     await eventually(() => statSync(path).size >= before + 1500 * PAGE, { timeoutMs: 10_000 });
     expect(db.query<{ n: number }, []>("SELECT COUNT(*) AS n FROM blobs").get()?.n).toBe(1500);
     expect(failures).toEqual([]);
