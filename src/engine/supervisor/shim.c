@@ -64,6 +64,8 @@ static long long log_max_bytes;
 static int log_max_files;
 static int log_fd = -1;
 static long long log_size;
+/* log_wrote is set once this run wrote a record: the log is synced at exit only then. */
+static int log_wrote = 0;
 static int sig_pipe[2] = {-1, -1};
 static pid_t child = -1;
 /* launched is set in a shim the launcher forked: the launcher is its parent (the kernel reaps
@@ -245,9 +247,10 @@ static void emit_raw(const char *stream, const char *text, size_t len, char tag)
   memcpy(line, head, (size_t)head_len);
   memcpy(line + head_len, text, len);
   line[head_len + len] = '\n';
-  if (write_record(line, (size_t)head_len + len + 1) == 0)
+  if (write_record(line, (size_t)head_len + len + 1) == 0) {
     log_size += record;
-  else
+    log_wrote = 1;
+  } else
     log_dropped++;
 }
 
@@ -734,7 +737,9 @@ static int shim_main(int argc, char **argv) {
   notify();
   fsync(exit_record);
   close(exit_record);
-  if (log_fd >= 0) fsync(log_fd);
+  /* A run that printed nothing has nothing of its own to sync: an fsync of the log it only
+     opened would write the new file's inode, a disk write and a sleep per silent batch job. */
+  if (log_fd >= 0 && log_wrote) fsync(log_fd);
   return 0;
 }
 

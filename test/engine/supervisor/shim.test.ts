@@ -179,4 +179,43 @@ describe("engine-shim", () => {
     expect(readdirSync(runs).sort()).toEqual(["run-0", "run-1", "run-2"]);
     expect(readdirSync(join(runs, "..")).sort()).toEqual(["out.log", "runs"]);
   });
+  // strace counts the shim's syncs; .ci/run installs it.
+  test.skipIf(!Bun.which("strace"))("a run's end syncs its exit record, and its log only when the run wrote to it", async () => {
+    const syncs = async (name: string, argv: string[]) => {
+      const runDir = join(dir, name);
+      Bun.spawnSync(["mkdir", "-p", runDir]);
+      const trace = join(dir, `${name}.strace`);
+      const proc = Bun.spawn(
+        [
+          "strace",
+          "-f",
+          "-qq",
+          "-e",
+          "trace=fsync",
+          "-o",
+          trace,
+          testShim(),
+          runDir,
+          join(runDir, "out.log"),
+          "-",
+          "1048576",
+          "3",
+          "-",
+          "-",
+          "--",
+          ...argv,
+        ],
+        { stdout: "pipe" },
+      );
+      expect((await new Response(proc.stdout).text()).trim()).toStartWith("ok ");
+      // strace ends once every process it follows has: the shim, after its syncs.
+      expect(await proc.exited).toBe(0);
+      expect(existsSync(join(runDir, "exit.json"))).toBe(true);
+      return readFileSync(trace, "utf8")
+        .split("\n")
+        .filter((line) => /fsync\(\d+\)\s+= 0$/.test(line)).length;
+    };
+    expect(await syncs("sync-silent", ["true"])).toBe(1);
+    expect(await syncs("sync-output", ["/bin/sh", "-c", "echo out"])).toBe(2);
+  });
 });
