@@ -25,7 +25,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os, { tmpdir } from "node:os";
 import { join } from "node:path";
 import { reapWorkloads, workloadBun, workloadPath } from "../test/helpers";
-import { fmt, freePort, measureKillAnchor, median, numericArg, printRows } from "./lib";
+import { fmt, freePort, machineOf, measureKillAnchor, median, numericArg, printRows } from "./lib";
 
 const root = join(import.meta.dir, "..");
 const runs = numericArg("--runs", 5);
@@ -436,7 +436,9 @@ printRows(
   ["binary", "side", "hand-overs", "steps"],
   phaseSummaries,
 );
+const machine = machineOf();
+console.log(`\nmachine: hypervisor ${machine.hypervisor}; a fresh page's first write ${fmt(machine.pageFaultUs, 1)} µs (decision 504)`);
 console.log(
-  `\nanchor: a bare Bun.serve killed and spawned again answers after ${fmt(anchorMs, 1)} ms (median of 5: ${anchorWindows.map((ms) => fmt(ms, 0)).join(" / ")})`,
+  `anchor: a bare Bun.serve killed and spawned again answers after ${fmt(anchorMs, 1)} ms (median of 5: ${anchorWindows.map((ms) => fmt(ms, 0)).join(" / ")})`,
 );
 if (!rows.every((row) => row[5] === "kept")) process.exit(1);

@@ -36,7 +36,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir, testShim } from "../test/helpers";
-import { fileSystemOf, fmt, numericArg, printRows } from "./lib";
+import { fileSystemOf, fmt, machineOf, numericArg, printRows, systemCounts } from "./lib";
 
 const RUNS = numericArg("--runs", 5);
 const SERVICES = numericArg("--services", 50);
@@ -211,6 +211,11 @@ interface JobFigures {
   clientCpuMs: number;
   machineCpuMs: number;
   bunMachineCpuMs: number;
+  /** faults and switches are the machine's page faults and context switches per job; bunFaults and bunSwitches the loop's per spawn. */
+  faults: number;
+  switches: number;
+  bunFaults: number;
+  bunSwitches: number;
   /** mainRan and mainWaited are the shares of the round's wall time the daemon's main thread ran, and waited on a run queue for a core (schedstat). */
   mainRan: number;
   mainWaited: number;
@@ -559,12 +564,14 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     for (const [round, count] of JOBS.entries()) {
       const bunLoopStart = performance.now();
       const bunMachineBefore = machineBusyMs();
+      const bunCountsBefore = systemCounts();
       for (let i = 0; i < count; i++) {
         const proc = Bun.spawn(["true"], { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
         await proc.exited;
       }
       const bunLoopMs = performance.now() - bunLoopStart;
       const bunMachineCpuMs = (machineBusyMs() - bunMachineBefore) / count;
+      const bunCounts = systemCounts();
       const shellStart = performance.now();
       const shell = Bun.spawn(["sh", "-c", `i=0; while [ $i -lt ${count} ]; do /bin/true; i=$((i+1)); done`], {
         stdin: "ignore",
@@ -579,6 +586,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const cpuBefore = cpuMs(daemonPid);
       const schedBefore = schedNs(daemonPid);
       const machineBefore = machineBusyMs();
+      const countsBefore = systemCounts();
       const clientBefore = selfCpuMs();
       const jobsStart = performance.now();
       const jobsDeadline = jobsStart + JOBS_DEADLINE_MS;
@@ -634,6 +642,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       if (VERBOSE) console.log(`   ${count} jobs: all settled at ${fmt(jobsMs, 0)} ms`);
       const daemonCpuMs = (cpuMs(daemonPid) - cpuBefore) / count;
       const machineCpuMs = (machineBusyMs() - machineBefore) / count;
+      const counts = systemCounts();
       const clientCpuMs = (selfCpuMs() - clientBefore) / count;
       const schedAfter = schedNs(daemonPid);
       const completed = [...settled.values()].filter((s) => s === "completed").length;
@@ -645,6 +654,10 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
         clientCpuMs,
         machineCpuMs,
         bunMachineCpuMs,
+        faults: (counts.faults - countsBefore.faults) / count,
+        switches: (counts.switches - countsBefore.switches) / count,
+        bunFaults: (bunCounts.faults - bunCountsBefore.faults) / count,
+        bunSwitches: (bunCounts.switches - bunCountsBefore.switches) / count,
         mainRan: (schedAfter.ran - schedBefore.ran) / 1e6 / jobsMs,
         mainWaited: (schedAfter.waited - schedBefore.waited) / 1e6 / jobsMs,
         completed,
@@ -703,6 +716,10 @@ console.log(
 );
 // Every job makes ~8 inodes (dirs, log, pids, exit record) in the data dir, under TMPDIR.
 const dataFs = fileSystemOf(realpathSync(tmpdir()));
+const machine = machineOf();
+console.log(
+  `machine: hypervisor ${machine.hypervisor}; a fresh page's first write ${fmt(machine.pageFaultUs, 1)} µs (process creation is page-table work: decision 504)`,
+);
 console.log(`data dirs under ${tmpdir()}: ${dataFs.description}`);
 if (dataFs.scansRecentDeletions) {
   console.log(
@@ -782,6 +799,27 @@ for (const count of JOBS) {
     )} + ${spread(of((f) => (job(f)?.machineCpuMs ?? Number.NaN) - (job(f)?.daemonCpuMs ?? Number.NaN) - (job(f)?.clientCpuMs ?? Number.NaN)))}`,
     `Bun.spawn loop ${spread(of((f) => job(f)?.bunMachineCpuMs ?? Number.NaN))} ms a spawn`,
     spread(of((f) => (job(f)?.machineCpuMs ?? Number.NaN) / (job(f)?.bunMachineCpuMs ?? Number.NaN))),
+    "",
+  ]);
+  ratioRows.push([
+    `   (the machine's page faults / context switches per job)`,
+    `${spread(
+      of((f) => job(f)?.faults ?? Number.NaN),
+      0,
+    )} / ${spread(
+      of((f) => job(f)?.switches ?? Number.NaN),
+      0,
+    )}`,
+    `Bun.spawn loop ${spread(
+      of((f) => job(f)?.bunFaults ?? Number.NaN),
+      0,
+    )} / ${spread(
+      of((f) => job(f)?.bunSwitches ?? Number.NaN),
+      0,
+    )} a spawn`,
+    `${spread(of((f) => (job(f)?.faults ?? Number.NaN) / (job(f)?.bunFaults ?? Number.NaN)))} / ${spread(
+      of((f) => (job(f)?.switches ?? Number.NaN) / (job(f)?.bunSwitches ?? Number.NaN)),
+    )}`,
     "",
   ]);
   ratioRows.push([
