@@ -11,7 +11,10 @@
  *   connections (the issue's load): its socket errors and non-2xx answers are the failures;
  *   `--proxied-loops N` adds N in-process clients over the HTTP port (three in four kept-alive),
  *   every failed or wrong answer counted;
- * - the services' pids are read before and after: they must be kept.
+ * - the services' pids are read before and after: they must be kept;
+ * - after the restarts, the same pollers under the same load watch three windows as long as a
+ *   restart took, with no restart: the longest silence of each is the machine's own stalls, the
+ *   anchor of the silence per restart (on a small, loaded machine gaps appear with no restart).
  *
  * Printed per binary: the median of the runs and their spread, and where each hand-over's
  * window went (the steps the engine logs, decision 440). The anchor is a bare Bun.serve
@@ -31,6 +34,8 @@ const root = join(import.meta.dir, "..");
 const runs = numericArg("--runs", 5);
 const restarts = numericArg("--restarts", 10);
 const SLEEPERS = 3;
+/** QUIET_WINDOWS is how many windows with no restart are watched after the restarts, for the silence's anchor. */
+const QUIET_WINDOWS = 3;
 const UPSTREAM = join(root, "test", "fixtures", "proxy", "upstream.ts");
 /** DRAIN_TIMEOUT_S lets requests in flight finish; a restart waits for them only (none are long here). */
 const DRAIN_TIMEOUT_S = 10;
@@ -89,6 +94,12 @@ interface RunResult {
   longestSilenceMs: number;
   /** perRestartMs is the longest silence within each restart. */
   perRestartMs: number[];
+  /**
+   * quietMs is the longest silence within each of QUIET_WINDOWS windows with no restart under
+   * way, as long as a restart took (its median), under the same load, after the restarts: the
+   * machine's own stalls, which the per-restart figure includes too.
+   */
+  quietMs: number[];
   pidsKept: boolean;
   enginePidKept: boolean;
   restartSeconds: number[];
@@ -320,6 +331,17 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
           `  restart ${round + 1}: silences over 50 ms (start after the request + length, ms): ${silences.splice(0).join(" ") || "none"}`,
         );
     }
+    // The anchor: the same pollers under the same load with no restart, window by window.
+    const windowMs = median(restartSeconds) * 1000 + 300;
+    const quietMs: number[] = [];
+    for (let window = 0; window < QUIET_WINDOWS; window++) {
+      restartAt = performance.now();
+      longest = 0;
+      await Bun.sleep(windowMs);
+      quietMs.push(longest);
+      if (verbose)
+        console.error(`  quiet window ${window + 1}: silences over 50 ms (start + length, ms): ${silences.splice(0).join(" ") || "none"}`);
+    }
     for (const loop of loops) await loop.stop();
     loops.length = 0;
     const wrkCount = (await stopWrk?.()) ?? { requests: 0, failed: 0, detail: "" };
@@ -339,6 +361,7 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       apiAnswered: apiLoops.reduce((sum, loop) => sum + loop.answered, 0),
       longestSilenceMs: Math.max(...perRestartMs),
       perRestartMs,
+      quietMs,
       pidsKept: [...pids].every(([name, pid]) => after.get(name) === pid),
       enginePidKept: enginePidAfter === enginePid,
       restartSeconds,
@@ -370,6 +393,7 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
   const apiFailed = results.map((result) => result.apiFailed);
   const silences = results.map((result) => result.longestSilenceMs);
   const perRestart = results.flatMap((result) => result.perRestartMs);
+  const quiet = results.flatMap((result) => result.quietMs);
   const restartS = results.flatMap((result) => result.restartSeconds);
   phaseSummaries.push(...summarizePhases(label, results));
   return [
@@ -379,6 +403,7 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
       `${median(apiFailed)} (${spread(apiFailed)})`,
       `${fmt(median(silences), 1)} (${spread(silences, 1)})`,
       `${fmt(median(perRestart), 1)} (${spread(perRestart, 1)})`,
+      `${fmt(median(quiet), 1)} (${spread(quiet, 1)})`,
       results.every((result) => result.pidsKept) ? "kept" : "CHANGED",
       results.every((result) => result.enginePidKept) ? "kept" : "changed",
       `${fmt(median(restartS), 2)} (${spread(restartS, 2)})`,
@@ -425,6 +450,7 @@ printRows(
     "API failed",
     "longest API silence ms",
     "silence per restart ms",
+    "same, no restart (anchor) ms",
     "service pids",
     "engine pid",
     "restart s",
