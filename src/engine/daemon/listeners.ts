@@ -219,13 +219,18 @@ function bindTcp(options: ApiListenerOptions, serve: Omit<Parameters<typeof Bun.
 
 /** WARM_ROUNDS is how many times each warm-up request runs: enough for the code it takes to be compiled, not optimized. */
 const WARM_ROUNDS = 20;
+const JSON_HEADERS = { "content-type": "application/json" };
+/** WARM_RESTART_BODY is a restart request its schema refuses (drain_timeout_s is an integer): it is validated, never run. */
+export const WARM_RESTART_BODY = JSON.stringify({ drain_timeout_s: "warm-up" });
 
 /**
  * warmHandlers sends a successor's handlers, in-process and before the switch, the requests
- * its first clients will send (decision 441): the health check on both listeners and a
- * refused credential, so the router, the routes' compiled handlers, the authentication and the
+ * its first clients will send (decision 441): the health check on both listeners, a refused
+ * credential, and the next restart's request with a body its schema refuses (decision 505), so
+ * the router, the routes' compiled handlers, the authentication, the body validation and the
  * error envelope are compiled before requests wait for them. It reads nothing the predecessor
- * owns: a refused token is looked up and not found, and no route it calls changes anything.
+ * owns: a refused token is looked up and not found, and no route it calls changes anything
+ * (the restart's body is not an integer, so it is answered 422 before the route runs).
  */
 export async function warmHandlers(
   tcp: (request: Request) => Response | Promise<Response>,
@@ -238,6 +243,7 @@ export async function warmHandlers(
       tcp(new Request(`${origin}/api/health`)),
       tcp(new Request(`${origin}/api/services`, { headers: { authorization: "Bearer eng_warm-up" } })),
       unix(new Request("http://localhost/api/health")),
+      unix(new Request("http://localhost/api/daemon/restart", { method: "POST", headers: JSON_HEADERS, body: WARM_RESTART_BODY })),
     ];
     for (const answer of answers) {
       try {

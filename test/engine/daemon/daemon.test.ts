@@ -3,6 +3,7 @@ import { chmodSync, chownSync, existsSync, mkdirSync, readdirSync, rmSync, statS
 import { join } from "node:path";
 import { resolveConfig } from "../../../src/engine/config";
 import { startDaemon } from "../../../src/engine/daemon";
+import { WARM_RESTART_BODY } from "../../../src/engine/daemon/listeners";
 import { buildBinaries } from "../../e2e/binaries";
 import { eventually, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir, testShim, workloadPath } from "../../helpers";
 
@@ -76,6 +77,25 @@ describe("daemon process", () => {
     await eventually(() => engine.stderr().includes("the admin token is the one set in ENGINE_ADMIN_TOKEN"));
     expect((await fetch(`${engine.url}/api/tokens`, { headers: { authorization: `Bearer ${secret}` } })).status).toBe(200);
     expect(engine.output()).not.toContain(secret);
+  });
+
+  test("the restart request a successor warms its handlers with is refused by the route's schema over the socket, and restarts nothing", async () => {
+    const dir = scratch();
+    const engine = await started(dir, { args: [] });
+    // The unix socket counts as admin: only the body's schema stands between this request and a restart.
+    const response = await fetch("http://localhost/api/daemon/restart", {
+      unix: join(dir, "engine.sock"),
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: WARM_RESTART_BODY,
+    });
+    expect(response.status).toBe(422);
+    const payload = (await response.json()) as { detail: { loc: unknown[] }[] };
+    expect(payload.detail).toContainEqual(expect.objectContaining({ loc: ["body", "drain_timeout_s"] }));
+    // A restart would have logged its request at once, before any drain.
+    const health = await fetch(`${engine.url}/api/health`);
+    expect(health.status).toBe(200);
+    expect(engine.output()).not.toContain("restart requested");
   });
 
   test("POST /api/daemon/restart answers 202, hands over to a stand-in and re-executes in place: same pid and port, new process image", async () => {
