@@ -7,6 +7,7 @@ import type { Dialect } from "../../src/cloud/db";
 import { type CloudOptions, type RunningCloud, startCloud } from "../../src/cloud/server";
 import { createLogger } from "../../src/lib/logger";
 import { tempDir } from "../helpers";
+import { removeAfterRun } from "../run-dirs";
 
 /** POSTGRES_URL is the test PostgreSQL (trust auth, database `test`); ENGINE_TEST_POSTGRES_URL overrides it. */
 export const POSTGRES_URL = process.env.ENGINE_TEST_POSTGRES_URL ?? "postgres://postgres@127.0.0.1:5432/test";
@@ -70,7 +71,7 @@ export interface TestCloud extends RunningCloud {
  * file, or a PostgreSQL schema of its own (dropped on close), so test files never share rows.
  */
 export async function startTestCloud(dialect: Dialect, input: CloudConfigInput = {}, options: CloudOptions = {}): Promise<TestCloud> {
-  const dataDir = tempDir("engine-cloud-test-");
+  const dataDir = removeAfterRun(tempDir("engine-cloud-test-"));
   let databaseUrl = `sqlite://${dataDir}/cloud.db`;
   let dropSchema: (() => Promise<void>) | undefined;
   if (dialect === "postgres") {

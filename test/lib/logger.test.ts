@@ -3,6 +3,7 @@ import { closeSync, existsSync, openSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { createLogger, redactSecrets } from "../../src/lib/logger";
 import { eventually, tempDir } from "../helpers";
+import { removeAfterRun } from "../run-dirs";
 import { mountTmpfs, type Tmpfs } from "../tmpfs";
 
 let disk: Tmpfs | null = null;
@@ -136,7 +137,7 @@ describe("logger on a full disk (issue 13)", () => {
 
 /** pipePair opens a real pipe (a FIFO in a temp dir) and returns its read and write ends. */
 async function pipePair(): Promise<[number, number]> {
-  const dir = (await import("node:fs")).mkdtempSync("/tmp/engine-fifo-");
+  const dir = removeAfterRun((await import("node:fs")).mkdtempSync("/tmp/engine-fifo-"));
   const path = join(dir, "fifo");
   Bun.spawnSync(["mkfifo", path]);
   const read = openSync(path, (await import("node:fs")).constants.O_RDONLY | (await import("node:fs")).constants.O_NONBLOCK);

@@ -7,6 +7,7 @@ import { assistantRoutes, s256 } from "../../../src/cloud/oauth";
 import { consolePages } from "../../../src/cloud/ui";
 import { createLogger } from "../../../src/lib/logger";
 import { tempDir } from "../../helpers";
+import { removeAfterRun } from "../../run-dirs";
 import { startTestCloud, type TestCloud } from "../helpers";
 
 /** ManualClock is time that moves only when a test moves it. */
@@ -85,7 +86,7 @@ let sources = 0;
  */
 export async function startAssistantCloud(dialect: Dialect, input: CloudConfigInput = {}): Promise<AssistantCloud> {
   const clock = new ManualClock();
-  const logDir = tempDir("engine-oauth-log-");
+  const logDir = removeAfterRun(tempDir("engine-oauth-log-"));
   const { log } = createLogger({ level: "debug", dataDir: logDir, stdout: false, fileName: "cloud.log" });
   const cloud = await startTestCloud(
     dialect,

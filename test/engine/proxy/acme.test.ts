@@ -12,6 +12,7 @@ import {
   workloadBun,
   workloadPath,
 } from "../../helpers";
+import { removeAfterRun } from "../../run-dirs";
 import { pebbleAvailable, type RunningPebble, startPebble } from "../tls/pebble";
 
 const UPSTREAM = join(REPO_ROOT, "test", "fixtures", "proxy", "upstream.ts");
@@ -20,7 +21,7 @@ const available = pebbleAvailable();
 /** startWithPebble starts a Pebble that validates http-01 on `challengePort`, and an engine whose HTTP port is `httpPort`. */
 async function startWithPebble(httpPort: number, challengePort: number): Promise<{ engine: TestEngine; pebble: RunningPebble }> {
   const pebble = await startPebble({ httpPort: challengePort });
-  const caFile = join(tempDir("engine-acme-ca-"), "directory-ca.pem");
+  const caFile = join(removeAfterRun(tempDir("engine-acme-ca-")), "directory-ca.pem");
   writeFileSync(caFile, pebble.directoryCa);
   const engine = await startTestEngine({
     proxy: true,

@@ -5,6 +5,7 @@ import type { TCPSocketListener } from "bun";
 import { ProxyListener } from "../../../src/engine/proxy/listener";
 import type { RouteEntry } from "../../../src/engine/proxy/snapshot";
 import { eventually, freePort, REPO_ROOT, tempDir } from "../../helpers";
+import { removeAfterRun } from "../../run-dirs";
 
 // The forwarder through a real proxy listener on loopback, in front of a Bun.serve upstream
 // (the ordinary case) and a raw-socket upstream that misbehaves on purpose. Clients are raw
@@ -201,7 +202,7 @@ beforeAll(async () => {
 
   const refused = await freePort();
   proxy = new ProxyListener(
-    { host: "127.0.0.1", httpsPort: 0, httpPort: 0, maxBodyBytes: MAX_BODY, stateDir: tempDir("engine-forwarder-") },
+    { host: "127.0.0.1", httpsPort: 0, httpPort: 0, maxBodyBytes: MAX_BODY, stateDir: removeAfterRun(tempDir("engine-forwarder-")) },
     { headerTimeoutMs: 1000 },
   );
   proxy.start({
@@ -242,7 +243,13 @@ describe("request bodies", () => {
     const first = new Uint8Array(1024 * 1024).fill(7);
     const hash = createHash("sha256").update(first).update(rest);
     const listener = new ProxyListener(
-      { host: "127.0.0.1", httpsPort: 0, httpPort: 0, maxBodyBytes: 64 * 1024 * 1024, stateDir: tempDir("engine-forwarder-") },
+      {
+        host: "127.0.0.1",
+        httpsPort: 0,
+        httpPort: 0,
+        maxBodyBytes: 64 * 1024 * 1024,
+        stateDir: removeAfterRun(tempDir("engine-forwarder-")),
+      },
       {},
     );
     listener.start({ generation: 1, routes: [route("app.localhost", upstream.port ?? 0)], certificates: [], challenges: {} });

@@ -3,6 +3,7 @@ import { chmodSync, existsSync, readdirSync, readFileSync, statSync, writeFileSy
 import { join } from "node:path";
 import { RUNS_KEPT } from "../../../src/engine/services/store";
 import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
+import { removeAfterRun } from "../../run-dirs";
 import { processExists, processState, ServiceClient } from "./harness";
 
 let engine: TestEngine;
@@ -11,7 +12,7 @@ let scratch: string;
 beforeAll(async () => {
   engine = await startTestEngine();
   api = new ServiceClient(engine);
-  scratch = tempDir("engine-svc-");
+  scratch = removeAfterRun(tempDir("engine-svc-"));
 });
 afterAll(async () => {
   await engine.close();
