@@ -251,12 +251,14 @@ export class TunnelClient {
       let lastFrame = Date.now();
       let error: string | undefined;
       let heartbeat: ReturnType<typeof setInterval> | undefined;
+      let handshake: ReturnType<typeof setTimeout> | undefined;
       let ended = false;
       let lastGpus = "";
       const end = (reason: string, close?: { code: number; reason: string }) => {
         if (ended) return;
         ended = true;
         if (heartbeat) clearInterval(heartbeat);
+        if (handshake) clearTimeout(handshake);
         this.#endAttempt = undefined;
         try {
           if (close) socket?.close(close.code, close.reason);
@@ -277,10 +279,18 @@ export class TunnelClient {
         return;
       }
       this.#endAttempt = (reason) => end(reason, { code: 1001, reason });
+      // A handshake nobody answers (a partition after the TCP connect: the upgrade's answer never
+      // comes, and neither does an error or a close) is given up as a silent tunnel is, after
+      // deadAfterMs, and the next attempt follows the backoff; without it the client waited for ever.
+      handshake = setTimeout(() => {
+        error ??= `no answer from the console to the tunnel's handshake in ${Math.round(this.#o.deadAfterMs / 1000)} s`;
+        end(error);
+      }, this.#o.deadAfterMs);
       const send = (message: object) => {
         if (!ended && socket?.readyState === 1) socket.send(JSON.stringify(message));
       };
       socket.addEventListener("open", () => {
+        clearTimeout(handshake);
         lastFrame = Date.now();
         void (async () => {
           let tools: RelayTool[] = [];

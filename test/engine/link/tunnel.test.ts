@@ -263,6 +263,36 @@ describe("TunnelClient", () => {
     await eventually(() => tunnel.status().state === "connected", { timeoutMs: 5000 });
   });
 
+  test("a console that takes the connection but never answers the handshake is given up within the deadline, and tried again", async () => {
+    const accepted: number[] = [];
+    const silent = Bun.listen({
+      hostname: "127.0.0.1",
+      port: 0,
+      socket: {
+        open: () => {
+          accepted.push(Date.now());
+        },
+        data: () => {
+          // reads the upgrade request and never answers it
+        },
+      },
+    });
+    try {
+      link(`http://127.0.0.1:${silent.port}`);
+      const tunnel = start();
+      await eventually(() => tunnel.status().last_error?.includes("no answer from the console to the tunnel's handshake"), {
+        timeoutMs: 5000,
+      });
+      expect(tunnel.status().state).toMatch(/disconnected|connecting/);
+      // Given up, it tries again after its backoff instead of waiting on the first for ever.
+      await eventually(() => accepted.length >= 3, { timeoutMs: 5000 });
+    } finally {
+      await client?.stop();
+      client = undefined;
+      silent.stop(true);
+    }
+  });
+
   test("unlinking while connected closes the tunnel (4004) and the client waits for an identity again", async () => {
     link(fake.url);
     const tunnel = start();
