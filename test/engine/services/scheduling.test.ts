@@ -56,6 +56,12 @@ describe("GPUs (fake nvidia-smi, real format)", () => {
     await eventually(() => existsSync(ownFile("gpu-c", "gpus")));
     expect(readFileSync(ownFile("gpu-c", "gpus"), "utf8")).toBe(readFileSync(ownFile("gpu-a", "gpus"), "utf8"));
     for (const name of ["gpu-b", "gpu-c"]) await api.control(name, "stop");
+    // The next test places on both GPUs free: it starts once their holds are gone, not while the stops settle.
+    for (const name of ["gpu-b", "gpu-c"]) await api.waitFor(name, "stopped");
+    await eventually(async () => {
+      const after = await engine.json<{ devices: { holders: unknown[] }[] }>("GET", "/api/gpus");
+      return after.body.devices.every((device) => device.holders.length === 0);
+    });
   });
 
   test("memory-based sharing packs several services onto one GPU", async () => {
