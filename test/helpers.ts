@@ -281,25 +281,9 @@ export async function startTestEngine(config: ConfigInput = {}, options: DaemonO
     async close() {
       await daemon.stop();
       reapWorkloads(dataDir);
-      if (!config.dataDir) await removeDataDir(dataDir);
+      if (!config.dataDir) rmSync(dataDir, { recursive: true, force: true });
     },
   };
-}
-
-/**
- * removeDataDir removes a stopped in-process engine's data dir, checked and tried again for up
- * to 2 s (best effort: a dir left is not a failure). One removal right after the daemon's stop
- * often left `data/`, `engine.log` and `admin.token` behind without an error (3 runs of 4 of
- * test/cli/services.test.ts); the second removes them. Likely the removal meets the store's
- * checkpoint worker, which closes its connection, and deletes the WAL files, on its own thread
- * after the stop returned (decision 502): not proven.
- */
-async function removeDataDir(dir: string): Promise<void> {
-  for (const deadline = Date.now() + 2000; ; ) {
-    rmSync(dir, { recursive: true, force: true });
-    if (!existsSync(dir) || Date.now() > deadline) return;
-    await Bun.sleep(20);
-  }
 }
 
 /** createToken makes a token through the API and returns its secret and id. */

@@ -219,7 +219,6 @@ function bindTcp(options: ApiListenerOptions, serve: Omit<Parameters<typeof Bun.
 
 /** WARM_ROUNDS is how many times each warm-up request runs: enough for the code it takes to be compiled, not optimized. */
 const WARM_ROUNDS = 20;
-const JSON_HEADERS = { "content-type": "application/json" };
 /** WARM_RESTART_BODY is a restart request its schema refuses (drain_timeout_s is an integer): it is validated, never run. */
 export const WARM_RESTART_BODY = JSON.stringify({ drain_timeout_s: "warm-up" });
 
@@ -243,7 +242,13 @@ export async function warmHandlers(
       tcp(new Request(`${origin}/api/health`)),
       tcp(new Request(`${origin}/api/services`, { headers: { authorization: "Bearer eng_warm-up" } })),
       unix(new Request("http://localhost/api/health")),
-      unix(new Request("http://localhost/api/daemon/restart", { method: "POST", headers: JSON_HEADERS, body: WARM_RESTART_BODY })),
+      unix(
+        new Request("http://localhost/api/daemon/restart", {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: WARM_RESTART_BODY,
+        }),
+      ),
     ];
     for (const answer of answers) {
       try {

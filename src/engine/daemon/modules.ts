@@ -148,18 +148,24 @@ export function storeModule(open: (store: ReturnType<typeof openStore>) => void)
       later = setTimeout(() => {
         later = null;
         checkpointer = startCheckpointer(store, path, (message, ended) =>
-          ended
-            ? log.warn({ err: message }, "the state database's checkpoint worker ended; its commits checkpoint again")
-            : log.warn({ err: message }, "the state database's checkpoint failed; it is tried again"),
+          log.warn(
+            { err: message },
+            ended
+              ? "the state database's checkpoint worker ended; its commits checkpoint again"
+              : "the state database's checkpoint failed; it is tried again",
+          ),
         );
       }, CHECKPOINTER_DELAY_MS);
       later.unref?.();
     },
-    stop() {
+    async stop() {
       if (later) clearTimeout(later);
       later = null;
-      checkpointer?.stop();
+      // The worker's connection closes first, so this close is the last and nothing of the store
+      // is left working in the data dir after the stop.
+      const stopping = checkpointer?.stop();
       checkpointer = null;
+      await stopping;
       db?.close();
     },
   } satisfies Module;

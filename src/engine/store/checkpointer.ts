@@ -98,10 +98,18 @@ function checkpointWorker(scope: {
   };
 }
 
-/** Checkpointer is the running worker; stop() ends it and gives the connection its automatic checkpoint back. */
+/**
+ * Checkpointer is the running worker; stop() ends it, gives the connection its automatic
+ * checkpoint back, and resolves once the worker has closed its own connection (at most
+ * STOP_WAIT_MS): the caller's close is then the database's last, which removes the WAL itself,
+ * and nothing of the worker touches the data dir after the store's stop.
+ */
 export interface Checkpointer {
-  stop(): void;
+  stop(): Promise<void>;
 }
+
+/** STOP_WAIT_MS bounds the wait for the worker's own close (a checkpoint under way finishes first). */
+const STOP_WAIT_MS = 1000;
 
 /**
  * startCheckpointer moves the WAL checkpoints of `db` (the file at `path`) off the calling
@@ -147,7 +155,14 @@ export function startCheckpointer(
     fallBack(String(event.message).split("\n").at(-1) ?? "");
     worker.terminate();
   };
-  worker.addEventListener("close", () => fallBack("it exited"));
+  let exited!: () => void;
+  const closed = new Promise<void>((resolve) => {
+    exited = resolve;
+  });
+  worker.addEventListener("close", () => {
+    exited();
+    fallBack("it exited");
+  });
   worker.postMessage({
     path,
     everyMs: options.everyMs ?? CHECKPOINT_EVERY_MS,
@@ -157,14 +172,19 @@ export function startCheckpointer(
   } satisfies CheckpointMessage);
   (worker as Worker & { unref?: () => void }).unref?.();
   return {
-    stop() {
+    async stop() {
       if (!running) return;
       running = false;
-      // Not waited for: the worker closes its connection and ends on its own thread, while the
-      // connection checkpoints in its commits again from this moment.
+      // The connection checkpoints in its commits again from this moment; the worker closes its
+      // connection and ends on its own thread, which is waited for (bounded): when it closed after
+      // the store did, it was the last connection and removed the WAL while the data dir was
+      // being removed, and a removal that met it left part of the dir behind.
       worker.postMessage({ stop: true } satisfies CheckpointMessage);
       URL.revokeObjectURL(url);
       db.exec(`PRAGMA wal_autocheckpoint = ${AUTOCHECKPOINT_PAGES}`);
+      let bound: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([closed, new Promise<void>((resolve) => (bound = setTimeout(resolve, STOP_WAIT_MS)))]);
+      clearTimeout(bound);
     },
   };
 }
