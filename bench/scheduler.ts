@@ -439,14 +439,19 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     // ------------------------------------------------------------ B. memory per supervised service
     const pairs = runPids(dataDir);
     const runningKb = await sampleRss(daemonPid);
-    const shimRssKb = sum(pairs.map((p) => residentKb(p.shim) ?? 0)) / SERVICES;
-    const shimPss = pairs.map((p) => pssKb(p.shim)).filter((v): v is number => v !== null);
+    // One launcher holds every run (decision 508): each process that holds runs counts once.
+    const holders = [...new Set(pairs.map((p) => p.shim))];
+    const shimRssKb = sum(holders.map((pid) => residentKb(pid) ?? 0)) / SERVICES;
+    const shimPss = holders.map((pid) => pssKb(pid)).filter((v): v is number => v !== null);
     const shimPssKb = shimPss.length ? sum(shimPss) / SERVICES : Number.NaN;
     const daemonGrowthKb = (runningKb - warmKb) / SERVICES;
     const daemonGrowthColdKb = (runningKb - idleKb) / SERVICES;
     await pool(SERVICES, CONCURRENCY, async (i) => remove(names[i] ?? ""));
     await Bun.sleep(200);
-    const leftAlive = pairs.filter((p) => alive(p.shim) || alive(p.child)).length;
+    // A run is over once its workload is gone and, where it had a shim of its own, that shim too
+    // (the launcher holds on for the runs to come).
+    const shared = new Set(holders.filter((pid) => pairs.filter((p) => p.shim === pid).length > 1));
+    const leftAlive = pairs.filter((p) => alive(p.child) || (!shared.has(p.shim) && alive(p.shim))).length;
     if (leftAlive > 0) console.log(`   run ${run}: ${leftAlive} deleted services' runs still alive 200 ms after DELETE`);
     load.push(loadAverage());
 

@@ -46,7 +46,7 @@ import {
   type TunnelTimings,
   tokensModule,
 } from "./modules";
-import { commandLine, reapWhenGone, reexecSelf, SAME_IMAGE } from "./reexec";
+import { commandLine, pidsAwaitingReap, reapWhenGone, reexecSelf, SAME_IMAGE } from "./reexec";
 import { runsCompiled, type StagedUpgrade, stageUpgrade } from "./upgrade";
 
 export { HANDOVER_ENV, type SuccessorRole, takeSuccessorRole } from "./handover";
@@ -280,8 +280,6 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
 const FIRST_ANSWER_WAIT_MS = 250;
 /** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
 const HELLO_TIMEOUT_MS = 120_000;
-/** PEER_REAP_MS bounds the wait for the children of the pid before its execve to exit (a proxy process drains for up to 30 s). */
-const PEER_REAP_MS = 120_000;
 /** STANDIN_WAIT_MS is how long a stand-in waits for its re-executed parent to take over. */
 const STANDIN_WAIT_MS = 120_000;
 
@@ -478,10 +476,11 @@ async function startIn(
       } catch {
         leftChildren = [];
       }
-      // The shim launcher exits once the supervisor stops (its stdin closes); if Bun has not
-      // reaped it by the execve, the new image does.
+      // The shim launcher holds its runs on once the supervisor stops (its stdin closes), and
+      // exits after the last: the new image reaps it then, as it does the launchers of the
+      // images before this one that still hold runs.
       const launcher = bus.find("supervisor")?.launcherPid;
-      if (launcher) leftChildren = [...leftChildren, launcher];
+      leftChildren = [...new Set([...leftChildren, ...(launcher ? [launcher] : []), ...pidsAwaitingReap()])];
       handingOver = true;
       await running.stop();
     },
@@ -773,7 +772,8 @@ async function startIn(
     channel.send({ type: "active", control: standinControl?.path ?? null });
     channel.close();
     if (standinControl) void standIn(standinControl, taking.order.drain_ms);
-    for (const pid of role.peerPids) void reapWhenGone(pid, PEER_REAP_MS);
+    // The stand-in and the proxy processes end within their drain; a shim launcher once its last run has ended.
+    for (const pid of role.peerPids) void reapWhenGone(pid);
   }
 
   let stopped = false;

@@ -49,12 +49,22 @@ export function reexecSelf(env: Record<string, string | undefined> = process.env
 
 let waitpid: ((pid: number, status: null, options: number) => number) | null | undefined;
 
+/** awaiting are the pids reapWhenGone waits for now: a later restart in place passes them on. */
+const awaiting = new Set<number>();
+
+/** pidsAwaitingReap are the children of this pid, from before its execve, that have not ended yet. */
+export function pidsAwaitingReap(): number[] {
+  return [...awaiting];
+}
+
 /**
  * reapWhenGone waits (polling, at most `timeoutMs`) for a child this process did not spawn
  * through Bun to exit, and reaps it so that it leaves no zombie: the stand-in of a restart is
- * the child of the daemon's pid from before its execve, which the new image knows nothing of.
+ * the child of the daemon's pid from before its execve, which the new image knows nothing of,
+ * and so is a shim launcher, which holds its runs until the last has ended, however long that
+ * is (decision 508). It looks every 50 ms at first, then less often, up to once a second.
  */
-export async function reapWhenGone(pid: number, timeoutMs = 60_000): Promise<void> {
+export async function reapWhenGone(pid: number, timeoutMs = Number.POSITIVE_INFINITY): Promise<void> {
   if (waitpid === undefined) {
     try {
       waitpid = dlopen("libc.so.6", { waitpid: { args: [FFIType.i32, FFIType.ptr, FFIType.i32], returns: FFIType.i32 } }).symbols
@@ -64,10 +74,15 @@ export async function reapWhenGone(pid: number, timeoutMs = 60_000): Promise<voi
     }
   }
   const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    // WNOHANG: the pid once it has exited, 0 while it runs, -1 when it is not a child (gone).
-    const reaped = waitpid?.(pid, null, 1) ?? -1;
-    if (reaped !== 0) return;
-    await Bun.sleep(50);
+  awaiting.add(pid);
+  try {
+    for (let interval = 50; Date.now() < deadline; interval = Math.min(interval * 2, 1000)) {
+      // WNOHANG: the pid once it has exited, 0 while it runs, -1 when it is not a child (gone).
+      const reaped = waitpid?.(pid, null, 1) ?? -1;
+      if (reaped !== 0) return;
+      await Bun.sleep(interval);
+    }
+  } finally {
+    awaiting.delete(pid);
   }
 }

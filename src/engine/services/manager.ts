@@ -1291,14 +1291,17 @@ export class ServiceManager implements ServiceDirectory {
   private serviceOfPid(pid: number): string | null {
     const byPid = new Map<number, string>();
     const byRun = new Map<string, string>();
+    const holders = new Map<number, string | null>();
     for (const [id, runner] of this.runners) {
       const handle = runner.handle;
       const name = handle ? this.o.store.getService(id)?.name : undefined;
       if (!handle || !name) continue;
       byPid.set(handle.pid, name);
-      byPid.set(handle.shimPid, name);
       byRun.set(handle.runId, name);
+      // A shim that holds one run names its service; a launcher holding several names none.
+      holders.set(handle.shimPid, holders.has(handle.shimPid) ? null : name);
     }
+    for (const [holder, name] of holders) if (name !== null && !byPid.has(holder)) byPid.set(holder, name);
     let current = pid;
     for (let depth = 0; depth < 64 && current > 1; depth++) {
       const name = byPid.get(current);

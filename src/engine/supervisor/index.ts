@@ -314,13 +314,16 @@ export class Supervisor {
    */
   adopt(handle: RunHandle): { state: "running" } | { state: "exited"; exit: ExitRecord } {
     this.byRunDir.set(handle.runDir, handle.runId);
-    if (isSameProcess(handle.shimPid, handle.shimStart)) {
+    // A launcher holds other runs after one has ended: a run whose holder lives may have ended
+    // (and told a daemon that was not there), so its record is read first.
+    const recorded = this.readExit(handle.runDir, handle.cgroupDir);
+    if (!recorded && isSameProcess(handle.shimPid, handle.shimStart)) {
       this.watched.set(handle.runId, { handle, reported: false });
       // It may end between the check and the watch; the sweep catches that.
       return { state: "running" };
     }
     this.byRunDir.delete(handle.runDir);
-    const exit = this.readExit(handle.runDir, handle.cgroupDir) ?? lostExit();
+    const exit = recorded ?? lostExit();
     if (handle.cgroupDir) this.cgroup?.remove(handle.cgroupDir);
     return { state: "exited", exit };
   }
@@ -376,10 +379,23 @@ export class Supervisor {
     this.finish(runId);
   }
 
+  /**
+   * sweep settles the runs whose end no notice told: a shim that is gone (killed outright), or
+   * a workload that is gone while its launcher, which holds other runs, lives on (a notice that
+   * did not get through); finish then reads its record, or waits for it while the launcher
+   * still drains the run's output. Each launcher is looked at once, however many runs it holds.
+   */
   private sweep(): void {
+    const holders = new Map<number, boolean>();
     for (const [runId, watched] of this.watched) {
       if (watched.reported) continue;
-      if (!isSameProcess(watched.handle.shimPid, watched.handle.shimStart)) this.finish(runId);
+      const { shimPid, shimStart, pid, pidStart } = watched.handle;
+      let holder = holders.get(shimPid);
+      if (holder === undefined) {
+        holder = isSameProcess(shimPid, shimStart);
+        holders.set(shimPid, holder);
+      }
+      if (!holder || !isSameProcess(pid, pidStart)) this.finish(runId);
     }
   }
 
@@ -387,7 +403,9 @@ export class Supervisor {
     const watched = this.watched.get(runId);
     if (!watched || watched.reported) return;
     const exit = this.readExit(watched.handle.runDir, watched.handle.cgroupDir);
-    if (!exit && isSameProcess(watched.handle.shimPid, watched.handle.shimStart)) return; // not ended yet
+    // Not ended yet, unless its directory is gone: a launcher, which outlives its runs, reports
+    // the end of a run it had nowhere to record.
+    if (!exit && isSameProcess(watched.handle.shimPid, watched.handle.shimStart) && existsSync(watched.handle.runDir)) return;
     watched.reported = true;
     this.watched.delete(runId);
     this.byRunDir.delete(watched.handle.runDir);

@@ -2,16 +2,18 @@ import type { Subprocess } from "bun";
 import type { Logger } from "../../lib/logger";
 
 /**
- * ShimLauncher starts shims through one long-lived `engine-shim --launcher` process (shim.c),
- * so the daemon never forks: a spawn from the daemon's large, many-threaded process blocked
- * its event loop ~1 ms per launch (vfork, exec, the pipes and the exit watch of a child Bun
- * tracks), most of a batch job's cost once the rest was trimmed (issue 16, decision 457). The
- * daemon writes a request on the launcher's stdin (framing: `LEN\n`, then NUL-terminated
- * fields: id, cwd, argc, argv, envc, env) and reads `ID REPORT` lines on its stdout, REPORT
- * being what the shim printed (`ok SHIM PID`, `err ERRNO STAGE`). The launcher is started on
- * the first launch, not before (a successor prepares at a lower priority, which its children
- * would keep), and again after it ended; where it cannot run (a shim from before it, given as
- * ENGINE_SHIM), launch answers `undefined` and the caller spawns the shim itself, as before.
+ * ShimLauncher starts runs through one long-lived `engine-shim --launcher` process (shim.c),
+ * which holds them: it starts each workload itself and watches all of them in one event loop,
+ * so the daemon never forks (a spawn from the daemon's large, many-threaded process blocked its
+ * event loop ~1 ms per launch: decision 457) and a run costs the machine one process, its
+ * workload, not a shim's besides (decision 508). The daemon writes a request on the launcher's
+ * stdin (framing: `LEN\n`, then NUL-terminated fields: id, cwd, argc, argv, envc, env) and reads
+ * `ID REPORT` lines on its stdout, REPORT being the run's (`ok LAUNCHER PID`, `err ERRNO STAGE`).
+ * The launcher is started on the first launch, not before (a successor prepares at a lower
+ * priority, which its workloads would keep), and again after it ended. Once its stdin closes
+ * (this daemon stopped, or is gone) it takes no more requests and holds its runs until the last
+ * has ended; the next daemon starts one of its own. Where it cannot run (a shim from before it,
+ * given as ENGINE_SHIM), launch answers `undefined` and the caller spawns the shim itself.
  */
 export class ShimLauncher {
   /** current is the launcher that serves and the requests it has not answered yet. */
@@ -57,7 +59,11 @@ export class ShimLauncher {
     return report;
   }
 
-  /** stop closes the launcher's stdin: it exits, and the shims it started run on. */
+  /**
+   * stop closes the launcher's stdin: it takes no more requests and holds its runs until the
+   * last has ended. It no longer keeps this process alive (a daemon that stops leaves its
+   * workloads running, held).
+   */
   stop(): void {
     const proc = this.current?.proc;
     this.current = null;
@@ -67,6 +73,7 @@ export class ShimLauncher {
     } catch {
       // it is gone already
     }
+    proc?.unref();
   }
 
   private ensure(): Promise<boolean> {
@@ -87,21 +94,23 @@ export class ShimLauncher {
     const launcher: Launcher = { proc, pending: new Map() };
     this.current = launcher;
     return new Promise<boolean>((resolveReady) => {
-      void this.read(launcher, resolveReady).finally(() => {
-        // Every process that could answer has ended (the launcher's workers hold the pipe too).
+      void this.read(launcher, resolveReady).then((ready) => {
+        // The launcher answers no more: it ended, or it closed its stdout once its stdin had
+        // closed (it then holds its runs on, and is left alone).
         for (const resolve of launcher.pending.values()) resolve(null);
         launcher.pending.clear();
         if (this.current === launcher) {
           this.current = null;
           this.starting = null;
         }
-        proc.kill("SIGKILL");
+        // One that never said it was ready holds nothing.
+        if (!ready) proc.kill("SIGKILL");
       });
     });
   }
 
-  /** read takes the launcher's lines until its stdout ends: `ready` first, then the reports. */
-  private async read(launcher: Launcher, resolveReady: (ready: boolean) => void): Promise<void> {
+  /** read takes the launcher's lines until its stdout ends: `ready` first, then the reports; it answers whether `ready` came. */
+  private async read(launcher: Launcher, resolveReady: (ready: boolean) => void): Promise<boolean> {
     const decoder = new TextDecoder();
     let buffer = "";
     let ready = false;
@@ -136,6 +145,7 @@ export class ShimLauncher {
       this.log.warn("the shim has no launcher mode: the daemon spawns each shim itself");
       resolveReady(false);
     }
+    return ready;
   }
 }
 

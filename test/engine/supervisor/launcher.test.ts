@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { readProcessStat } from "../../../src/engine/supervisor";
+import { isSameProcess, readProcessStat } from "../../../src/engine/supervisor";
 import { ShimLauncher } from "../../../src/engine/supervisor/launcher";
 import { createLogger } from "../../../src/lib/logger";
 import { eventually, tempDir, testShim } from "../../helpers";
@@ -34,34 +34,45 @@ function shimArgv(shim: string, name: string, argv: string[]): { runDir: string;
 }
 
 describe("ShimLauncher", () => {
-  test("starts shims from one launcher with the env and cwd asked for, and reports while the workload still runs", async () => {
+  test("holds runs in one launcher with the env and cwd asked for, and reports while the workload still runs", async () => {
     const launcher = new ShimLauncher(testShim(), log);
     try {
-      const first = shimArgv(testShim(), "env", ["/bin/sh", "-c", 'echo "$GREETING from $(pwd)"; exec sleep 30']);
+      const first = shimArgv(testShim(), "env", [
+        "/bin/sh",
+        "-c",
+        'echo "$GREETING from $(pwd)"; ls -l /proc/$$/fd/0; ulimit -n; exec sleep 30',
+      ]);
       const report = await launcher.launch(first.argv, { GREETING: "hello", PATH: "/usr/bin:/bin" }, dir);
       const match = /^ok (\d+) (\d+)$/.exec(report ?? "");
       expect(match).not.toBeNull();
       const [shimPid, pid] = [Number(match?.[1]), Number(match?.[2])];
       started.push(pid);
-      // The shim is the launcher's own child (no worker or double fork between them), and leads
-      // a session and process group of its own: no terminal, no signal to the launcher's group.
-      expect(readProcessStat(shimPid)?.ppid).toBe(launcher.pid ?? -1);
+      // The run is held by the launcher itself (no shim process of its own), which leads a
+      // session and process group of its own: no terminal, no signal to the daemon's group.
+      // The workload is its child and leads a group of its own.
+      expect(shimPid).toBe(launcher.pid ?? -1);
       expect(sessionOf(shimPid)).toBe(shimPid);
       expect(readProcessStat(shimPid)?.pgid).toBe(shimPid);
+      expect(readProcessStat(pid)?.ppid).toBe(shimPid);
+      expect(readProcessStat(pid)?.pgid).toBe(pid);
       await eventually(
-        () => existsSync(join(first.runDir, "out.log")) && readFileSync(join(first.runDir, "out.log"), "utf8").includes("\n"),
+        () => existsSync(join(first.runDir, "out.log")) && readFileSync(join(first.runDir, "out.log"), "utf8").split("\n").length > 3,
       );
-      expect(readFileSync(join(first.runDir, "out.log"), "utf8")).toContain(`stdout F hello from ${dir}`);
-      const launcherPid = launcher.pid;
-      expect(launcherPid).not.toBeNull();
+      const output = readFileSync(join(first.runDir, "out.log"), "utf8");
+      expect(output).toContain(`stdout F hello from ${dir}`);
+      // Its stdin is /dev/null, not the launcher's request pipe; its limit of open files is the
+      // one a plain spawn gives (the launcher raises its own for its runs' descriptors).
+      expect(output).toContain("-> /dev/null");
+      const spawned = Bun.spawnSync(["/bin/sh", "-c", "ulimit -n"]).stdout.toString().trim();
+      expect(output).toMatch(new RegExp(`stdout F ${spawned}\n`));
       const second = shimArgv(testShim(), "second", ["true"]);
-      expect(await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+$/);
-      expect(launcher.pid).toBe(launcherPid);
+      const secondReport = await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir);
+      expect(secondReport).toMatch(new RegExp(`^ok ${shimPid} \\d+$`));
       await eventually(() => existsSync(join(second.runDir, "exit.json")));
       expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
-      // A shim that ended is reaped by the kernel (the launcher ignores SIGCHLD): no zombie stays.
-      const secondShim = Number(readFileSync(join(second.runDir, "pids"), "utf8").split(" ")[0]);
-      await eventually(() => readProcessStat(secondShim) === null);
+      // A workload that ended is reaped by the launcher: no zombie stays.
+      const secondPid = Number(secondReport?.split(" ")[2]);
+      await eventually(() => readProcessStat(secondPid) === null);
     } finally {
       launcher.stop();
     }
@@ -98,25 +109,30 @@ describe("ShimLauncher", () => {
     }
   });
 
-  test("many launches at once each get their own report", async () => {
+  test("many launches at once each get their own report, all held by the one launcher", async () => {
     const launcher = new ShimLauncher(testShim(), log);
     try {
-      const runs = Array.from({ length: 40 }, (_, i) => shimArgv(testShim(), `many-${i}`, ["/bin/sh", "-c", `exit ${i % 7}`]));
+      const runs = Array.from({ length: 40 }, (_, i) =>
+        shimArgv(testShim(), `many-${i}`, ["/bin/sh", "-c", `echo run ${i}; exit ${i % 7}`]),
+      );
       const reports = await Promise.all(runs.map((run) => launcher.launch(run.argv, { PATH: "/usr/bin:/bin" }, dir)));
       const pids = reports.map((report) => Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]));
       expect(pids.every((pid) => pid > 0)).toBe(true);
       expect(new Set(pids).size).toBe(runs.length);
+      expect(new Set(reports.map((report) => report?.split(" ")[1])).size).toBe(1);
       for (const [i, run] of runs.entries()) {
         await eventually(() => existsSync(join(run.runDir, "exit.json")));
         const exit = JSON.parse(readFileSync(join(run.runDir, "exit.json"), "utf8"));
         expect(exit).toMatchObject({ exit_code: i % 7, pid: pids[i] });
+        // Each run's output went to its own log, and nowhere else.
+        expect(readFileSync(join(run.runDir, "out.log"), "utf8")).toMatch(new RegExp(`^\\S+ stdout F run ${i}\n$`));
       }
     } finally {
       launcher.stop();
     }
   });
 
-  test("a launcher that was killed is started again; stop ends it and the shims run on", async () => {
+  test("a launcher that was killed is started again; one that was stopped holds its runs to their end, then exits", async () => {
     const launcher = new ShimLauncher(testShim(), log);
     const first = shimArgv(testShim(), "again-1", ["sleep", "30"]);
     const report = await launcher.launch(first.argv, { PATH: "/usr/bin:/bin" }, dir);
@@ -125,12 +141,28 @@ describe("ShimLauncher", () => {
     const before = launcher.pid as number;
     process.kill(before, "SIGKILL");
     await eventually(() => launcher.pid === null);
-    const second = shimArgv(testShim(), "again-2", ["true"]);
-    expect(await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+$/);
+    expect(readProcessStat(workload)).not.toBeNull(); // the killed launcher's workload runs on
+    const second = shimArgv(testShim(), "again-2", ["/bin/sh", "-c", 'read line; echo "got $line"; exit 3']);
+    const secondReport = await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir);
+    expect(secondReport).toMatch(/^ok \d+ \d+$/);
+    const secondPid = Number(secondReport?.split(" ")[2]);
+    started.push(secondPid);
     const after = launcher.pid as number;
     expect(after).not.toBe(before);
+    const third = shimArgv(testShim(), "again-3", ["sleep", "30"]);
+    const thirdPid = Number((await launcher.launch(third.argv, { PATH: "/usr/bin:/bin" }, dir))?.split(" ")[2]);
+    started.push(thirdPid);
     launcher.stop();
-    await eventually(() => readProcessStat(after) === null || readProcessStat(after)?.state === "Z");
+    // Stopped, it takes no more requests but holds its runs: one that ends is still recorded.
+    await Bun.sleep(200);
+    expect(isSameProcess(after, readProcessStat(after)?.startTime ?? -1)).toBe(true);
+    expect(existsSync(join(second.runDir, "exit.json"))).toBe(true); // `read` met /dev/null's EOF at once
+    expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 3 });
+    process.kill(-thirdPid, "SIGTERM");
+    await eventually(() => existsSync(join(third.runDir, "exit.json")));
+    expect(JSON.parse(readFileSync(join(third.runDir, "exit.json"), "utf8"))).toMatchObject({ signal: "SIGTERM" });
+    // Its last run ended: it exits.
+    await eventually(() => !isSameProcess(after, readProcessStat(after)?.startTime ?? -1));
     expect(readProcessStat(workload)).not.toBeNull(); // the first run's workload outlived both launchers
   });
 
