@@ -435,6 +435,10 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       throw new Error(`only ${runningAt.size} of ${SERVICES} services were running after ${RUNNING_DEADLINE_MS} ms`);
     const latencies = names.map((name) => (runningAt.get(name) ?? Number.NaN) - (postedAt.get(name) ?? Number.NaN));
     const allRunningMs = Math.max(...runningAt.values()) - phaseStart;
+    if (VERBOSE) {
+      const order = names.map((name) => [name, (runningAt.get(name) ?? Number.NaN) - phaseStart] as const).sort((a, b) => a[1] - b[1]);
+      console.log(`   ${SERVICES} services: running at ${order.map(([, ms]) => fmt(ms, 0)).join(" ")} ms`);
+    }
 
     // ------------------------------------------------------------ B. memory per supervised service
     const pairs = runPids(dataDir);

@@ -113,6 +113,8 @@ struct run {
   int exit_fd;
   pid_t child;
   int spare;
+  /* setup_pending is set until the run's spare and log are made (finish_setup). */
+  int setup_pending;
   int open_streams;
   int exited;
   int status;
@@ -123,10 +125,11 @@ struct run {
   struct stream streams[2];
 };
 
-/* The runs held now. */
+/* The runs held now, and how many of them wait for finish_setup. */
 static struct run **runs;
 static int run_count;
 static int run_capacity;
+static int setups_pending;
 
 static int sig_pipe[2] = {-1, -1};
 static int epoll_fd = -1;
@@ -788,15 +791,30 @@ static struct run *start_run(const struct spec *s, const char *cwd, char **envp,
   return r;
 }
 
-/* run_begin does what follows the report: the spare for the next run, the log, the watch of the output. */
+/* run_begin holds a run once its report is sent: its output is watched from now on, and its
+   files follow (finish_setup). */
 static void run_begin(struct run *r) {
-  if (r->spare) make_spare(r);
-  open_log(r);
   for (int i = 0; i < 2; i++) {
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &r->streams[i]};
     epoll_ctl(epoll_fd, EPOLL_CTL_ADD, r->streams[i].fd, &ev);
   }
+  r->setup_pending = 1;
+  setups_pending++;
   runs[run_count++] = r; /* start_run made room */
+}
+
+/* finish_setup makes the files of the runs started since it last ran: the spare for each one's
+   next run and its log. It runs once the requests that came together are all answered, so a
+   burst of starts is reported first (a launcher starts them one after the other). */
+static void finish_setup(void) {
+  for (int i = 0; i < run_count && setups_pending > 0; i++) {
+    struct run *r = runs[i];
+    if (!r->setup_pending) continue;
+    r->setup_pending = 0;
+    setups_pending--;
+    if (r->spare) make_spare(r);
+    if (r->log_fd < 0) open_log(r);
+  }
 }
 
 static void close_stream(struct stream *s) {
@@ -973,6 +991,7 @@ static void serve(int requests, request_handler on_request) {
   int wait = -1;
   for (;;) {
     if (!reading && run_count == 0) return;
+    finish_setup();
     struct epoll_event events[64];
     int n = epoll_wait(epoll_fd, events, 64, wait);
     if (n < 0 && errno != EINTR) return;
@@ -993,6 +1012,7 @@ static void serve(int requests, request_handler on_request) {
         if (s->fd >= 0 && !pump(s)) close_stream(s);
       }
     }
+    finish_setup();
     reap();
     wait = settle_due();
   }
