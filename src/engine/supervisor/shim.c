@@ -650,6 +650,15 @@ static int make_room(void) {
   return 0;
 }
 
+/* give_up reports a run that could not start (`err CODE STAGE`), leaves `cwd` where it was
+   entered, and forgets the run; it answers NULL, for start_run to return. */
+static struct run *give_up(struct run *r, const char *cwd, char *report, size_t report_size, int code, const char *stage) {
+  snprintf(report, report_size, "err %d %s", code, stage);
+  if (cwd) (void)!chdir("/");
+  free_run(r);
+  return NULL;
+}
+
 /*
  * start_run makes the run's directory, starts its workload (in `cwd` with `envp` where given,
  * else in this process's own), and writes its report line into `report`. It answers the run,
@@ -679,18 +688,10 @@ static struct run *start_run(const struct spec *s, const char *cwd, char **envp,
     r->streams[i].run = r;
     r->streams[i].name = i == 0 ? "stdout" : "stderr";
   }
-  if (!r->run_dir || !r->log_path || !r->notify_path) {
-    snprintf(report, report_size, "err %d setup", ENOMEM);
-    free_run(r);
-    return NULL;
-  }
+  if (!r->run_dir || !r->log_path || !r->notify_path) return give_up(r, NULL, report, report_size, ENOMEM, "setup");
   /* The working directory is entered here, as the workload will enter it (the child starts in
      the holder's), and left again once the workload runs. */
-  if (cwd && chdir(cwd) != 0) {
-    snprintf(report, report_size, "err %d chdir", errno);
-    free_run(r);
-    return NULL;
-  }
+  if (cwd && chdir(cwd) != 0) return give_up(r, NULL, report, report_size, errno, "chdir");
 
   /* The run's directory (0750; the spare, when the last run left one) and the service's logs/
      and runs/ (0700, the engine's own) are made here, off the daemon's event loop: on a busy
@@ -699,37 +700,17 @@ static struct run *start_run(const struct spec *s, const char *cwd, char **envp,
   snprintf(log_dir, sizeof log_dir, "%s", r->log_path);
   char *log_slash = strrchr(log_dir, '/');
   if (log_slash && log_slash != log_dir) *log_slash = 0;
-  if ((take_spare(r) != 0 && make_dir(r->run_dir, 0750, 0700) != 0) || (log_slash && make_dir(log_dir, 0700, 0700) != 0)) {
-    snprintf(report, report_size, "err %d rundir", errno);
-    if (cwd) (void)!chdir("/");
-    free_run(r);
-    return NULL;
-  }
+  if ((take_spare(r) != 0 && make_dir(r->run_dir, 0750, 0700) != 0) || (log_slash && make_dir(log_dir, 0700, 0700) != 0))
+    return give_up(r, cwd, report, report_size, errno, "rundir");
 
-  int out[2], err[2], exec_err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    snprintf(report, report_size, "err %d setup", errno);
-    if (cwd) (void)!chdir("/");
-    free_run(r);
-    return NULL;
-  }
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    snprintf(report, report_size, "err %d setup", errno);
-    close(out[0]);
-    close(out[1]);
-    if (cwd) (void)!chdir("/");
-    free_run(r);
-    return NULL;
-  }
-  if (pipe2(exec_err, O_CLOEXEC) != 0) {
-    snprintf(report, report_size, "err %d setup", errno);
-    close(out[0]);
-    close(out[1]);
-    close(err[0]);
-    close(err[1]);
-    if (cwd) (void)!chdir("/");
-    free_run(r);
-    return NULL;
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, exec_err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(exec_err, O_CLOEXEC) != 0) {
+    int code = errno;
+    for (int i = 0; i < 2; i++) {
+      if (out[i] >= 0) close(out[i]);
+      if (err[i] >= 0) close(err[i]);
+    }
+    return give_up(r, cwd, report, report_size, code, "setup");
   }
 
   pid_t child = spawn(s, envp, out[1], err[1], exec_err[1]);
@@ -742,9 +723,7 @@ static struct run *start_run(const struct spec *s, const char *cwd, char **envp,
     close(out[0]);
     close(err[0]);
     close(exec_err[0]);
-    snprintf(report, report_size, "err %d setup", vfork_errno);
-    free_run(r);
-    return NULL;
+    return give_up(r, NULL, report, report_size, vfork_errno, "setup");
   }
   r->child = child;
   setpgid(child, child); /* also from the parent side, so the group exists before any signal */
@@ -765,9 +744,7 @@ static struct run *start_run(const struct spec *s, const char *cwd, char **envp,
     }
     /* The daemon reads the failure from the report too; exit.json is best effort here. */
     write_exit(r, status, code ? code : EIO, stage, NULL);
-    snprintf(report, report_size, "err %d %s", code, stage);
-    free_run(r);
-    return NULL;
+    return give_up(r, NULL, report, report_size, code, stage);
   }
   r->streams[0].fd = out[0];
   r->streams[1].fd = err[0];
