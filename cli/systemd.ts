@@ -3,8 +3,8 @@
  * text out) so `engine install --systemd`, its --dry-run and the tests read the same unit.
  *
  * The unit follows the shim design: the daemon can stop, crash or restart while workloads keep
- * running under their shims, so systemd must signal the daemon only (KillMode=process) and let
- * the daemon make cgroups for its runs under its own (Delegate=yes).
+ * running under the shim launcher that holds them, so systemd must signal the daemon only
+ * (KillMode=process) and let the daemon make cgroups for its runs under its own (Delegate=yes).
  */
 
 /** UNIT_NAME is the unit `engine install --systemd` writes and `engine uninstall` removes. */
@@ -64,7 +64,7 @@ ExecReload=${execLine([...command, "restart"])}
 # A crash, or exit 75 (a restart that could not re-execute), starts the daemon again.
 Restart=on-failure
 RestartSec=1
-# Workloads outlive the daemon, each under its own shim: stopping or restarting the unit
+# Workloads outlive the daemon, held by its shim launcher: stopping or restarting the unit
 # signals the daemon only, and the next daemon adopts them. \`engine services stop --all\`
 # stops them.
 KillMode=process
