@@ -8,8 +8,8 @@ import { type ProcessTable, type SystemUnits, scanProcesses, systemUnits } from 
 export interface ServiceSample {
   id: string;
   name: string;
-  /** session is the shim's session id (the run's processes), null when the service had no process. */
-  session: number | null;
+  /** workload is the run's workload pid (its processes: its group and descendants), null when the service had no process. */
+  workload: number | null;
   processes: number;
   cpuSeconds: number;
   /** cpuPct is CPU time over the interval before this sample, in percent of one core; null for a run's first sample. */
@@ -61,7 +61,7 @@ export class MetricsCollector {
   private timer: ReturnType<typeof setInterval> | null = null;
   private running: Promise<void> | null = null;
   private latestSample: Sample | null = null;
-  /** previous holds each session's CPU ticks and time at the last sample, for the CPU rate. */
+  /** previous holds each workload's CPU ticks and time at the last sample, for the CPU rate. */
   private previous = new Map<number, { ticks: number; atMs: number }>();
   private readonly gpuMeta = new Map<string, { index: number; name: string; totalMb: number | null }>();
   samples = 0;
@@ -110,7 +110,7 @@ export class MetricsCollector {
     if (this.stopped) return;
     const atMs = Date.now();
     const services = this.o.services.list();
-    const table = scanProcesses(undefined, this.o.procRoot);
+    const table = scanProcesses(new Set(services.flatMap((service) => (service.pid === null ? [] : [service.pid]))), this.o.procRoot);
     const gpuSource = telemetry.readings.length > 0;
     const sample: Sample = {
       atMs,
@@ -121,25 +121,25 @@ export class MetricsCollector {
       unattributedGpuMb: new Map(),
       durationS: 0,
     };
-    const sessionOfService = new Map<number, string>();
+    const serviceOfWorkload = new Map<number, string>();
     const previous = new Map<number, { ticks: number; atMs: number }>();
     for (const service of services) {
-      const session = service.pid === null ? undefined : table.sessionOf.get(service.pid);
-      const usage = session === undefined ? undefined : table.sessions.get(session);
-      if (session === undefined || !usage) {
+      const workload = service.pid;
+      const usage = workload === null ? undefined : table.workloads.get(workload);
+      if (workload === null || !usage) {
         sample.services.set(service.id, emptyService(service, gpuSource));
         continue;
       }
-      sessionOfService.set(session, service.id);
-      const before = this.previous.get(session);
-      previous.set(session, { ticks: usage.cpuTicks, atMs });
+      serviceOfWorkload.set(workload, service.id);
+      const before = this.previous.get(workload);
+      previous.set(workload, { ticks: usage.cpuTicks, atMs });
       const elapsedS = before ? (atMs - before.atMs) / 1000 : 0;
       const cpuPct =
         before && elapsedS > 0 ? Math.max(0, ((usage.cpuTicks - before.ticks) / this.units.ticksPerSecond / elapsedS) * 100) : null;
       sample.services.set(service.id, {
         id: service.id,
         name: service.name,
-        session,
+        workload,
         processes: usage.processes,
         cpuSeconds: usage.cpuTicks / this.units.ticksPerSecond,
         cpuPct: cpuPct === null ? null : Math.round(cpuPct * 10) / 10,
@@ -148,7 +148,7 @@ export class MetricsCollector {
       });
     }
     this.previous = previous;
-    attributeGpuMemory(telemetry.apps, table, sessionOfService, sample);
+    attributeGpuMemory(telemetry.apps, table, serviceOfWorkload, sample);
     sample.durationS = (performance.now() - started) / 1000;
     this.latestSample = sample;
     this.samples += 1;
@@ -163,7 +163,7 @@ export class MetricsCollector {
       if (reading.memory_used_mb !== null) values.set(`gpu\n${reading.uuid}\nmem`, reading.memory_used_mb);
     }
     for (const service of sample.services.values()) {
-      if (service.session === null) continue;
+      if (service.workload === null) continue;
       if (service.cpuPct !== null) values.set(`svc\n${service.id}\ncpu`, service.cpuPct);
       values.set(`svc\n${service.id}\nrss`, service.rssBytes);
       if (service.gpuMemoryMb !== null) values.set(`svc\n${service.id}\ngpu`, service.gpuMemoryMb);
@@ -214,7 +214,7 @@ function emptyService(service: ServiceRecord, gpuSource: boolean): ServiceSample
   return {
     id: service.id,
     name: service.name,
-    session: null,
+    workload: null,
     processes: 0,
     cpuSeconds: 0,
     cpuPct: null,
@@ -224,15 +224,15 @@ function emptyService(service: ServiceRecord, gpuSource: boolean): ServiceSample
 }
 
 /**
- * attributeGpuMemory adds each GPU process's memory to the service whose session it is in; a
+ * attributeGpuMemory adds each GPU process's memory to the service whose workload it belongs to; a
  * process of no service (another user's job, a pid from another pid namespace) counts as
  * unattributed on its GPU.
  */
-function attributeGpuMemory(apps: ComputeApp[], table: ProcessTable, sessionOfService: Map<number, string>, sample: Sample): void {
+function attributeGpuMemory(apps: ComputeApp[], table: ProcessTable, serviceOfWorkload: Map<number, string>, sample: Sample): void {
   for (const app of apps) {
     const memory = app.used_memory_mb ?? 0;
-    const session = table.sessionOf.get(app.pid);
-    const serviceId = session === undefined ? undefined : sessionOfService.get(session);
+    const workload = table.ownerOf.get(app.pid);
+    const serviceId = workload === undefined ? undefined : serviceOfWorkload.get(workload);
     const service = serviceId === undefined ? undefined : sample.services.get(serviceId);
     if (service) service.gpuMemoryMb = (service.gpuMemoryMb ?? 0) + memory;
     else sample.unattributedGpuMb.set(app.gpu_uuid, (sample.unattributedGpuMb.get(app.gpu_uuid) ?? 0) + memory);

@@ -140,7 +140,7 @@ function writeServices(text: MetricsText, input: ExpositionInput): void {
   const services = input.services;
   const sampled = (service: ServiceRecord) => {
     const measured = input.sample?.services.get(service.id);
-    return measured && measured.session !== null ? measured : null;
+    return measured && measured.workload !== null ? measured : null;
   };
   const statusSamples: Series[] = [];
   for (const service of services) {
@@ -175,7 +175,7 @@ function writeServices(text: MetricsText, input: ExpositionInput): void {
   });
   text.gauge(
     "engine_service_processes",
-    "Processes of the service's current run (its shim's session, the shim included).",
+    "Processes of the service's current run (its workload's process group and descendants).",
     live.map(({ service, measured }) => ({ labels: { service: service.name }, value: measured.processes })),
   );
   text.counter(

@@ -17,7 +17,7 @@ import { RESTORE_BOUNDS_S, type RestoreStats, renderEngineMetrics } from "./expo
 export { MetricsCollector, type Sample, type ServiceSample } from "./collector";
 export { RESTORE_BOUNDS_S, renderEngineMetrics, SERVICE_STATUSES } from "./exposition";
 export { History } from "./history";
-export { ownCpuTicks, parseStatLine, scanProcesses, sessionOfPid } from "./procfs";
+export { ownCpuTicks, parseStatLine, scanProcesses } from "./procfs";
 export { type MetricsRouteDeps, metricsRoutes } from "./routes";
 
 /** RESTARTING_STATUSES are those a service enters when the restart policy restarts it. */

@@ -1,9 +1,12 @@
 import { readdirSync, readFileSync } from "node:fs";
+import { workloadOwner } from "../supervisor/procfs";
 
-/** ProcessUsage is what one /proc/<pid>/stat line says about a process's cost. */
+/** ProcessUsage is what one /proc/<pid>/stat line says about a process's place and cost. */
 export interface ProcessUsage {
   pid: number;
-  session: number;
+  ppid: number;
+  /** pgid is its process group: a workload leads its own. */
+  pgid: number;
   /** cpuTicks is utime + stime + cutime + cstime: its own CPU time and that of the children it reaped. */
   cpuTicks: number;
   rssPages: number;
@@ -18,41 +21,45 @@ export function parseStatLine(pid: number, text: string): ProcessUsage | null {
   const close = text.lastIndexOf(")");
   if (close < 0) return null;
   const fields = text.slice(close + 2).split(" ");
-  const session = Number(fields[3]);
+  const ppid = Number(fields[1]);
+  const pgid = Number(fields[2]);
   const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
   const rss = Number(fields[21]);
-  if (!Number.isFinite(session) || !Number.isFinite(ticks) || !Number.isFinite(rss)) return null;
-  return { pid, session, cpuTicks: ticks, rssPages: Math.max(0, rss) };
+  if (![ppid, pgid, ticks, rss].every(Number.isFinite)) return null;
+  return { pid, ppid, pgid, cpuTicks: ticks, rssPages: Math.max(0, rss) };
 }
 
-/** SessionUsage is the summed cost of every process of one session. */
-export interface SessionUsage {
+/** WorkloadUsage is the summed cost of every process of one workload. */
+export interface WorkloadUsage {
   cpuTicks: number;
   rssPages: number;
   processes: number;
 }
 
-/** ProcessTable is one scan of /proc: each process's session, and the sessions asked for, summed. */
+/** ProcessTable is one scan of /proc: the workload each process belongs to, and each workload's processes summed. */
 export interface ProcessTable {
-  sessionOf: Map<number, number>;
-  sessions: Map<number, SessionUsage>;
+  ownerOf: Map<number, number>;
+  workloads: Map<number, WorkloadUsage>;
 }
 
 /**
- * scanProcesses reads /proc/<pid>/stat of every process once and sums, per session, the CPU
- * ticks and resident pages of its members (docs/decisions.md 332: a run's processes are the
- * shim's session); `wanted` limits the sums to some sessions. Processes that end during the
+ * scanProcesses reads /proc/<pid>/stat of every process once and sums, per workload named by
+ * its pid, the CPU ticks and resident pages of its processes: the workload's process group
+ * and every descendant of it, one that made a group or session of its own included (as the
+ * supervisor's processTreeUsage counts them; decision 508: the runs of a daemon share the shim
+ * launcher's session, so a session no longer tells them apart). Processes that end during the
  * scan are skipped.
  */
-export function scanProcesses(wanted?: ReadonlySet<number>, root = "/proc"): ProcessTable {
-  const sessionOf = new Map<number, number>();
-  const sessions = new Map<number, SessionUsage>();
+export function scanProcesses(workloads: ReadonlySet<number>, root = "/proc"): ProcessTable {
+  const ownerOf = new Map<number, number>();
+  const sums = new Map<number, WorkloadUsage>();
   let entries: string[];
   try {
     entries = readdirSync(root);
   } catch {
-    return { sessionOf, sessions };
+    return { ownerOf, workloads: sums };
   }
+  const processes = new Map<number, ProcessUsage>();
   for (const entry of entries) {
     const first = entry.charCodeAt(0);
     if (first < 48 || first > 57) continue;
@@ -64,26 +71,21 @@ export function scanProcesses(wanted?: ReadonlySet<number>, root = "/proc"): Pro
       continue;
     }
     const usage = parseStatLine(pid, text);
-    if (!usage) continue;
-    sessionOf.set(pid, usage.session);
-    if (wanted && !wanted.has(usage.session)) continue;
-    const sum = sessions.get(usage.session);
+    if (usage) processes.set(pid, usage);
+  }
+  const owner = workloadOwner(processes, new Set([...workloads].filter((pid) => processes.has(pid))));
+  for (const [pid, usage] of processes) {
+    const workload = owner(pid);
+    if (workload === null) continue;
+    ownerOf.set(pid, workload);
+    const sum = sums.get(workload);
     if (sum) {
       sum.cpuTicks += usage.cpuTicks;
       sum.rssPages += usage.rssPages;
       sum.processes += 1;
-    } else sessions.set(usage.session, { cpuTicks: usage.cpuTicks, rssPages: usage.rssPages, processes: 1 });
+    } else sums.set(workload, { cpuTicks: usage.cpuTicks, rssPages: usage.rssPages, processes: 1 });
   }
-  return { sessionOf, sessions };
-}
-
-/** sessionOfPid reads one process's session id, or null when it is gone. */
-export function sessionOfPid(pid: number, root = "/proc"): number | null {
-  try {
-    return parseStatLine(pid, readFileSync(`${root}/${pid}/stat`, "latin1"))?.session ?? null;
-  } catch {
-    return null;
-  }
+  return { ownerOf, workloads: sums };
 }
 
 /** SystemUnits are the kernel's clock tick rate (USER_HZ) and page size, read once. */

@@ -71,6 +71,30 @@ interface ProcEntry {
 }
 
 /**
+ * workloadOwner answers, for a process of `processes` (pid to parent and process group), the
+ * workload of `workloads` it belongs to: itself, its group's leader, or its nearest ancestor
+ * that is one; null for none. Memoised, so asking for every process stays linear.
+ */
+export function workloadOwner(
+  processes: ReadonlyMap<number, { ppid: number; pgid: number }>,
+  workloads: ReadonlySet<number>,
+): (pid: number) => number | null {
+  const owners = new Map<number, number | null>();
+  const owner = (pid: number, depth = 0): number | null => {
+    const known = owners.get(pid);
+    if (known !== undefined) return known;
+    const entry = processes.get(pid);
+    let found: number | null = null;
+    if (workloads.has(pid)) found = pid;
+    else if (entry && workloads.has(entry.pgid)) found = entry.pgid;
+    else if (entry && entry.ppid > 1 && depth < 256) found = owner(entry.ppid, depth + 1);
+    owners.set(pid, found);
+    return found;
+  };
+  return (pid) => owner(pid);
+}
+
+/**
  * processTreeUsage measures each workload named by its pid: the processes of its process
  * group (the supervisor signals workloads by group) and every descendant of it, a child that
  * made a session of its own included. One pass over /proc serves all of them. A root that is
@@ -101,20 +125,7 @@ export function processTreeUsage(roots: readonly number[], procDir = "/proc"): M
     entries.set(Number(name), { ppid: Number(fields[1]), pgid: Number(fields[2]), ticks: Number.isFinite(ticks) ? ticks : 0 });
   }
   const wanted = new Set(roots.filter((root) => entries.has(root)));
-  // owner finds the workload a process belongs to: its group's leader, or its nearest ancestor
-  // that is a workload; memoised, so the pass stays linear in the number of processes.
-  const owners = new Map<number, number | null>();
-  const owner = (pid: number, depth = 0): number | null => {
-    const known = owners.get(pid);
-    if (known !== undefined) return known;
-    const entry = entries.get(pid);
-    let found: number | null = null;
-    if (wanted.has(pid)) found = pid;
-    else if (entry && wanted.has(entry.pgid)) found = entry.pgid;
-    else if (entry && entry.ppid > 1 && depth < 256) found = owner(entry.ppid, depth + 1);
-    owners.set(pid, found);
-    return found;
-  };
+  const owner = workloadOwner(entries, wanted);
   const usage = new Map<number, TreeUsage>();
   for (const root of wanted) usage.set(root, { processes: 0, cpuSeconds: 0, rssBytes: 0 });
   for (const [pid, entry] of entries) {

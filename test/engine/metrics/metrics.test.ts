@@ -85,6 +85,11 @@ describe("GET /metrics", () => {
     expect((await scrape(reader.secret)).status).toBe(200);
     await deploy({ name: "scoped-a", command: [workloadBun(), "-e", "setInterval(() => {}, 1000)"] });
     await deploy({ name: "scoped-b", command: [workloadBun(), "-e", "setInterval(() => {}, 1000)"] });
+    // One shim launcher holds both runs (decision 508): each service counts its own process only.
+    await eventually(async () => {
+      const series = parseExposition(await fresh());
+      return ["scoped-a", "scoped-b"].every((service) => seriesValue(series, "engine_service_processes", { service }) === 1);
+    });
     const scoped = await createToken(engine, { name: "team-a", role: "readonly", scope_services: ["scoped-a"] });
     const seen = parseExposition((await scrape(scoped.secret)).text);
     const services = new Set(seen.filter((s) => s.labels.service !== undefined).map((s) => s.labels.service));
@@ -114,7 +119,8 @@ describe("GET /metrics", () => {
     });
     expect(seriesValue(running, "engine_service_status", { service: "web", status: "pending" })).toBe(0);
     expect(seriesValue(running, "engine_service_restarts_total", { service: "web" })).toBe(0);
-    expect(seriesValue(running, "engine_service_processes", { service: "web" })).toBeGreaterThanOrEqual(2);
+    // Its own process only: the shim launcher that holds it is no service's (decision 508).
+    expect(seriesValue(running, "engine_service_processes", { service: "web" })).toBe(1);
     const cpuBefore = seriesValue(running, "engine_service_cpu_seconds_total", { service: "web" }) as number;
     await eventually(
       async () => (seriesValue(parseExposition(await fresh()), "engine_service_cpu_seconds_total", { service: "web" }) ?? 0) > cpuBefore,
