@@ -454,8 +454,9 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     await Bun.sleep(200);
     // A run is over once its workload is gone and, where it had a shim of its own, that shim too
     // (the launcher holds on for the runs to come).
-    const shared = new Set(holders.filter((pid) => pairs.filter((p) => p.shim === pid).length > 1));
-    const leftAlive = pairs.filter((p) => alive(p.child) || (!shared.has(p.shim) && alive(p.shim))).length;
+    const runsHeld = new Map<number, number>();
+    for (const p of pairs) runsHeld.set(p.shim, (runsHeld.get(p.shim) ?? 0) + 1);
+    const leftAlive = pairs.filter((p) => alive(p.child) || (runsHeld.get(p.shim) === 1 && alive(p.shim))).length;
     if (leftAlive > 0) console.log(`   run ${run}: ${leftAlive} deleted services' runs still alive 200 ms after DELETE`);
     load.push(loadAverage());
 

@@ -58,13 +58,13 @@ export function pidsAwaitingReap(): number[] {
 }
 
 /**
- * reapWhenGone waits (polling, at most `timeoutMs`) for a child this process did not spawn
+ * reapWhenGone waits (polling) for a child this process did not spawn
  * through Bun to exit, and reaps it so that it leaves no zombie: the stand-in of a restart is
  * the child of the daemon's pid from before its execve, which the new image knows nothing of,
  * and so is a shim launcher, which holds its runs until the last has ended, however long that
  * is (decision 508). It looks every 50 ms at first, then less often, up to once a second.
  */
-export async function reapWhenGone(pid: number, timeoutMs = Number.POSITIVE_INFINITY): Promise<void> {
+export async function reapWhenGone(pid: number): Promise<void> {
   if (waitpid === undefined) {
     try {
       waitpid = dlopen("libc.so.6", { waitpid: { args: [FFIType.i32, FFIType.ptr, FFIType.i32], returns: FFIType.i32 } }).symbols
@@ -73,10 +73,9 @@ export async function reapWhenGone(pid: number, timeoutMs = Number.POSITIVE_INFI
       waitpid = null;
     }
   }
-  const deadline = Date.now() + timeoutMs;
   awaiting.add(pid);
   try {
-    for (let interval = 50; Date.now() < deadline; interval = Math.min(interval * 2, 1000)) {
+    for (let interval = 50; ; interval = Math.min(interval * 2, 1000)) {
       // WNOHANG: the pid once it has exited, 0 while it runs, -1 when it is not a child (gone).
       const reaped = waitpid?.(pid, null, 1) ?? -1;
       if (reaped !== 0) return;

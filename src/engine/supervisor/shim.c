@@ -130,6 +130,8 @@ static struct run **runs;
 static int run_count;
 static int run_capacity;
 static int setups_pending;
+/* runs_exited counts the runs held whose workload has exited (draining, or waiting for room to record it). */
+static int runs_exited;
 
 static int sig_pipe[2] = {-1, -1};
 static int epoll_fd = -1;
@@ -881,7 +883,6 @@ static int settle(struct run *r) {
      opened would write the new file's inode, a disk write and a sleep per silent batch job. */
   sync_later(r->log_fd, r->log_wrote);
   r->log_fd = -1;
-  if (r->exit_fd >= 0) close(r->exit_fd);
   return 1;
 }
 
@@ -895,6 +896,7 @@ static void reap(void) {
       struct run *r = runs[i];
       if (r->child != pid || r->exited) continue;
       r->exited = 1;
+      runs_exited++;
       r->status = status;
       r->exited_at_ms = monotonic_ms();
       kill(-pid, SIGKILL);
@@ -911,6 +913,8 @@ static void forward(int sig) {
 
 /* settle_due settles the runs whose time has come, and answers the wait until the next one is due (-1: none). */
 static int settle_due(void) {
+  /* Most turns of the loop are output: with no run ended, there is nothing to look through. */
+  if (runs_exited == 0) return -1;
   long long now = monotonic_ms();
   int wait = -1;
   for (int i = run_count - 1; i >= 0; i--) {
@@ -921,6 +925,7 @@ static int settle_due(void) {
     else due = r->open_streams == 0 || now - r->exited_at_ms > DRAIN_MS;
     if (due && settle(r)) {
       runs[i] = runs[--run_count];
+      runs_exited--;
       free_run(r);
       continue;
     }
