@@ -86,8 +86,9 @@ export function send(port: number, request: RawRequest, timeoutMs = 5_000): Prom
         headers.push(["Content-Length", String(body.length)]);
       }
       const head = `${request.method} ${request.target} HTTP/1.1${CRLF}${headers.map(([n, v]) => `${n}: ${v}`).join(CRLF)}${CRLF}${CRLF}`;
-      socket.write(Buffer.from(head, "latin1"));
-      if (body !== undefined) socket.write(body);
+      // One write: a body that reaches the server after its answer finds the socket closed
+      // (Connection: close), and the kernel's reset takes the answer with it (decision 509).
+      socket.write(body === undefined ? Buffer.from(head, "latin1") : Buffer.concat([Buffer.from(head, "latin1"), body]));
     });
     socket.on("data", (chunk: Buffer) => {
       chunks.push(chunk);
