@@ -101,7 +101,7 @@ export class Supervisor {
   constructor(private readonly options: SupervisorOptions) {
     this.notifySocket = join(options.dataDir, "shim.sock");
     this.shimPath = ensureShim(join(options.dataDir, "bin"), options.shimPath);
-    this.launcher = new ShimLauncher(this.shimPath, options.log);
+    this.launcher = new ShimLauncher(this.shimPath, options.log, (runDir) => this.told(runDir));
     if (options.cgroups === false) {
       this.cgroup = null;
       this.cgroupReason = "cgroups are turned off by configuration";
@@ -174,15 +174,18 @@ export class Supervisor {
           while (newline >= 0) {
             const line = socket.data.buffer.slice(0, newline);
             socket.data.buffer = socket.data.buffer.slice(newline + 1);
-            if (line.startsWith("exit ")) {
-              if (this.early) this.early.push(line.slice(5));
-              else this.noticeExit(line.slice(5));
-            }
+            if (line.startsWith("exit ")) this.told(line.slice(5));
             newline = socket.data.buffer.indexOf("\n");
           }
         },
       },
     });
+  }
+
+  /** told takes a notice that the run in `runDir` ended, from the notify socket or the launcher's stdout. */
+  private told(runDir: string): void {
+    if (this.early) this.early.push(runDir);
+    else this.noticeExit(runDir);
   }
 
   /** launcherPid is the shim launcher's pid while it runs: a restart in place must reap it. */

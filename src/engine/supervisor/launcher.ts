@@ -8,7 +8,10 @@ import type { Logger } from "../../lib/logger";
  * event loop ~1 ms per launch: decision 457) and a run costs the machine one process, its
  * workload, not a shim's besides (decision 508). The daemon writes a request on the launcher's
  * stdin (framing: `LEN\n`, then NUL-terminated fields: id, cwd, argc, argv, envc, env) and reads
- * `ID REPORT` lines on its stdout, REPORT being the run's (`ok LAUNCHER PID`, `err ERRNO STAGE`).
+ * `ID REPORT` lines on its stdout, REPORT being the run's (`ok LAUNCHER PID`, `err ERRNO STAGE`),
+ * and `exit RUN_DIR` lines, a run's end told on the pipe it already reads (`told`) instead of a
+ * connection to the notify socket per run: one event of a pipe read, not an accept, a read and
+ * a close (the socket stays for a launcher whose daemon is gone, and for a shim of one run).
  * The launcher is started on the first launch, not before (a successor prepares at a lower
  * priority, which its workloads would keep), and again after it ended. Once its stdin closes
  * (this daemon stopped, or is gone) it takes no more requests and holds its runs until the last
@@ -25,6 +28,7 @@ export class ShimLauncher {
   constructor(
     private readonly shimPath: string,
     private readonly log: Logger,
+    private readonly told: (runDir: string) => void,
   ) {}
 
   /** pid is the launcher's while it runs (a restart in place reaps it: it is a child Bun knows of only until the execve). */
@@ -127,6 +131,10 @@ export class ShimLauncher {
             ready = line === "ready";
             if (!ready) break;
             resolveReady(true);
+            continue;
+          }
+          if (line.startsWith("exit ")) {
+            this.told(line.slice(5));
             continue;
           }
           const space = line.indexOf(" ");

@@ -4,9 +4,9 @@
  * It is the engine's equivalent of containerd-shim or Podman's conmon: it starts a workload in
  * its own process group, copies the workload's stdout and stderr into size-bounded, rotated
  * log files in the CRI format (`<RFC3339Nano> <stdout|stderr> <F|P> <text>`), waits for it,
- * writes the exit status to `exit.json` in the run directory, tells the daemon through its
- * notify socket (best effort: a daemon that is away reads exit.json when it comes back), and
- * forgets the run.
+ * writes the exit status to `exit.json` in the run directory, tells the daemon (a line on the
+ * launcher's stdout while the daemon that started it reads it, else its notify socket; best
+ * effort: a daemon that is away reads exit.json when it comes back), and forgets the run.
  *
  * It runs in one of two modes, on one body of code (struct run and its functions):
  * - `engine-shim --launcher` (the daemon's, see launcher_main below) holds every run the
@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -145,6 +146,10 @@ static int nofile_raised = 0;
    holds up another run's start or end; -1 where they are made in place. */
 static int sync_pipe[2] = {-1, -1};
 static pthread_t sync_thread;
+/* notice_fd is the launcher's stdout (non-blocking) while the daemon that started it reads it:
+   an ended run is told there, on the pipe the daemon already reads, instead of by a connection
+   to its notify socket per run; -1 otherwise (a shim of one run, a daemon gone). */
+static int notice_fd = -1;
 
 static void path_in_run(const struct run *r, char *out, size_t size, const char *name) {
   snprintf(out, size, "%s/%s", r->run_dir, name);
@@ -465,6 +470,18 @@ static int write_exit(struct run *r, int status, int exec_errno, const char *sta
    misses the notice, and its sweep finds the run's workload gone within a second. */
 static void notify(const struct run *r) {
   if (strcmp(r->notify_path, "-") == 0) return;
+  if (notice_fd >= 0) {
+    /* One write of at most PIPE_BUF bytes to a pipe is whole or refused (EAGAIN: the daemon
+       reads no more for now), never cut: refused, the notice goes to the socket. */
+    char msg[PIPE_BUF];
+    int len = snprintf(msg, sizeof msg, "exit %s\n", r->run_dir);
+    if (len > 0 && len < (int)sizeof msg) {
+      ssize_t n;
+      do n = write(notice_fd, msg, (size_t)len);
+      while (n < 0 && errno == EINTR);
+      if (n == len) return;
+    }
+  }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return;
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -1064,9 +1081,11 @@ static int shim_main(int argc, char **argv) {
  * NUL-terminated fields: ID, CWD, ARGC, ARGC arguments (a shim's command line, argv[0]
  * included), ENVC, ENVC `KEY=VALUE` entries. For each it starts the workload, in that cwd and
  * environment with default signals and stdin on /dev/null, and writes `ID REPORT\n` on stdout in
- * one write (atomic on a pipe: under PIPE_BUF). When stdin closes (the daemon that started it
- * stopped, or went away) it closes stdout and holds its runs until the last has ended; the
- * daemon's successor starts a launcher of its own.
+ * one write (atomic on a pipe: under PIPE_BUF). A run that ended is told on stdout too, as
+ * `exit RUN_DIR\n`, where the pipe has room (else on the notify socket). When stdin closes (the
+ * daemon that started it stopped, or went away) it closes stdout and holds its runs until the
+ * last has ended, telling their ends on the notify socket; the daemon's successor, which has
+ * taken that socket over, starts a launcher of its own.
  */
 #define REQUEST_MAX (1 << 20)
 
@@ -1074,7 +1093,7 @@ static char request_buffer[REQUEST_MAX + 64];
 static size_t request_have = 0;
 static int reply_fd = 1;
 
-/* reply writes `ID REPORT\n` in one write (atomic on a pipe: under PIPE_BUF), REPORT on one line. */
+/* reply writes `ID REPORT\n` (atomic on a pipe: under PIPE_BUF), REPORT on one line. */
 static void reply(const char *id, const char *text) {
   char line[1024];
   int n = snprintf(line, sizeof line, "%s %s\n", id, text);
@@ -1084,7 +1103,16 @@ static void reply(const char *id, const char *text) {
   for (char *c = body; c < line + len; c++)
     if (*c == '\n' || *c == '\r') *c = ' ';
   line[len++] = '\n';
-  if (reply_fd >= 0) write_all(reply_fd, line, len);
+  if (reply_fd < 0) return;
+  /* stdout is non-blocking (for the exit notices): a report waits for room, as it always did. */
+  for (size_t done = 0; done < len;) {
+    ssize_t n = write(reply_fd, line + done, len - done);
+    if (n > 0) done += (size_t)n;
+    else if (n < 0 && errno == EAGAIN) {
+      struct pollfd out = {.fd = reply_fd, .events = POLLOUT};
+      if (poll(&out, 1, -1) < 0 && errno != EINTR) return;
+    } else if (!(n < 0 && errno == EINTR)) return;
+  }
 }
 
 /* launch_one starts one request's run and answers it. */
@@ -1148,6 +1176,7 @@ static int on_requests(void) {
   /* The daemon is gone (or spoke nonsense): no more requests. The runs are held on. */
   if (devnull_fd >= 0) dup2(devnull_fd, 1);
   reply_fd = -1;
+  notice_fd = -1;
   return 0;
 }
 
@@ -1164,6 +1193,7 @@ static int launcher_main(void) {
   if (prepare() != 0) return 3;
   start_sync_thread();
   write_all(reply_fd, "ready\n", 6);
+  if (fcntl(reply_fd, F_SETFL, fcntl(reply_fd, F_GETFL) | O_NONBLOCK) == 0) notice_fd = reply_fd;
   serve(0, on_requests);
   stop_sync_thread();
   return 0;

@@ -9,6 +9,8 @@ import { eventually, tempDir, testShim } from "../../helpers";
 const dir = tempDir("engine-launcher-");
 const log = createLogger({ level: "silent", stdout: false }).log;
 const started: number[] = [];
+/** ignore takes the exit notices of tests that read exit.json instead. */
+const ignore = () => undefined;
 afterAll(() => {
   for (const pid of started) {
     try {
@@ -27,15 +29,15 @@ function sessionOf(pid: number): number {
 }
 
 /** shimArgv is a shim's command line for a run in `dir/<name>`, as the supervisor builds it. */
-function shimArgv(shim: string, name: string, argv: string[]): { runDir: string; argv: string[] } {
+function shimArgv(shim: string, name: string, argv: string[], notify = "-"): { runDir: string; argv: string[] } {
   const runDir = join(dir, name);
   mkdirSync(runDir, { recursive: true });
-  return { runDir, argv: [shim, runDir, join(runDir, "out.log"), "-", "1048576", "2", "-", "-", "--", ...argv] };
+  return { runDir, argv: [shim, runDir, join(runDir, "out.log"), notify, "1048576", "2", "-", "-", "--", ...argv] };
 }
 
 describe("ShimLauncher", () => {
   test("holds runs in one launcher with the env and cwd asked for, and reports while the workload still runs", async () => {
-    const launcher = new ShimLauncher(testShim(), log);
+    const launcher = new ShimLauncher(testShim(), log, ignore);
     try {
       const first = shimArgv(testShim(), "env", [
         "/bin/sh",
@@ -79,7 +81,7 @@ describe("ShimLauncher", () => {
   });
 
   test("an exec failure and a working directory that is not there come back as the shim's reports", async () => {
-    const launcher = new ShimLauncher(testShim(), log);
+    const launcher = new ShimLauncher(testShim(), log, ignore);
     try {
       const missing = shimArgv(testShim(), "enoent", ["/no/such/program"]);
       expect(await launcher.launch(missing.argv, {}, dir)).toBe("err 2 exec");
@@ -91,7 +93,7 @@ describe("ShimLauncher", () => {
   });
 
   test("the shim makes its run's directory and the log's, with their parents; one it cannot make is reported as such", async () => {
-    const launcher = new ShimLauncher(testShim(), log);
+    const launcher = new ShimLauncher(testShim(), log, ignore);
     try {
       const service = join(dir, "services", "svc_1");
       const runDir = join(service, "runs", "run_1");
@@ -110,7 +112,7 @@ describe("ShimLauncher", () => {
   });
 
   test("many launches at once each get their own report, all held by the one launcher", async () => {
-    const launcher = new ShimLauncher(testShim(), log);
+    const launcher = new ShimLauncher(testShim(), log, ignore);
     try {
       const runs = Array.from({ length: 40 }, (_, i) =>
         shimArgv(testShim(), `many-${i}`, ["/bin/sh", "-c", `echo run ${i}; exit ${i % 7}`]),
@@ -132,8 +134,56 @@ describe("ShimLauncher", () => {
     }
   });
 
+  test("a run's end is told on the launcher's stdout while the daemon reads it, and on the notify socket once it stopped", async () => {
+    const socketPath = join(dir, "notify.sock");
+    const bySocket: string[] = [];
+    const listener = Bun.listen<{ buffer: string }>({
+      unix: socketPath,
+      socket: {
+        open: (socket) => {
+          socket.data = { buffer: "" };
+        },
+        data: (socket, chunk) => {
+          socket.data.buffer += chunk.toString();
+          for (let newline = socket.data.buffer.indexOf("\n"); newline >= 0; newline = socket.data.buffer.indexOf("\n")) {
+            bySocket.push(socket.data.buffer.slice(0, newline));
+            socket.data.buffer = socket.data.buffer.slice(newline + 1);
+          }
+        },
+      },
+    });
+    const byPipe: string[] = [];
+    const launcher = new ShimLauncher(testShim(), log, (runDir) => byPipe.push(runDir));
+    try {
+      const runs = Array.from({ length: 10 }, (_, i) => shimArgv(testShim(), `told-${i}`, ["/bin/sh", "-c", `exit ${i}`], socketPath));
+      const reports = await Promise.all(runs.map((run) => launcher.launch(run.argv, { PATH: "/usr/bin:/bin" }, dir)));
+      expect(reports.every((report) => /^ok \d+ \d+$/.test(report ?? ""))).toBe(true);
+      await eventually(() => byPipe.length === runs.length);
+      expect(byPipe.toSorted()).toEqual(runs.map((run) => run.runDir).toSorted());
+      expect(bySocket).toEqual([]);
+      // Each was told after its exit record was written: the daemon reads it at once.
+      for (const run of runs) expect(existsSync(join(run.runDir, "exit.json"))).toBe(true);
+      const held = shimArgv(testShim(), "told-after-stop", ["sleep", "30"], socketPath);
+      const heldPid = Number((await launcher.launch(held.argv, { PATH: "/usr/bin:/bin" }, dir))?.split(" ")[2]);
+      started.push(heldPid);
+      const holder = launcher.pid as number;
+      launcher.stop();
+      // Stopped, the launcher's stdout is closed: the run it still holds is told on the socket.
+      // The stop is the end of its stdin: what it reads next. Held on, it lives until its run ends.
+      await Bun.sleep(100);
+      expect(isSameProcess(holder, readProcessStat(holder)?.startTime ?? -1)).toBe(true);
+      process.kill(-heldPid, "SIGTERM");
+      await eventually(() => bySocket.length === 1);
+      expect(bySocket).toEqual([`exit ${held.runDir}`]);
+      expect(byPipe).toHaveLength(runs.length);
+    } finally {
+      launcher.stop();
+      listener.stop(true);
+    }
+  });
+
   test("a launcher that was killed is started again; one that was stopped holds its runs to their end, then exits", async () => {
-    const launcher = new ShimLauncher(testShim(), log);
+    const launcher = new ShimLauncher(testShim(), log, ignore);
     const first = shimArgv(testShim(), "again-1", ["sleep", "30"]);
     const report = await launcher.launch(first.argv, { PATH: "/usr/bin:/bin" }, dir);
     const workload = Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]);
@@ -170,7 +220,7 @@ describe("ShimLauncher", () => {
     const old = join(dir, "old-shim");
     writeFileSync(old, "#!/bin/sh\necho 'usage: engine-shim RUN_DIR ...' >&2\nexit 2\n");
     chmodSync(old, 0o755);
-    const launcher = new ShimLauncher(old, log);
+    const launcher = new ShimLauncher(old, log, ignore);
     const run = shimArgv(old, "old", ["true"]);
     expect(await launcher.launch(run.argv, {}, dir)).toBeUndefined();
     expect(await launcher.launch(run.argv, {}, dir)).toBeUndefined();
