@@ -95,6 +95,7 @@ export class Supervisor {
   private notifyName: UnixSocketName | null = null;
   /** early holds the exit notices that arrived before start(): a successor binds the socket first. */
   private early: string[] | null = [];
+  private stopped = false;
   private timer: ReturnType<typeof setInterval> | null = null;
   private exitHandler: (handle: RunHandle, exit: ExitRecord) => void = () => undefined;
 
@@ -182,8 +183,14 @@ export class Supervisor {
     });
   }
 
-  /** told takes a notice that the run in `runDir` ended, from the notify socket or the launcher's stdout. */
+  /**
+   * told takes a notice that the run in `runDir` ended, from the notify socket or the launcher's
+   * stdout. A stopped supervisor takes none: its launcher may still write a line or two before it
+   * reads the end of its stdin, and the store they would be settled in is this process's no
+   * more (the next daemon reads the run's exit record when it adopts it, or its sweep finds it).
+   */
   private told(runDir: string): void {
+    if (this.stopped) return;
     if (this.early) this.early.push(runDir);
     else this.noticeExit(runDir);
   }
@@ -194,6 +201,7 @@ export class Supervisor {
   }
 
   stop(): void {
+    this.stopped = true;
     this.launcher.stop();
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
