@@ -1,5 +1,5 @@
-import { readdirSync, readFileSync } from "node:fs";
-import { workloadOwner } from "../supervisor/procfs";
+import { readFileSync } from "node:fs";
+import { type ProcessStat, parseStat, readProcessTable, workloadOwner } from "../supervisor/procfs";
 
 /** ProcessUsage is what one /proc/<pid>/stat line says about a process's place and cost. */
 export interface ProcessUsage {
@@ -13,20 +13,18 @@ export interface ProcessUsage {
 }
 
 /**
- * parseStatLine reads the fields the metrics need from one /proc/<pid>/stat text, or null when
- * it is not one. The command name (field 2) may hold spaces and parentheses, so fields are
- * counted from the last ')' (proc(5): field N is at index N - 3 after it).
+ * parseStatLine reads the fields the metrics need from one /proc/<pid>/stat text (the
+ * supervisor's parseStat), or null when it is not one or a field is missing.
  */
 export function parseStatLine(pid: number, text: string): ProcessUsage | null {
-  const close = text.lastIndexOf(")");
-  if (close < 0) return null;
-  const fields = text.slice(close + 2).split(" ");
-  const ppid = Number(fields[1]);
-  const pgid = Number(fields[2]);
-  const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
-  const rss = Number(fields[21]);
-  if (![ppid, pgid, ticks, rss].every(Number.isFinite)) return null;
-  return { pid, ppid, pgid, cpuTicks: ticks, rssPages: Math.max(0, rss) };
+  const stat = parseStat(text);
+  return stat && usageOf(pid, stat);
+}
+
+/** usageOf is a process's place and cost from its stat fields; null when one is missing. */
+function usageOf(pid: number, { ppid, pgid, cpuTicks, rssPages }: ProcessStat): ProcessUsage | null {
+  if (![ppid, pgid, cpuTicks, rssPages].every(Number.isFinite)) return null;
+  return { pid, ppid, pgid, cpuTicks, rssPages: Math.max(0, rssPages) };
 }
 
 /** WorkloadUsage is the summed cost of every process of one workload. */
@@ -53,24 +51,9 @@ export interface ProcessTable {
 export function scanProcesses(workloads: ReadonlySet<number>, root = "/proc"): ProcessTable {
   const ownerOf = new Map<number, number>();
   const sums = new Map<number, WorkloadUsage>();
-  let entries: string[];
-  try {
-    entries = readdirSync(root);
-  } catch {
-    return { ownerOf, workloads: sums };
-  }
   const processes = new Map<number, ProcessUsage>();
-  for (const entry of entries) {
-    const first = entry.charCodeAt(0);
-    if (first < 48 || first > 57) continue;
-    const pid = Number(entry);
-    let text: string;
-    try {
-      text = readFileSync(`${root}/${entry}/stat`, "latin1");
-    } catch {
-      continue;
-    }
-    const usage = parseStatLine(pid, text);
+  for (const [pid, stat] of readProcessTable(root)) {
+    const usage = usageOf(pid, stat);
     if (usage) processes.set(pid, usage);
   }
   const owner = workloadOwner(processes, new Set([...workloads].filter((pid) => processes.has(pid))));

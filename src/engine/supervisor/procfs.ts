@@ -1,31 +1,72 @@
 import { readdirSync, readFileSync } from "node:fs";
 
-/** ProcessStat is what /proc/<pid>/stat tells the supervisor about one process. */
+/** ProcessStat is what /proc/<pid>/stat tells the engine about one process. */
 export interface ProcessStat {
   state: string;
   ppid: number;
   pgid: number;
+  /** cpuTicks is utime + stime + cutime + cstime (USER_HZ): its own CPU time and that of the children it reaped. */
+  cpuTicks: number;
+  /** rssPages is field 24, its resident pages. */
+  rssPages: number;
   /** startTime is field 22, in clock ticks since boot: with the pid it names one process forever. */
   startTime: number;
 }
 
 /**
- * readProcessStat parses /proc/<pid>/stat, or returns null when the process does not exist.
- * The command name (field 2) may hold spaces and parentheses, so fields are counted from
- * the last ')'.
+ * parseStat reads a /proc/<pid>/stat line; null when it is not one. The command name (field 2)
+ * may hold spaces and parentheses, so fields are counted from the last ')'. A field the line
+ * lacks reads NaN: each caller says what it does with one.
  */
-export function readProcessStat(pid: number): ProcessStat | null {
-  let text: string;
-  try {
-    text = readFileSync(`/proc/${pid}/stat`, "utf8");
-  } catch {
-    return null;
-  }
+export function parseStat(text: string): ProcessStat | null {
   const close = text.lastIndexOf(")");
   if (close < 0) return null;
   const fields = text.slice(close + 2).split(" ");
   // fields[0] is field 3 (state); field N is fields[N - 3].
-  return { state: fields[0] ?? "?", ppid: Number(fields[1]), pgid: Number(fields[2]), startTime: Number(fields[19]) };
+  return {
+    state: fields[0] ?? "?",
+    ppid: Number(fields[1]),
+    pgid: Number(fields[2]),
+    cpuTicks: Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]),
+    rssPages: Number(fields[21]),
+    startTime: Number(fields[19]),
+  };
+}
+
+/** readProcessStat parses /proc/<pid>/stat, or returns null when the process does not exist. */
+export function readProcessStat(pid: number): ProcessStat | null {
+  try {
+    return parseStat(readFileSync(`/proc/${pid}/stat`, "latin1"));
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * readProcessTable reads /proc/<pid>/stat of every process once: the one pass both the API's
+ * usage (processTreeUsage) and the metrics' scan make. A process that ends while it is read is
+ * left out; an unreadable `procDir` gives an empty table.
+ */
+export function readProcessTable(procDir = "/proc"): Map<number, ProcessStat> {
+  const table = new Map<number, ProcessStat>();
+  let names: string[];
+  try {
+    names = readdirSync(procDir);
+  } catch {
+    return table;
+  }
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue;
+    let text: string;
+    try {
+      text = readFileSync(`${procDir}/${name}/stat`, "latin1");
+    } catch {
+      continue; // it ended while we looked
+    }
+    const stat = parseStat(text);
+    if (stat) table.set(Number(name), stat);
+  }
+  return table;
 }
 
 /**
@@ -64,12 +105,6 @@ export interface TreeUsage {
   rssBytes: number;
 }
 
-interface ProcEntry {
-  ppid: number;
-  pgid: number;
-  ticks: number;
-}
-
 /**
  * workloadOwner answers, for a process of `processes` (pid to parent and process group), the
  * workload of `workloads` it belongs to: itself, its group's leader, or its nearest ancestor
@@ -101,29 +136,8 @@ export function workloadOwner(
  * gone is left out of the answer.
  */
 export function processTreeUsage(roots: readonly number[], procDir = "/proc"): Map<number, TreeUsage> {
-  const entries = new Map<number, ProcEntry>();
-  let names: string[];
-  try {
-    names = readdirSync(procDir);
-  } catch {
-    return new Map();
-  }
-  for (const name of names) {
-    if (!/^\d+$/.test(name)) continue;
-    let text: string;
-    try {
-      text = readFileSync(`${procDir}/${name}/stat`, "utf8");
-    } catch {
-      continue; // it ended while we looked
-    }
-    const close = text.lastIndexOf(")");
-    if (close < 0) continue;
-    // fields[0] is field 3 (state); utime, stime, cutime, cstime are fields 14-17.
-    const fields = text.slice(close + 2).split(" ");
-    if (fields[0] === "Z" || fields[0] === "X") continue;
-    const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
-    entries.set(Number(name), { ppid: Number(fields[1]), pgid: Number(fields[2]), ticks: Number.isFinite(ticks) ? ticks : 0 });
-  }
+  // Zombies hold no memory and run no more: they are not counted.
+  const entries = new Map([...readProcessTable(procDir)].filter(([, stat]) => stat.state !== "Z" && stat.state !== "X"));
   const wanted = new Set(roots.filter((root) => entries.has(root)));
   const owner = workloadOwner(entries, wanted);
   const usage = new Map<number, TreeUsage>();
@@ -134,7 +148,7 @@ export function processTreeUsage(roots: readonly number[], procDir = "/proc"): M
     const total = usage.get(root);
     if (!total) continue;
     total.processes += 1;
-    total.cpuSeconds += entry.ticks / USER_HZ;
+    total.cpuSeconds += (Number.isFinite(entry.cpuTicks) ? entry.cpuTicks : 0) / USER_HZ;
     total.rssBytes += (residentKb(pid, procDir) ?? 0) * 1024;
   }
   for (const total of usage.values()) total.cpuSeconds = Math.round(total.cpuSeconds * 100) / 100;
