@@ -155,11 +155,16 @@ static void path_in_run(const struct run *r, char *out, size_t size, const char 
   snprintf(out, size, "%s/%s", r->run_dir, name);
 }
 
+/* write_all writes all of `data`, waiting for room where `fd` is non-blocking (the launcher's stdout). */
 static int write_all(int fd, const char *data, size_t len) {
   while (len > 0) {
     ssize_t n = write(fd, data, len);
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        struct pollfd room = {.fd = fd, .events = POLLOUT};
+        if (poll(&room, 1, -1) >= 0 || errno == EINTR) continue;
+      }
       return -1;
     }
     data += n;
@@ -470,27 +475,23 @@ static int write_exit(struct run *r, int status, int exec_errno, const char *sta
    misses the notice, and its sweep finds the run's workload gone within a second. */
 static void notify(const struct run *r) {
   if (strcmp(r->notify_path, "-") == 0) return;
-  if (notice_fd >= 0) {
-    /* One write of at most PIPE_BUF bytes to a pipe is whole or refused (EAGAIN: the daemon
-       reads no more for now), never cut: refused, the notice goes to the socket. */
-    char msg[PIPE_BUF];
-    int len = snprintf(msg, sizeof msg, "exit %s\n", r->run_dir);
-    if (len > 0 && len < (int)sizeof msg) {
-      ssize_t n;
-      do n = write(notice_fd, msg, (size_t)len);
-      while (n < 0 && errno == EINTR);
-      if (n == len) return;
-    }
+  char msg[PATH_MAX + 16];
+  int len = snprintf(msg, sizeof msg, "exit %s\n", r->run_dir);
+  if (len <= 0 || len >= (int)sizeof msg) return;
+  /* On the pipe, one write of at most PIPE_BUF bytes is whole or refused (EAGAIN: the daemon
+     reads no more for now), never cut: refused, the notice goes to the socket. */
+  if (notice_fd >= 0 && len <= PIPE_BUF) {
+    ssize_t n;
+    do n = write(notice_fd, msg, (size_t)len);
+    while (n < 0 && errno == EINTR);
+    if (n == len) return;
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return;
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   strncpy(addr.sun_path, r->notify_path, sizeof addr.sun_path - 1);
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
-    char msg[PATH_MAX + 16];
-    int len = snprintf(msg, sizeof msg, "exit %s\n", r->run_dir);
-    write_all(fd, msg, (size_t)len);
-  }
+  /* A fresh connection's buffer takes the line at once; where it would not, it is dropped, not waited for. */
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) (void)!send(fd, msg, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
   close(fd);
 }
 
@@ -1093,7 +1094,7 @@ static char request_buffer[REQUEST_MAX + 64];
 static size_t request_have = 0;
 static int reply_fd = 1;
 
-/* reply writes `ID REPORT\n` (atomic on a pipe: under PIPE_BUF), REPORT on one line. */
+/* reply writes `ID REPORT\n` in one write (atomic on a pipe: under PIPE_BUF), REPORT on one line. */
 static void reply(const char *id, const char *text) {
   char line[1024];
   int n = snprintf(line, sizeof line, "%s %s\n", id, text);
@@ -1103,16 +1104,8 @@ static void reply(const char *id, const char *text) {
   for (char *c = body; c < line + len; c++)
     if (*c == '\n' || *c == '\r') *c = ' ';
   line[len++] = '\n';
-  if (reply_fd < 0) return;
   /* stdout is non-blocking (for the exit notices): a report waits for room, as it always did. */
-  for (size_t done = 0; done < len;) {
-    ssize_t n = write(reply_fd, line + done, len - done);
-    if (n > 0) done += (size_t)n;
-    else if (n < 0 && errno == EAGAIN) {
-      struct pollfd out = {.fd = reply_fd, .events = POLLOUT};
-      if (poll(&out, 1, -1) < 0 && errno != EINTR) return;
-    } else if (!(n < 0 && errno == EINTR)) return;
-  }
+  if (reply_fd >= 0) write_all(reply_fd, line, len);
 }
 
 /* launch_one starts one request's run and answers it. */
