@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { isSameProcess, readProcessStat } from "../../../src/engine/supervisor";
 import { ShimLauncher } from "../../../src/engine/supervisor/launcher";
@@ -168,9 +168,10 @@ describe("ShimLauncher", () => {
       started.push(heldPid);
       const holder = launcher.pid as number;
       launcher.stop();
-      // Stopped, the launcher's stdout is closed: the run it still holds is told on the socket.
-      // The stop is the end of its stdin: what it reads next. Held on, it lives until its run ends.
-      await Bun.sleep(100);
+      // Stopped, the launcher's stdout is closed (it points at /dev/null once the launcher has
+      // read the end of its stdin): the run it still holds is told on the socket. Held on, it
+      // lives until its run ends.
+      await eventually(() => readlinkSync(`/proc/${holder}/fd/1`) === "/dev/null");
       expect(isSameProcess(holder, readProcessStat(holder)?.startTime ?? -1)).toBe(true);
       process.kill(-heldPid, "SIGTERM");
       await eventually(() => bySocket.length === 1);
@@ -204,9 +205,8 @@ describe("ShimLauncher", () => {
     started.push(thirdPid);
     launcher.stop();
     // Stopped, it takes no more requests but holds its runs: one that ends is still recorded.
-    await Bun.sleep(200);
+    await eventually(() => existsSync(join(second.runDir, "exit.json"))); // `read` met /dev/null's EOF at once
     expect(isSameProcess(after, readProcessStat(after)?.startTime ?? -1)).toBe(true);
-    expect(existsSync(join(second.runDir, "exit.json"))).toBe(true); // `read` met /dev/null's EOF at once
     expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 3 });
     process.kill(-thirdPid, "SIGTERM");
     await eventually(() => existsSync(join(third.runDir, "exit.json")));
