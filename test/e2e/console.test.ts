@@ -402,6 +402,12 @@ describe("the console in a browser (compiled engine-cloud, headless Chromium)", 
     // Delete asks first; keeping it changes nothing.
     await page.getByRole("button", { name: "Delete this machine…" }).click();
     await page.getByTestId("delete-confirm").waitFor();
+    // A redraw (the one after an action, or the busy page's every 1.5 s) keeps it open: here
+    // the one after Wake, clicked while it is open. It used to close it under the user's click.
+    const opened = await page.getByTestId("delete-confirm").elementHandle();
+    await page.getByRole("button", { name: "Wake" }).click();
+    await page.waitForFunction((element) => !element?.isConnected, opened);
+    expect(await page.getByTestId("delete-confirm").isVisible()).toBe(true);
     await page.getByRole("button", { name: "Keep it" }).click();
     expect(await page.getByTestId("delete-confirm").isHidden()).toBe(true);
     await page.getByRole("button", { name: "Delete this machine…" }).click();

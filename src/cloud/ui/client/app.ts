@@ -825,6 +825,12 @@ async function hostedPage(account: Json): Promise<void> {
   const said = h("div", { "aria-live": "polite", "data-testid": "hosted-said" });
   const body = h("div", {});
   let timer: ReturnType<typeof setTimeout> | undefined;
+  /**
+   * confirmingDelete keeps the delete confirmation open across redraws: the page redraws after
+   * each action and every 1.5 s while the machine is busy, and a confirmation that a redraw
+   * closed left its user's next click on nothing.
+   */
+  let confirmingDelete = false;
   const act = async (what: () => Promise<string>) => {
     try {
       said.replaceChildren(notice("ok", await what()));
@@ -1009,8 +1015,14 @@ async function hostedPage(account: Json): Promise<void> {
             ),
       ),
     );
-    if (box.status !== "deleting") {
-      const confirm = h("div", { hidden: true, "data-testid": "delete-confirm" });
+    if (box.status === "deleting") confirmingDelete = false;
+    else {
+      const confirm = h("div", { hidden: !confirmingDelete, "data-testid": "delete-confirm" });
+      const showConfirm = (open: boolean) => {
+        confirmingDelete = open;
+        if (open) confirm.removeAttribute("hidden");
+        else confirm.setAttribute("hidden", "");
+      };
       confirm.append(
         notice("error", "This stops the machine and deletes it. There is no undo."),
         h(
@@ -1020,20 +1032,21 @@ async function hostedPage(account: Json): Promise<void> {
             class: "danger",
             onclick: () =>
               act(async () => {
+                confirmingDelete = false;
                 const gone = await api<Json>("DELETE", "/api/managed/allocation");
                 return gone.status === "deleted" ? "Deleted." : "Deleting…";
               }),
           },
           "Yes, delete it",
         ),
-        h("button", { type: "button", onclick: () => confirm.setAttribute("hidden", "") }, "Keep it"),
+        h("button", { type: "button", onclick: () => showConfirm(false) }, "Keep it"),
       );
       cards.push(
         h(
           "section",
           { class: "card" },
           h("h2", {}, "Delete"),
-          h("button", { type: "button", onclick: () => confirm.removeAttribute("hidden") }, "Delete this machine…"),
+          h("button", { type: "button", onclick: () => showConfirm(true) }, "Delete this machine…"),
           confirm,
         ),
       );
