@@ -21,8 +21,9 @@
  * killed and started again on its port (spawn to first answer), measured in the same process:
  * this machine is small and shared, so the ratios and the zero counts say more than the ms.
  *
- * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--proxied-loops 8] [--verbose]
+ * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--proxied-loops 8] [--verbose] [--silences-over 40]
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
+ *   --verbose prints each silence over `--silences-over` ms among the hand-overs' logged moments (printTimeline).
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os, { tmpdir } from "node:os";
@@ -42,6 +43,8 @@ const DRAIN_TIMEOUT_S = 10;
 const baselineIndex = process.argv.indexOf("--baseline");
 const baseline = baselineIndex >= 0 ? process.argv[baselineIndex + 1] : undefined;
 const verbose = process.argv.includes("--verbose");
+/** silencesOverMs: with --verbose, the silences longer than this are placed among the hand-overs' moments. */
+const silencesOverMs = numericArg("--silences-over", 40);
 /**
  * proxiedLoopCount is how many in-process clients send through the proxy's HTTP port (three in
  * four on kept-alive connections); by default none, as wrk loads it (below).
@@ -135,6 +138,53 @@ function readPhases(dataDir: string): PhaseLines {
     }
   }
   return lines;
+}
+
+/**
+ * printTimeline (--verbose) places each silence longer than `overMs` among the restarts'
+ * moments, on the wall clock: when the bench asked, and what the engine logged: a predecessor's
+ * hello from its successor ("hands over"), its release and its re-execution, and each
+ * successor's bind (its first answer less its window) and first answer. A silence that starts
+ * before a bind, or ends well after a first answer, is not the hand-over's window.
+ */
+function printTimeline(
+  dataDir: string,
+  silences: { at: number; ms: number }[],
+  overMs: number,
+  marks: { at: number; what: string }[],
+): void {
+  let text = "";
+  try {
+    text = readFileSync(join(dataDir, "engine.log"), "utf8");
+  } catch {
+    return;
+  }
+  const events = [...marks];
+  const said: Record<string, string> = {
+    "handing over to the new process": "hands over",
+    "the new process serves; re-executing in place to take the work back from it": "re-executes",
+  };
+  for (const line of text.split("\n")) {
+    if (!line.includes("phases_ms") && !Object.keys(said).some((msg) => line.includes(msg))) continue;
+    try {
+      const record = JSON.parse(line) as { time: string; msg: string; pid: number; standin?: boolean; window_ms?: number };
+      const at = Date.parse(record.time);
+      if (said[record.msg]) events.push({ at, what: `${record.pid} ${said[record.msg]}` });
+      else if (record.msg === "took the work over") {
+        const who = record.standin ? "stand-in" : "re-executed";
+        events.push({ at: at - (record.window_ms ?? 0), what: `${who} ${record.pid} binds` });
+        events.push({ at, what: `${who} ${record.pid} first answer` });
+      } else events.push({ at, what: `${record.pid} released` });
+    } catch {
+      // a line cut short
+    }
+  }
+  for (const silence of silences.filter((one) => one.ms > overMs)) {
+    const near = events
+      .filter((event) => event.at > silence.at - 300 && event.at < silence.at + silence.ms + 300)
+      .map((event) => `${event.what} ${event.at >= silence.at ? "+" : ""}${fmt(event.at - silence.at, 0)}`);
+    console.error(`  silence of ${fmt(silence.ms, 0)} ms: ${near.join(", ") || "no hand-over within 300 ms"}`);
+  }
 }
 
 /** Loop keeps one client sending until stopped, counting what it got. */
@@ -257,8 +307,14 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
     let longest = 0;
     let restartAt = performance.now();
     const silences: string[] = [];
+    /** longSilences are the silences over --silences-over ms on the wall clock (--verbose), for printTimeline. */
+    const longSilences: { at: number; ms: number }[] = [];
+    /** restartMarks are when each restart was asked and answered 202, on the wall clock (--verbose). */
+    const restartMarks: { at: number; what: string }[] = [];
     const answered = (now: number) => {
       if (verbose && now - lastAnswer > 50) silences.push(`${fmt(lastAnswer - restartAt, 0)}+${fmt(now - lastAnswer, 0)}`);
+      if (verbose && now - lastAnswer > silencesOverMs)
+        longSilences.push({ at: performance.timeOrigin + lastAnswer, ms: now - lastAnswer });
       longest = Math.max(longest, now - lastAnswer);
       lastAnswer = now;
     };
@@ -311,7 +367,10 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
         refusedRestarts += 1;
         await Bun.sleep(100);
       }
-      if (verbose) console.error(`  restart ${round + 1}: 202 after ${fmt(performance.now() - since, 0)} ms`);
+      if (verbose) {
+        console.error(`  restart ${round + 1}: 202 after ${fmt(performance.now() - since, 0)} ms`);
+        restartMarks.push({ at: performance.timeOrigin + since, what: `restart ${round + 1} asked` });
+      }
       if (response.status !== 202) throw new Error(`restart: ${response.status} ${await response.text()}`);
       // Done when the engine's own pid answers again from a new image (a fresh uptime).
       for (;;) {
@@ -354,6 +413,7 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       [...loop.errors].map(([reason, count]) => `${loop.name}: ${count}x ${reason}`),
     );
     if (errors.length > 0) console.error(`  failures: ${errors.join("; ")}`);
+    if (verbose) printTimeline(dataDir, longSilences, silencesOverMs, restartMarks);
     return {
       proxiedFailed: proxiedLoops.reduce((sum, loop) => sum + loop.failed, 0) + wrkCount.failed,
       proxiedAnswered: proxiedLoops.reduce((sum, loop) => sum + loop.answered, 0) + wrkCount.requests - wrkCount.failed,
