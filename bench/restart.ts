@@ -149,7 +149,7 @@ function readPhases(dataDir: string): PhaseLines {
  */
 function printTimeline(
   dataDir: string,
-  silences: { at: number; ms: number }[],
+  silences: { at: number; ms: number; endedBy: string }[],
   overMs: number,
   marks: { at: number; what: string }[],
 ): void {
@@ -183,7 +183,9 @@ function printTimeline(
     const near = events
       .filter((event) => event.at > silence.at - 300 && event.at < silence.at + silence.ms + 300)
       .map((event) => `${event.what} ${event.at >= silence.at ? "+" : ""}${fmt(event.at - silence.at, 0)}`);
-    console.error(`  silence of ${fmt(silence.ms, 0)} ms: ${near.join(", ") || "no hand-over within 300 ms"}`);
+    console.error(
+      `  silence of ${fmt(silence.ms, 0)} ms (ended by ${silence.endedBy}): ${near.join(", ") || "no hand-over within 300 ms"}`,
+    );
   }
 }
 
@@ -199,17 +201,18 @@ class Loop {
     readonly name: string,
     private readonly call: () => Promise<Response>,
     private readonly check: (body: string) => boolean,
-    private readonly onAnswer: (now: number) => void = () => undefined,
+    private readonly onAnswer: (now: number, sentAt: number, loop: string) => void = () => undefined,
     pauseMs = 1,
   ) {
     this.done = (async () => {
       while (this.running) {
+        const sentAt = performance.now();
         try {
           const response = await this.call();
           const body = await response.text();
           if (response.ok && this.check(body)) {
             this.answered += 1;
-            this.onAnswer(performance.now());
+            this.onAnswer(performance.now(), sentAt, this.name);
           } else this.fail(`${response.status}`);
         } catch (error) {
           this.fail((error as Error).message.slice(0, 60));
@@ -308,13 +311,18 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
     let restartAt = performance.now();
     const silences: string[] = [];
     /** longSilences are the silences over --silences-over ms on the wall clock (--verbose), for printTimeline. */
-    const longSilences: { at: number; ms: number }[] = [];
+    const longSilences: { at: number; ms: number; endedBy: string }[] = [];
     /** restartMarks are when each restart was asked and answered 202, on the wall clock (--verbose). */
     const restartMarks: { at: number; what: string }[] = [];
-    const answered = (now: number) => {
+    const answered = (now: number, sentAt: number, loop: string) => {
       if (verbose && now - lastAnswer > 50) silences.push(`${fmt(lastAnswer - restartAt, 0)}+${fmt(now - lastAnswer, 0)}`);
       if (verbose && now - lastAnswer > silencesOverMs)
-        longSilences.push({ at: performance.timeOrigin + lastAnswer, ms: now - lastAnswer });
+        // On the wall clock, as the engine's log (performance.timeOrigin drifts from it as NTP slews the clock).
+        longSilences.push({
+          at: Date.now() - (performance.now() - lastAnswer),
+          ms: now - lastAnswer,
+          endedBy: `${loop}, asked at ${sentAt >= lastAnswer ? "+" : ""}${fmt(sentAt - lastAnswer, 0)}`,
+        });
       longest = Math.max(longest, now - lastAnswer);
       lastAnswer = now;
     };
@@ -369,7 +377,7 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       }
       if (verbose) {
         console.error(`  restart ${round + 1}: 202 after ${fmt(performance.now() - since, 0)} ms`);
-        restartMarks.push({ at: performance.timeOrigin + since, what: `restart ${round + 1} asked` });
+        restartMarks.push({ at: Date.now() - (performance.now() - since), what: `restart ${round + 1} asked` });
       }
       if (response.status !== 202) throw new Error(`restart: ${response.status} ${await response.text()}`);
       // Done when the engine's own pid answers again from a new image (a fresh uptime).
