@@ -874,6 +874,7 @@ async function hostedPage(account: Json): Promise<void> {
         : null,
     );
     if (!allocation || allocation.status === "deleted") {
+      confirmingDelete = false; // a machine made later does not open asking
       body.replaceChildren(
         h(
           "section",
