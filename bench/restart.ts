@@ -117,25 +117,53 @@ interface PhaseLines {
   release: Record<string, number>[];
 }
 
-/** readPhases collects the hand-over steps' times from an engine's log (docs/decisions.md 440). */
-function readPhases(dataDir: string): PhaseLines {
-  const lines: PhaseLines = { standin: [], reexec: [], release: [] };
+/** HandoverRecord is a hand-over's line of an engine's log: its time, its message and the fields the bench reads. */
+interface HandoverRecord {
+  time: string;
+  msg: string;
+  pid: number;
+  standin?: boolean;
+  phases_ms?: Record<string, number>;
+  window_ms?: number;
+}
+
+/** SAID are the hand-over's other log lines printTimeline places, by message, with their short names. */
+const SAID: Record<string, string> = {
+  "handing over to the new process": "hands over",
+  "the new process serves; re-executing in place to take the work back from it": "re-executes",
+};
+
+/**
+ * handoverRecords reads the hand-over's lines from an engine's log: those with the steps' times
+ * (decision 440) and those of SAID; none when there is no log.
+ */
+function handoverRecords(dataDir: string): HandoverRecord[] {
   let text = "";
   try {
     text = readFileSync(join(dataDir, "engine.log"), "utf8");
   } catch {
-    return lines;
+    return [];
   }
+  const records: HandoverRecord[] = [];
   for (const line of text.split("\n")) {
-    if (!line.includes("phases_ms")) continue;
+    if (!line.includes("phases_ms") && !Object.keys(SAID).some((msg) => line.includes(msg))) continue;
     try {
-      const record = JSON.parse(line) as { msg: string; standin?: boolean; phases_ms: Record<string, number>; window_ms?: number };
-      if (record.msg === "took the work over") {
-        (record.standin ? lines.standin : lines.reexec).push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
-      } else lines.release.push(record.phases_ms);
+      records.push(JSON.parse(line) as HandoverRecord);
     } catch {
       // a line cut short
     }
+  }
+  return records;
+}
+
+/** readPhases collects the hand-over steps' times from an engine's log (docs/decisions.md 440). */
+function readPhases(dataDir: string): PhaseLines {
+  const lines: PhaseLines = { standin: [], reexec: [], release: [] };
+  for (const record of handoverRecords(dataDir)) {
+    if (!record.phases_ms) continue;
+    if (record.msg === "took the work over") {
+      (record.standin ? lines.standin : lines.reexec).push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
+    } else lines.release.push(record.phases_ms);
   }
   return lines;
 }
@@ -153,31 +181,15 @@ function printTimeline(
   overMs: number,
   marks: { at: number; what: string }[],
 ): void {
-  let text = "";
-  try {
-    text = readFileSync(join(dataDir, "engine.log"), "utf8");
-  } catch {
-    return;
-  }
   const events = [...marks];
-  const said: Record<string, string> = {
-    "handing over to the new process": "hands over",
-    "the new process serves; re-executing in place to take the work back from it": "re-executes",
-  };
-  for (const line of text.split("\n")) {
-    if (!line.includes("phases_ms") && !Object.keys(said).some((msg) => line.includes(msg))) continue;
-    try {
-      const record = JSON.parse(line) as { time: string; msg: string; pid: number; standin?: boolean; window_ms?: number };
-      const at = Date.parse(record.time);
-      if (said[record.msg]) events.push({ at, what: `${record.pid} ${said[record.msg]}` });
-      else if (record.msg === "took the work over") {
-        const who = record.standin ? "stand-in" : "re-executed";
-        events.push({ at: at - (record.window_ms ?? 0), what: `${who} ${record.pid} binds` });
-        events.push({ at, what: `${who} ${record.pid} first answer` });
-      } else events.push({ at, what: `${record.pid} released` });
-    } catch {
-      // a line cut short
-    }
+  for (const record of handoverRecords(dataDir)) {
+    const at = Date.parse(record.time);
+    if (SAID[record.msg]) events.push({ at, what: `${record.pid} ${SAID[record.msg]}` });
+    else if (record.msg === "took the work over") {
+      const who = record.standin ? "stand-in" : "re-executed";
+      events.push({ at: at - (record.window_ms ?? 0), what: `${who} ${record.pid} binds` });
+      events.push({ at, what: `${who} ${record.pid} first answer` });
+    } else events.push({ at, what: `${record.pid} released` });
   }
   for (const silence of silences.filter((one) => one.ms > overMs)) {
     const near = events
