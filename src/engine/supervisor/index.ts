@@ -279,7 +279,7 @@ export class Supervisor {
       runId: spec.runId,
       runDir: spec.runDir,
       shimPid,
-      shimStart: readProcessStat(shimPid)?.startTime ?? -1,
+      shimStart: this.launcher.startTimeOf(shimPid) ?? readProcessStat(shimPid)?.startTime ?? -1,
       pid,
       pidStart: readProcessStat(pid)?.startTime ?? -1,
       cgroupDir,

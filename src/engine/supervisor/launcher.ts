@@ -1,5 +1,6 @@
 import type { Subprocess } from "bun";
 import type { Logger } from "../../lib/logger";
+import { readProcessStat } from "./procfs";
 
 /**
  * ShimLauncher starts runs through one long-lived `engine-shim --launcher` process (shim.c),
@@ -34,6 +35,18 @@ export class ShimLauncher {
   /** pid is the launcher's while it runs (a restart in place reaps it: it is a child Bun knows of only until the execve). */
   get pid(): number | null {
     return this.current?.proc.pid ?? null;
+  }
+
+  /**
+   * startTimeOf is the start time (/proc/PID/stat field 22) of the launcher that serves, when
+   * `pid` is its pid: read once per launcher, not once per run it holds. Undefined for any
+   * other pid, or where it cannot be read (the caller reads /proc itself).
+   */
+  startTimeOf(pid: number): number | undefined {
+    const launcher = this.current;
+    if (!launcher || launcher.proc.pid !== pid) return undefined;
+    launcher.startTime ??= readProcessStat(pid)?.startTime;
+    return launcher.startTime;
   }
 
   /**
@@ -160,4 +173,6 @@ export class ShimLauncher {
 interface Launcher {
   proc: Subprocess<"pipe", "pipe", "ignore">;
   pending: Map<string, (report: string | null) => void>;
+  /** startTime is the launcher's start time, once read (startTimeOf). */
+  startTime?: number;
 }

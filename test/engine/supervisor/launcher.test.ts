@@ -190,8 +190,12 @@ describe("ShimLauncher", () => {
     const workload = Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]);
     started.push(workload);
     const before = launcher.pid as number;
+    // The serving launcher's start time is read once for all its runs; no other pid has one here.
+    expect(launcher.startTimeOf(before)).toBe(readProcessStat(before)?.startTime as number);
+    expect(launcher.startTimeOf(workload)).toBeUndefined();
     process.kill(before, "SIGKILL");
     await eventually(() => launcher.pid === null);
+    expect(launcher.startTimeOf(before)).toBeUndefined();
     expect(readProcessStat(workload)).not.toBeNull(); // the killed launcher's workload runs on
     const second = shimArgv(testShim(), "again-2", ["/bin/sh", "-c", 'read line; echo "got $line"; exit 3']);
     const secondReport = await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir);
@@ -200,6 +204,8 @@ describe("ShimLauncher", () => {
     started.push(secondPid);
     const after = launcher.pid as number;
     expect(after).not.toBe(before);
+    // The new launcher's own, not the killed one's.
+    expect(launcher.startTimeOf(after)).toBe(readProcessStat(after)?.startTime as number);
     const third = shimArgv(testShim(), "again-3", ["sleep", "30"]);
     const thirdPid = Number((await launcher.launch(third.argv, { PATH: "/usr/bin:/bin" }, dir))?.split(" ")[2]);
     started.push(thirdPid);
