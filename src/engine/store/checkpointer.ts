@@ -17,8 +17,12 @@ const AUTOCHECKPOINT_PAGES = 1000;
 type CheckpointMessage =
   | { path: string; everyMs: number; idleMs: number; checkpointFrames: number; restartFrames: number }
   | { stop: true };
-/** CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), or ended (it could not open the database). */
-type CheckpointReport = { ready: true } | { failed: string } | { ended: string };
+/**
+ * CheckpointReport is what the worker answers: ready, a failed checkpoint (it tries again), ended
+ * (it could not open the database), or closed (after `stop`: its connection is closed, and what
+ * is left of its end is its thread's own).
+ */
+type CheckpointReport = { ready: true } | { failed: string } | { ended: string } | { closed: true };
 
 /**
  * checkpointWorker is the worker's whole program. It runs from its own source text (toString),
@@ -47,6 +51,7 @@ function checkpointWorker(scope: {
       if (timer) clearInterval(timer);
       db?.close();
       db = null;
+      scope.postMessage({ closed: true });
       scope.close();
       return;
     }
@@ -145,7 +150,8 @@ export function startCheckpointer(
     if ("ready" in report) {
       URL.revokeObjectURL(url);
       if (running) db.exec("PRAGMA wal_autocheckpoint = 0");
-    } else if ("failed" in report) onFailed(report.failed, false);
+    } else if ("closed" in report) exited();
+    else if ("failed" in report) onFailed(report.failed, false);
     else if ("ended" in report) {
       fallBack(report.ended);
       worker.terminate();
@@ -155,6 +161,7 @@ export function startCheckpointer(
     fallBack(String(event.message).split("\n").at(-1) ?? "");
     worker.terminate();
   };
+  // closed settles once the worker's connection is closed: its `closed` report, or its thread's end.
   let exited!: () => void;
   const closed = new Promise<void>((resolve) => {
     exited = resolve;
@@ -176,9 +183,11 @@ export function startCheckpointer(
       if (!running) return;
       running = false;
       // The connection checkpoints in its commits again from this moment; the worker closes its
-      // connection and ends on its own thread, which is waited for (bounded): when it closed after
-      // the store did, it was the last connection and removed the WAL while the data dir was
-      // being removed, and a removal that met it left part of the dir behind.
+      // connection and says so, which is waited for (bounded): when it closed after the store
+      // did, it was the last connection and removed the WAL while the data dir was being
+      // removed, and a removal that met it left part of the dir behind. The end of its thread
+      // (its runtime's teardown, touching no file) is not waited for: it took a drain restart's
+      // release 5-25 ms (decision 512).
       worker.postMessage({ stop: true } satisfies CheckpointMessage);
       URL.revokeObjectURL(url);
       db.exec(`PRAGMA wal_autocheckpoint = ${AUTOCHECKPOINT_PAGES}`);

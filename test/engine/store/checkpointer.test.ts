@@ -1,6 +1,6 @@
 import type { Database } from "bun:sqlite";
 import { afterEach, describe, expect, test } from "bun:test";
-import { readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { openStore } from "../../../src/engine/store";
 import { type Checkpointer, startCheckpointer } from "../../../src/engine/store/checkpointer";
@@ -108,6 +108,34 @@ describe("the checkpoint worker", () => {
     writePages(db, 1500);
     expect(statSync(path).size).toBeGreaterThanOrEqual(before + 1000 * (PAGE - 200));
     checkpointer.stop();
+  });
+
+  test("stop resolves once the worker's connection is closed, not before", async () => {
+    const { db, path } = store();
+    /**
+     * descriptors counts this process's open descriptors of the WAL: one a connection. (SQLite
+     * keeps a closed connection's descriptor of the database file itself open while another
+     * connection of the process holds locks there, since closing it would drop those.)
+     */
+    const descriptors = () =>
+      readdirSync("/proc/self/fd").filter((fd) => {
+        try {
+          return readlinkSync(`/proc/self/fd/${fd}`) === `${path}-wal`;
+        } catch {
+          return false; // closed meanwhile
+        }
+      }).length;
+    writePages(db, 5);
+    const own = descriptors();
+    const checkpointer = startCheckpointer(db, path, () => {}, { everyMs: 20, idleMs: 20, checkpointFrames: 1 });
+    open.push({ db, checkpointer: null });
+    await eventually(() => autocheckpoint(db) === 0, { timeoutMs: 10_000 });
+    writePages(db, 50);
+    await eventually(() => descriptors() > own, { timeoutMs: 10_000 }); // the worker's connection has the files open
+    await checkpointer.stop();
+    // The worker's connection is closed: the store's close after it is the last.
+    expect(own).toBe(1);
+    expect(descriptors()).toBe(own);
   });
 
   test("a worker that cannot open the database hands the checkpoints back to the connection and says so", async () => {
