@@ -110,11 +110,15 @@ interface RunResult {
   phases: PhaseLines;
 }
 
-/** PhaseLines are the `phases_ms` of each hand-over's log lines: the stand-in's take-over, the re-executed pid's, the releases. */
+/**
+ * PhaseLines are the `phases_ms` of each hand-over's log lines: the stand-in's take-over, the
+ * re-executed pid's, the releases; and each release's `modules_ms` (its modules' stops).
+ */
 interface PhaseLines {
   standin: Record<string, number>[];
   reexec: Record<string, number>[];
   release: Record<string, number>[];
+  stops: Record<string, number>[];
 }
 
 /** HandoverRecord is a hand-over's line of an engine's log: its time, its message and the fields the bench reads. */
@@ -124,6 +128,7 @@ interface HandoverRecord {
   pid: number;
   standin?: boolean;
   phases_ms?: Record<string, number>;
+  modules_ms?: Record<string, number>;
   window_ms?: number;
 }
 
@@ -158,12 +163,15 @@ function handoverRecords(dataDir: string): HandoverRecord[] {
 
 /** readPhases collects the hand-over steps' times from an engine's log (docs/decisions.md 440). */
 function readPhases(dataDir: string): PhaseLines {
-  const lines: PhaseLines = { standin: [], reexec: [], release: [] };
+  const lines: PhaseLines = { standin: [], reexec: [], release: [], stops: [] };
   for (const record of handoverRecords(dataDir)) {
     if (!record.phases_ms) continue;
     if (record.msg === "took the work over") {
       (record.standin ? lines.standin : lines.reexec).push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
-    } else lines.release.push(record.phases_ms);
+    } else {
+      lines.release.push(record.phases_ms);
+      if (record.modules_ms) lines.stops.push(record.modules_ms);
+    }
   }
   return lines;
 }
@@ -499,15 +507,19 @@ function summarizePhases(label: string, results: RunResult[]): string[][] {
     ["stand-in takes over", "standin"],
     ["re-executed pid takes over", "reexec"],
     ["predecessor releases", "release"],
+    ["of which its modules' stops", "stops"],
   ];
   return sides.flatMap(([side, key]) => {
     const records = results.flatMap((result) => result.phases[key]);
     if (records.length === 0) return [];
     const names = [...new Set(records.flatMap((record) => Object.keys(record)))];
-    const cells = names.map((name) => {
+    let steps = names.map((name) => {
       const values = records.map((record) => record[name]).filter((value): value is number => Number.isFinite(value));
-      return `${name} ${fmt(median(values), 1)} (${fmt(Math.max(...values), 0)})`;
+      return { name, median: median(values), max: Math.max(...values) };
     });
+    // The modules' stops: the slowest first, those that never took a millisecond left out.
+    if (key === "stops") steps = steps.filter((step) => step.max >= 1).sort((a, b) => b.median - a.median);
+    const cells = steps.map((step) => `${step.name} ${fmt(step.median, 1)} (${fmt(step.max, 0)})`);
     return [[label, side, String(records.length), cells.join(", ")]];
   });
 }

@@ -283,8 +283,11 @@ export interface HandingOver {
   port: number;
   /** retire stops accepting once the successor took the ports, and lets requests in flight finish until the deadline. */
   retire(deadline: number): Promise<void>;
-  /** release stops every module, leaving workloads and proxy processes running for the successor. */
-  release(): Promise<void>;
+  /**
+   * release stops every module, leaving workloads and proxy processes running for the
+   * successor; it answers how long each module's stop took (ms), for the log.
+   */
+  release(): Promise<Record<string, number>>;
 }
 
 /** SWITCH_TIMEOUT_MS bounds how long a successor may take to bind, once told to. */
@@ -326,10 +329,10 @@ export async function handOver(
   const phases = new Phases();
   await side.retire(options.deadline);
   phases.mark("retire");
-  await side.release();
+  const modules = await side.release();
   phases.mark("release");
   channel.send({ type: "released" });
-  side.log.info({ successor_pid: hello.pid, phases_ms: phases.ms }, "released the work to the new process");
+  side.log.info({ successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules }, "released the work to the new process");
   try {
     const active = await channel.next("active", ACTIVE_TIMEOUT_MS);
     return { hello, active };

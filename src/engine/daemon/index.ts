@@ -482,7 +482,7 @@ async function startIn(
       const launcher = bus.find("supervisor")?.launcherPid;
       leftChildren = [...new Set([...leftChildren, ...(launcher ? [launcher] : []), ...pidsAwaitingReap()])];
       handingOver = true;
-      await running.stop();
+      return running.stop();
     },
   });
 

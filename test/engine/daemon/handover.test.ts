@@ -322,7 +322,16 @@ describe("drain restart with no gap", () => {
         .output()
         .split("\n")
         .filter((line) => line.includes('"phases_ms"'))
-        .map((line) => JSON.parse(line) as { msg: string; standin?: boolean; phases_ms: Record<string, number>; window_ms?: number });
+        .map(
+          (line) =>
+            JSON.parse(line) as {
+              msg: string;
+              standin?: boolean;
+              phases_ms: Record<string, number>;
+              modules_ms?: Record<string, number>;
+              window_ms?: number;
+            },
+        );
     // The re-executed pid answered the health check above: its take-over is logged once answered.
     await eventually(() => records().some((record) => record.msg === "took the work over" && record.standin === false), {
       timeoutMs: 15_000,
@@ -337,5 +346,11 @@ describe("drain restart with no gap", () => {
       ["retire", "release"],
       ["retire", "release"],
     ]);
+    // And how long each module's stop took in the release, the log's flush last (it started first).
+    for (const record of released) {
+      const modules = Object.keys(record.modules_ms ?? {});
+      expect(modules).toContain("services");
+      expect(modules.at(-1)).toBe("log");
+    }
   }, 90_000);
 });
