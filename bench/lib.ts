@@ -259,6 +259,39 @@ export function machineOf(): { hypervisor: string; pageFaultUs: number } {
   return { hypervisor, pageFaultUs: firstTouchUs() };
 }
 
+/**
+ * spawnBesideBusyCore times a loop of `true` spawns (Bun.spawn, each awaited, as the scheduler
+ * bench's anchor) alone, and again while a shell loop keeps another core busy, in ms a spawn
+ * (medians of 3 rounds each way). The anchor runs one process at a time and leaves the other
+ * core idle; the engine's jobs keep every core busy. Where the second figure is much higher,
+ * the machine charges a process's creation for what its other cores do, and a ratio against
+ * the anchor says more about the VM than about the scheduler (decision 512).
+ */
+export async function spawnBesideBusyCore(spawns = 150): Promise<{ aloneMs: number; besideBusyMs: number }> {
+  const loop = async () => {
+    const start = performance.now();
+    for (let i = 0; i < spawns; i++) {
+      await Bun.spawn(["true"], { stdin: "ignore", stdout: "ignore", stderr: "ignore" }).exited;
+    }
+    return (performance.now() - start) / spawns;
+  };
+  const rounds = async () => {
+    const figures: number[] = [];
+    for (let round = 0; round < 3; round++) figures.push(await loop());
+    return median(figures);
+  };
+  const aloneMs = await rounds();
+  // A shell's `:` is a builtin: the loop makes no system call and touches no new page.
+  const spinner = Bun.spawn(["sh", "-c", "while :; do :; done"], { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
+  try {
+    await Bun.sleep(100);
+    return { aloneMs, besideBusyMs: await rounds() };
+  } finally {
+    spinner.kill("SIGKILL");
+    await spinner.exited;
+  }
+}
+
 /** firstTouchUs is the median over 5 rounds of the time a first write to a fresh 4 KiB page takes, in µs (64 MiB a round). */
 function firstTouchUs(): number {
   const pages = 16_384;

@@ -35,7 +35,7 @@
  * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
  *          [--wrk-threads 2] [--upstream-processes 1] [--compiled]
  */
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
@@ -69,6 +69,8 @@ interface WrkResult {
   cpuUsPerRequest: number;
   /** load is the 1-minute load average when the run began. */
   load: number;
+  /** split is how many of wrk's connections each of the proxy's processes held a second in, most first. */
+  split: number[];
 }
 
 interface Target {
@@ -144,7 +146,7 @@ function toMs(value: string, unit: string): number {
 }
 
 /** runWrk drives `url` with wrk for `seconds`, Host: HOST, and charges the proxy's CPU to its requests. */
-async function runWrk(url: string, pids: number[], seconds = DURATION_S): Promise<WrkResult> {
+async function runWrk(url: string, pids: number[], seconds = DURATION_S, acceptors = pids): Promise<WrkResult> {
   const load = loadavg()[0] ?? Number.NaN;
   const before = cpuTicks(pids);
   const proc = Bun.spawn(
@@ -152,7 +154,15 @@ async function runWrk(url: string, pids: number[], seconds = DURATION_S): Promis
     { stdout: "pipe", stderr: "pipe" },
   );
   const killer = setTimeout(() => proc.kill("SIGKILL"), (seconds + 15) * 1000);
+  let split: number[] = [];
+  const splitTimer = setTimeout(
+    () => {
+      split = connectionsByProcess(Number(new URL(url).port), acceptors);
+    },
+    Math.min(1000, (seconds * 1000) / 2),
+  );
   const [out, err] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  clearTimeout(splitTimer);
   clearTimeout(killer);
   const after = cpuTicks(pids);
   const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out)?.[1] ?? Number.NaN);
@@ -169,7 +179,53 @@ async function runWrk(url: string, pids: number[], seconds = DURATION_S): Promis
     errors,
     cpuUsPerRequest: pids.length > 0 && requests > 0 ? (((after - before) / clockTicks) * 1e6) / requests : Number.NaN,
     load,
+    split,
   };
+}
+
+/** servingPids are a target's processes that accept and serve connections: nginx's workers, not its master. */
+function servingPids(target: Target): number[] {
+  return target.name === "nginx" ? target.pids().slice(1) : target.pids();
+}
+
+/**
+ * connectionsByProcess counts the established TCP connections on local `port` that each of
+ * `pids` holds (its socket inodes in /proc/PID/fd matched with /proc/net/tcp and tcp6), most
+ * first: how the kernel spread a client's connections over the processes that accept them.
+ */
+function connectionsByProcess(port: number, pids: number[]): number[] {
+  const established = new Set<string>();
+  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    let text = "";
+    try {
+      text = readFileSync(table, "utf8");
+    } catch {
+      continue;
+    }
+    for (const line of text.split("\n").slice(1)) {
+      const fields = line.trim().split(/\s+/);
+      const local = fields[1] ?? "";
+      if (fields[3] !== "01" || Number.parseInt(local.slice(local.lastIndexOf(":") + 1), 16) !== port) continue;
+      established.add(fields[9] ?? "");
+    }
+  }
+  const counts = pids.map((pid) => {
+    let count = 0;
+    try {
+      for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+        try {
+          const target = readlinkSync(`/proc/${pid}/fd/${fd}`);
+          if (target.startsWith("socket:[") && established.has(target.slice(8, -1))) count++;
+        } catch {
+          // closed meanwhile
+        }
+      }
+    } catch {
+      // the process is gone
+    }
+    return count;
+  });
+  return counts.sort((a, b) => b - a);
 }
 
 /** answers fetches `url` with Host: HOST (TLS unverified: wrk does not verify either) and checks the body. */
@@ -505,10 +561,11 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
         if (!url) continue;
         try {
           if (WARMUP_S > 0) await runWrk(url, [], WARMUP_S);
-          const result = await runWrk(url, target.pids());
+          const result = await runWrk(url, target.pids(), DURATION_S, servingPids(target));
           const key = `${target.name} ${scheme}`;
           results.set(key, [...(results.get(key) ?? []), result]);
-          line.push(`${key} ${fmt(result.rps / 1000, 1)}k p99 ${fmt(result.p99Ms, 1)} ms (load ${fmt(result.load, 1)})`);
+          const split = result.split.length > 1 ? `, connections ${result.split.join("/")}` : "";
+          line.push(`${key} ${fmt(result.rps / 1000, 1)}k p99 ${fmt(result.p99Ms, 1)} ms (load ${fmt(result.load, 1)}${split})`);
         } catch (error) {
           notes.push(`${target.name} ${scheme}: ${(error as Error).message}`);
         }
@@ -516,11 +573,10 @@ ${certificate ? `https://:${https} {\n  bind 127.0.0.1\n  tls ${certificate.cert
     }
     console.log(`run ${run + 1}: ${line.join(" | ")}`);
   }
-  // Memory after the runs, each proxy's serving processes (nginx's workers, not its master).
+  // Memory after the runs, each proxy's serving processes.
   const memoryLines = targets.flatMap((target) => {
     if (target === direct) return [];
-    const pids = target.name === "nginx" ? target.pids().slice(1) : target.pids();
-    const memory = memoryOf(pids);
+    const memory = memoryOf(servingPids(target));
     if (memory.length === 0) return [];
     const each = (field: "rss" | "anon") => memory.map((m) => fmt(m[field], 1)).join(" / ");
     return [

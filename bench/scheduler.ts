@@ -36,7 +36,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir, testShim } from "../test/helpers";
-import { fileSystemOf, fmt, machineOf, numericArg, printRows, systemCounts } from "./lib";
+import { fileSystemOf, fmt, machineOf, numericArg, printRows, spawnBesideBusyCore, systemCounts } from "./lib";
 
 const RUNS = numericArg("--runs", 5);
 const SERVICES = numericArg("--services", 50);
@@ -729,6 +729,10 @@ const dataFs = fileSystemOf(realpathSync(tmpdir()));
 const machine = machineOf();
 console.log(
   `machine: hypervisor ${machine.hypervisor}; a fresh page's first write ${fmt(machine.pageFaultUs, 1)} µs (process creation is page-table work: decision 504)`,
+);
+const neighbour = await spawnBesideBusyCore();
+console.log(
+  `   a spawn of true, awaited (the jobs' anchor): ${fmt(neighbour.aloneMs, 2)} ms alone, ${fmt(neighbour.besideBusyMs, 2)} ms beside a busy core (${fmt(neighbour.besideBusyMs / neighbour.aloneMs, 2)}×; the jobs keep every core busy: decision 512)`,
 );
 console.log(`data dirs under ${tmpdir()}: ${dataFs.description}`);
 if (dataFs.scansRecentDeletions) {
