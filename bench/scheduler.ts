@@ -46,6 +46,12 @@ const KILLS = numericArg("--kills", 30);
 const SINGLES = numericArg("--singles", 20);
 const CONCURRENCY = numericArg("--submit-concurrency", 16);
 const JOB_USER = stringArg("--job-user");
+/**
+ * EXISTING_USER is, under root (where each service gets a user of its own, its account made at
+ * its first launch: decision 512), an existing user the one-at-a-time deploys are also run as,
+ * to show what making the account costs; null when not root or no `nobody` is there.
+ */
+const EXISTING_USER = process.geteuid?.() === 0 && Bun.spawnSync(["id", "-u", "nobody"]).success ? "nobody" : null;
 const VERBOSE = process.argv.includes("--verbose");
 /** --cpu-prof DIR starts the engine under Bun's CPU profiler, which writes a profile (and its markdown) into DIR on exit. */
 const CPU_PROF = stringArg("--cpu-prof");
@@ -172,6 +178,8 @@ function killShimRun(run: { shim: number; child: number }): void {
 interface Figures {
   load: number[];
   singleP50: number;
+  /** singleExistingUserP50 is submit → running with an existing user, where the engine makes each service a user of its own (root); NaN elsewhere. */
+  singleExistingUserP50: number;
   singleSpawnP50: number;
   servicesP50: number;
   spawnP50: number;
@@ -357,24 +365,30 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     // What a user meets: one deploy on an idle engine, polled until running, then deleted.
     const singleMs: number[] = [];
     const singleSpawnMs: number[] = [];
-    for (let i = 0; i < SINGLES; i++) {
-      const t = performance.now();
-      const proc = Bun.spawn(["sleep", "600"], { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
-      singleSpawnMs.push(performance.now() - t);
-      proc.kill("SIGKILL");
-      await proc.exited;
-      const name = `one-${String(i).padStart(4, "0")}`;
+    /** singleExistingUserMs is the same with an existing user (EXISTING_USER): under root, no account is made for it. */
+    const singleExistingUserMs: number[] = [];
+    const single = async (name: string, extra: Record<string, unknown>) => {
       const postedAt = performance.now();
-      await deploy({ name, kind: "service", command: "exec sleep 600" });
+      await deploy({ name, kind: "service", command: "exec sleep 600", ...extra });
       for (;;) {
         const { status, body } = await api<Svc>("GET", `/api/services/${name}`);
         if (status === 200 && body.status === "running") break;
         if (status !== 200 || body.status === "failed") throw new Error(`${name}: ${status} ${JSON.stringify(body)}`);
         if (performance.now() - postedAt > RUNNING_DEADLINE_MS) throw new Error(`${name} was not running after ${RUNNING_DEADLINE_MS} ms`);
       }
-      singleMs.push(performance.now() - postedAt);
+      const ms = performance.now() - postedAt;
       await remove(name);
       await Bun.sleep(20);
+      return ms;
+    };
+    for (let i = 0; i < SINGLES; i++) {
+      const t = performance.now();
+      const proc = Bun.spawn(["sleep", "600"], { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
+      singleSpawnMs.push(performance.now() - t);
+      proc.kill("SIGKILL");
+      await proc.exited;
+      singleMs.push(await single(`one-${String(i).padStart(4, "0")}`, {}));
+      if (EXISTING_USER) singleExistingUserMs.push(await single(`one-u-${String(i).padStart(4, "0")}`, { user: EXISTING_USER }));
     }
     // The daemon with every path of a deploy, a launch and a delete already compiled, and no
     // service held: the baseline of B (from the cold idleKb, B would charge the JIT's and the
@@ -679,6 +693,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     return {
       load,
       singleP50: median(singleMs),
+      singleExistingUserP50: median(singleExistingUserMs),
       singleSpawnP50: median(singleSpawnMs),
       servicesP50: percentile(latencies, 50),
       spawnP50: median(spawnMs),
@@ -903,6 +918,9 @@ printRows(
       ),
       "≤ 10 ms",
     ],
+    ...(EXISTING_USER
+      ? [[`   (the same as ${EXISTING_USER}: the service's own user not made)`, spread(of((f) => f.singleExistingUserP50)), "", "", ""]]
+      : []),
     [
       `submit → running p50 ms, ${SERVICES} at once (${CONCURRENCY} POSTs in flight)`,
       spread(of((f) => f.servicesP50)),
