@@ -9,6 +9,7 @@ import {
   rmSync,
   statSync,
   symlinkSync,
+  watch,
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
@@ -58,6 +59,26 @@ describe("AccountFiles", () => {
       }
     },
   );
+
+  test.skipIf(libc() === null)("the groups' files are renamed into place before the users' files, each once", async () => {
+    const renamed: string[] = [];
+    const names = new Set(Object.keys(BASE));
+    // A rename over a file is a `rename` event naming it (inotify's IN_MOVED_TO), in the order they happen.
+    const watcher = watch(etc, (event, name) => {
+      if (event === "rename" && name && names.has(name) && existsSync(join(etc, name))) renamed.push(name);
+    });
+    try {
+      expect(await new AccountFiles(etc).add([account("eng-order", 61200)])).toEqual(["added"]);
+      await eventually(() => renamed.length >= 4);
+      await Bun.sleep(50); // no late event left
+    } finally {
+      watcher.close();
+    }
+    expect([...renamed].sort()).toEqual(["group", "gshadow", "passwd", "shadow"]);
+    const at = (name: string) => renamed.indexOf(name);
+    // A user's gid never names a group that is not there yet, nor a shadow entry a user that is not.
+    expect(Math.max(at("group"), at("gshadow"))).toBeLessThan(Math.min(at("passwd"), at("shadow")));
+  });
 
   test.skipIf(libc() === null)(
     "a user of an existing group gets no group; a taken name or id is refused and nothing is written for it",
