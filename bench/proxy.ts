@@ -35,9 +35,10 @@
  * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
  *          [--wrk-threads 2] [--upstream-processes 1] [--compiled]
  */
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
+import { readTcpSockets, socketInodes } from "../src/engine/services/diagnose/ports";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
 import { fmt, freePort, median, numericArg, printRows } from "./lib";
 
@@ -190,42 +191,12 @@ function servingPids(target: Target): number[] {
 
 /**
  * connectionsByProcess counts the established TCP connections on local `port` that each of
- * `pids` holds (its socket inodes in /proc/PID/fd matched with /proc/net/tcp and tcp6), most
- * first: how the kernel spread a client's connections over the processes that accept them.
+ * `pids` holds, most first: how the kernel spread a client's connections over the processes
+ * that accept them (the /proc readers of diagnosis's port holder).
  */
 function connectionsByProcess(port: number, pids: number[]): number[] {
-  const established = new Set<string>();
-  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
-    let text = "";
-    try {
-      text = readFileSync(table, "utf8");
-    } catch {
-      continue;
-    }
-    for (const line of text.split("\n").slice(1)) {
-      const fields = line.trim().split(/\s+/);
-      const local = fields[1] ?? "";
-      if (fields[3] !== "01" || Number.parseInt(local.slice(local.lastIndexOf(":") + 1), 16) !== port) continue;
-      established.add(fields[9] ?? "");
-    }
-  }
-  const counts = pids.map((pid) => {
-    let count = 0;
-    try {
-      for (const fd of readdirSync(`/proc/${pid}/fd`)) {
-        try {
-          const target = readlinkSync(`/proc/${pid}/fd/${fd}`);
-          if (target.startsWith("socket:[") && established.has(target.slice(8, -1))) count++;
-        } catch {
-          // closed meanwhile
-        }
-      }
-    } catch {
-      // the process is gone
-    }
-    return count;
-  });
-  return counts.sort((a, b) => b - a);
+  const established = new Set((readTcpSockets("/proc", "01").get(port) ?? []).map((socket) => socket.inode));
+  return pids.map((pid) => socketInodes(pid).filter((inode) => established.has(inode)).length).sort((a, b) => b - a);
 }
 
 /** answers fetches `url` with Host: HOST (TLS unverified: wrk does not verify either) and checks the body. */

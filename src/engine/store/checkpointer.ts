@@ -150,7 +150,7 @@ export function startCheckpointer(
     if ("ready" in report) {
       URL.revokeObjectURL(url);
       if (running) db.exec("PRAGMA wal_autocheckpoint = 0");
-    } else if ("closed" in report) exited();
+    } else if ("closed" in report) markClosed();
     else if ("failed" in report) onFailed(report.failed, false);
     else if ("ended" in report) {
       fallBack(report.ended);
@@ -162,12 +162,12 @@ export function startCheckpointer(
     worker.terminate();
   };
   // closed settles once the worker's connection is closed: its `closed` report, or its thread's end.
-  let exited!: () => void;
+  let markClosed!: () => void;
   const closed = new Promise<void>((resolve) => {
-    exited = resolve;
+    markClosed = resolve;
   });
   worker.addEventListener("close", () => {
-    exited();
+    markClosed();
     fallBack("it exited");
   });
   worker.postMessage({

@@ -8,20 +8,22 @@ import { type LogCause, type PortHolder, portsInArgs } from "./causes";
  * for others names only the socket's owner. Nothing here throws: an unreadable /proc is no holder.
  */
 
-const LISTEN = "0A";
+/** TcpState is a socket's `st` in /proc/net/tcp: 0A is LISTEN, 01 ESTABLISHED. */
+export type TcpState = "0A" | "01";
+const LISTEN: TcpState = "0A";
 
 interface Listener {
   inode: string;
   uid: number;
 }
 
-/** parseProcNetTcp returns the listening sockets of a /proc/net/tcp{,6} text, by local port. */
-export function parseProcNetTcp(text: string): Map<number, Listener[]> {
+/** parseProcNetTcp returns the sockets in `state` (listening ones by default) of a /proc/net/tcp{,6} text, by local port. */
+export function parseProcNetTcp(text: string, state: TcpState = LISTEN): Map<number, Listener[]> {
   const byPort = new Map<number, Listener[]>();
   for (const row of text.split("\n").slice(1)) {
     const fields = row.trim().split(/\s+/);
     // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-    if (fields.length < 10 || fields[3] !== LISTEN) continue;
+    if (fields.length < 10 || fields[3] !== state) continue;
     const port = Number.parseInt(fields[1]?.split(":")[1] ?? "", 16);
     if (!Number.isInteger(port)) continue;
     const list = byPort.get(port) ?? [];
@@ -31,7 +33,8 @@ export function parseProcNetTcp(text: string): Map<number, Listener[]> {
   return byPort;
 }
 
-function readListeners(procRoot: string): Map<number, Listener[]> {
+/** readTcpSockets reads the sockets in `state` (listening ones by default) of /proc/net/tcp and tcp6, by local port. */
+export function readTcpSockets(procRoot = "/proc", state: TcpState = LISTEN): Map<number, Listener[]> {
   const all = new Map<number, Listener[]>();
   for (const file of ["net/tcp", "net/tcp6"]) {
     let text = "";
@@ -40,14 +43,14 @@ function readListeners(procRoot: string): Map<number, Listener[]> {
     } catch {
       continue;
     }
-    for (const [port, list] of parseProcNetTcp(text)) all.set(port, [...(all.get(port) ?? []), ...list]);
+    for (const [port, list] of parseProcNetTcp(text, state)) all.set(port, [...(all.get(port) ?? []), ...list]);
   }
   return all;
 }
 
 /** listeningPorts returns the TCP ports something listens on now. */
 export function listeningPorts(procRoot = "/proc"): Set<number> {
-  return new Set(readListeners(procRoot).keys());
+  return new Set(readTcpSockets(procRoot).keys());
 }
 
 /** freePortNear returns the first port above `port` nothing listens on, or null. */
@@ -86,6 +89,26 @@ function userName(uid: number): string {
   return `uid ${uid}`;
 }
 
+/** socketInodes are the inodes of the sockets a process holds descriptors on; none when it is gone or not ours to read. */
+export function socketInodes(pid: number, procRoot = "/proc"): string[] {
+  let fds: string[];
+  try {
+    fds = readdirSync(`${procRoot}/${pid}/fd`);
+  } catch {
+    return [];
+  }
+  const inodes: string[] = [];
+  for (const fd of fds) {
+    try {
+      const inode = /^socket:\[(\d+)\]$/.exec(readlinkSync(`${procRoot}/${pid}/fd/${fd}`))?.[1];
+      if (inode) inodes.push(inode);
+    } catch {
+      // closed meanwhile
+    }
+  }
+  return inodes;
+}
+
 /** pidHoldingSocket returns the process with a descriptor on one of the sockets, or null. */
 function pidHoldingSocket(inodes: Set<string>, procRoot: string): number | null {
   let pids: string[];
@@ -94,24 +117,7 @@ function pidHoldingSocket(inodes: Set<string>, procRoot: string): number | null 
   } catch {
     return null;
   }
-  for (const pid of pids) {
-    let fds: string[];
-    try {
-      fds = readdirSync(`${procRoot}/${pid}/fd`);
-    } catch {
-      continue; // gone, or not ours to read
-    }
-    for (const fd of fds) {
-      try {
-        const target = readlinkSync(`${procRoot}/${pid}/fd/${fd}`);
-        const inode = /^socket:\[(\d+)\]$/.exec(target)?.[1];
-        if (inode && inodes.has(inode)) return Number(pid);
-      } catch {
-        // closed meanwhile
-      }
-    }
-  }
-  return null;
+  return pids.map(Number).find((pid) => socketInodes(pid, procRoot).some((inode) => inodes.has(inode))) ?? null;
 }
 
 /**
@@ -125,7 +131,7 @@ export function findPortHolder(
   options: { procRoot?: string; enginePid?: number } = {},
 ): PortHolder | null {
   const procRoot = options.procRoot ?? "/proc";
-  const listeners = readListeners(procRoot).get(port);
+  const listeners = readTcpSockets(procRoot).get(port);
   if (!listeners || listeners.length === 0) return null;
   const pid = pidHoldingSocket(new Set(listeners.map((listener) => listener.inode)), procRoot);
   const user = userName(listeners[0]?.uid ?? -1);

@@ -18,6 +18,10 @@ describe("parseProcNetTcp", () => {
     expect([...listeners.keys()].sort((a, b) => a - b)).toEqual([22, 8000]);
     expect(listeners.get(8000)).toEqual([{ inode: "912345", uid: 1001 }]);
   });
+
+  test("lists the sockets of another state when asked: the established connection on 22", () => {
+    expect([...parseProcNetTcp(PROC_NET_TCP, "01")]).toEqual([[22, [{ inode: "20004", uid: 0 }]]]);
+  });
 });
 
 describe("findPortHolder on this host", () => {
