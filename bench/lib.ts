@@ -140,15 +140,20 @@ export class Poller {
     })();
   }
 
-  /** outage is the window from the first failure sent after `since` to the first success answered after it; 0 if none failed. */
+  /**
+   * outage is the window from the first failure answered after `since` (sent then, or in flight
+   * at that moment: a poll the kill cut off is the outage's first sign, and the only one when
+   * the new process answers the poll after it) to the first success answered after it, counted
+   * from `since` at the earliest; 0 if none failed.
+   */
   outage(since: number): { windowMs: number; failures: number } | null {
-    const after = this.samples.filter((sample) => sample.sent >= since);
+    const after = this.samples.filter((sample) => sample.answered >= since);
     const firstFailure = after.findIndex((sample) => !sample.ok);
     if (firstFailure < 0) return { windowMs: 0, failures: 0 };
     const recovery = after.findIndex((sample, index) => index > firstFailure && sample.ok);
     if (recovery < 0) return null;
     return {
-      windowMs: (after[recovery]?.answered ?? Number.NaN) - (after[firstFailure]?.sent ?? Number.NaN),
+      windowMs: (after[recovery]?.answered ?? Number.NaN) - Math.max(since, after[firstFailure]?.sent ?? Number.NaN),
       failures: recovery - firstFailure,
     };
   }
