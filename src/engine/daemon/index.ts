@@ -278,6 +278,12 @@ export async function startDaemon(config: EngineConfig, options: DaemonOptions =
 
 /** FIRST_ANSWER_WAIT_MS bounds how long a successor defers its slower start-up work for the requests held since its switch. */
 const FIRST_ANSWER_WAIT_MS = 250;
+/**
+ * SUCCESSOR_FIRST_SAMPLE_MS puts a successor's first metrics sample (a scan of /proc that holds
+ * the event loop 5-25 ms) a second past its start, out of the moments its clients reconnect and
+ * its proxy processes start (decision 513); the history misses one point at most.
+ */
+const SUCCESSOR_FIRST_SAMPLE_MS = 1000;
 /** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
 const HELLO_TIMEOUT_MS = 120_000;
 /** STANDIN_WAIT_MS is how long a stand-in waits for its re-executed parent to take over. */
@@ -729,11 +735,12 @@ async function startIn(
     warmPort: provisionFirst ? taking?.order.port : undefined,
   });
   const proxy = proxyModule({ proxied: taking?.role.standin !== true, handingOver: () => handingOver, command: options.proxyCommand });
-  const sampling = samplingModule();
+  const sampling = samplingModule(taking ? SUCCESSOR_FIRST_SAMPLE_MS : 0);
   // The order is the start's: a successor binds the API's listeners and the shims' notify
   // socket before anything that owns state starts, and holds the requests that arrive from its
   // switch on until the API serves (decision 360); the services adopt the workloads before
-  // sampling and the API start. A successor samples after its first answer (decision 441).
+  // sampling and the API start. A successor samples after its first answer (decision 441), and
+  // takes its first sample a second after its start (decision 513).
   await running.start(
     [
       { name: "log", start() {}, stop: flush } satisfies Module,

@@ -326,14 +326,18 @@ export function servicesModule(
   } satisfies ServicesModule;
 }
 
-/** samplingModule samples GPUs and services for the history and /metrics once the services are adopted, and stops before they are handed over. */
-export function samplingModule(): Module {
+/**
+ * samplingModule samples GPUs and services for the history and /metrics once the services are
+ * adopted, and stops before they are handed over. `firstSampleInMs` puts the first sample off:
+ * a restart's successor takes it once the API's pollers are served again (decision 513).
+ */
+export function samplingModule(firstSampleInMs = 0): Module {
   let metrics: EngineMetrics | null = null;
   return {
     name: "sampling",
     start({ bus }) {
       metrics = bus.get("metrics");
-      metrics.start(bus.get("manager"));
+      metrics.start(bus.get("manager"), firstSampleInMs);
     },
     stop() {
       metrics?.stop();

@@ -59,6 +59,8 @@ export class MetricsCollector {
   private readonly history: History;
   private readonly units: SystemUnits;
   private timer: ReturnType<typeof setInterval> | null = null;
+  /** first is the timer of a first sample put off (start's `firstInMs`). */
+  private first: ReturnType<typeof setTimeout> | null = null;
   private running: Promise<void> | null = null;
   private latestSample: Sample | null = null;
   /** previous holds each workload's CPU ticks and time at the last sample, for the CPU rate. */
@@ -73,17 +75,30 @@ export class MetricsCollector {
     this.units = systemUnits();
   }
 
-  /** start takes a first sample at once (without waiting for it) and then one every interval; an interval of 0 samples nothing. */
-  start(): void {
+  /**
+   * start takes a first sample `firstInMs` from now (at once by default, without waiting for it)
+   * and then one every interval; an interval of 0 samples nothing.
+   */
+  start(firstInMs = 0): void {
     if (this.o.intervalMs === 0) return;
-    void this.sample();
-    this.timer = setInterval(() => void this.sample(), this.o.intervalMs ?? HISTORY_INTERVAL_S * 1000);
-    this.timer.unref?.();
+    const every = this.o.intervalMs ?? HISTORY_INTERVAL_S * 1000;
+    const begin = () => {
+      this.first = null;
+      if (this.stopped) return;
+      void this.sample();
+      this.timer = setInterval(() => void this.sample(), every);
+      this.timer.unref?.();
+    };
+    if (firstInMs <= 0) return begin();
+    this.first = setTimeout(begin, firstInMs);
+    this.first.unref?.();
   }
 
   stop(): void {
     this.stopped = true;
+    if (this.first) clearTimeout(this.first);
     if (this.timer) clearInterval(this.timer);
+    this.first = null;
     this.timer = null;
   }
 

@@ -59,7 +59,8 @@ export class EngineMetrics {
 
   constructor(private readonly o: EngineMetricsOptions) {}
 
-  start(services: MetricsServices): void {
+  /** start samples from now on; the first sample comes `firstSampleInMs` from now (at once by default). */
+  start(services: MetricsServices, firstSampleInMs = 0): void {
     this.services = services;
     for (const service of services.list()) this.lastStatus.set(service.id, service.status);
     this.unsubscribe = services.subscribe((id, change) => this.noticeChange(id, change));
@@ -71,7 +72,7 @@ export class EngineMetrics {
       intervalMs: this.o.intervalMs,
       readGpus: this.o.readGpus,
     });
-    this.collector.start();
+    this.collector.start(firstSampleInMs);
   }
 
   stop(): void {

@@ -1,0 +1,64 @@
+import { afterEach, describe, expect, test } from "bun:test";
+import { MetricsCollector } from "../../../src/engine/metrics/collector";
+import { createLogger } from "../../../src/lib/logger";
+
+const log = createLogger({ level: "silent", stdout: false }).log;
+
+let collector: MetricsCollector | null = null;
+afterEach(() => collector?.stop());
+
+/** counting is a collector over no services whose GPU reads are counted: one read a sample. */
+function counting(): { collector: MetricsCollector; reads: () => number } {
+  let reads = 0;
+  const made = new MetricsCollector({
+    services: { list: () => [] },
+    gpusDeclared: false,
+    log,
+    intervalMs: 60_000,
+    readGpus: async () => {
+      reads++;
+      return { readings: [], apps: [], warnings: [] };
+    },
+  });
+  return { collector: made, reads: () => reads };
+}
+
+async function until(check: () => boolean, timeoutMs = 5000): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  while (!check()) {
+    if (performance.now() > deadline) throw new Error("timed out");
+    await Bun.sleep(5);
+  }
+}
+
+describe("MetricsCollector.start", () => {
+  test("takes its first sample at once by default", async () => {
+    const made = counting();
+    collector = made.collector;
+    collector.start();
+    expect(made.reads()).toBe(1);
+    await until(() => collector?.latest() !== null);
+  });
+
+  test("puts the first sample off by what it is given, then samples as usual", async () => {
+    const made = counting();
+    collector = made.collector;
+    const startedAt = performance.now();
+    collector.start(300);
+    await Bun.sleep(100);
+    expect(made.reads()).toBe(0);
+    expect(collector.latest()).toBeNull();
+    await until(() => collector?.latest() !== null);
+    expect(performance.now() - startedAt).toBeGreaterThanOrEqual(290);
+    expect(made.reads()).toBe(1);
+  });
+
+  test("a stop before the first sample leaves it untaken", async () => {
+    const made = counting();
+    collector = made.collector;
+    collector.start(50);
+    collector.stop();
+    await Bun.sleep(150);
+    expect(made.reads()).toBe(0);
+  });
+});
