@@ -281,7 +281,7 @@ const FIRST_ANSWER_WAIT_MS = 250;
 /**
  * SUCCESSOR_FIRST_SAMPLE_MS puts a successor's first metrics sample (a scan of /proc that holds
  * the event loop 5-25 ms) a second past its start, out of the moments its clients reconnect and
- * its proxy processes start (decision 513); the history misses one point at most.
+ * its proxy processes start (decision 514); the history misses one point at most.
  */
 const SUCCESSOR_FIRST_SAMPLE_MS = 1000;
 /** HELLO_TIMEOUT_MS bounds how long a new process may take to start and say hello (a loaded machine). */
@@ -740,7 +740,7 @@ async function startIn(
   // socket before anything that owns state starts, and holds the requests that arrive from its
   // switch on until the API serves (decision 360); the services adopt the workloads before
   // sampling and the API start. A successor samples after its first answer (decision 441), and
-  // takes its first sample a second after its start (decision 513).
+  // takes its first sample a second after its start (decision 514).
   await running.start(
     [
       { name: "log", start() {}, stop: flush } satisfies Module,

@@ -329,7 +329,7 @@ export function servicesModule(
 /**
  * samplingModule samples GPUs and services for the history and /metrics once the services are
  * adopted, and stops before they are handed over. `firstSampleInMs` puts the first sample off:
- * a restart's successor takes it once the API's pollers are served again (decision 513).
+ * a restart's successor takes it once the API's pollers are served again (decision 514).
  */
 export function samplingModule(firstSampleInMs = 0): Module {
   let metrics: EngineMetrics | null = null;
