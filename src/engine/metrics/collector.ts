@@ -89,9 +89,10 @@ export class MetricsCollector {
       this.timer = setInterval(() => void this.sample(), every);
       this.timer.unref?.();
     };
-    if (firstInMs <= 0) return begin();
-    this.first = setTimeout(begin, firstInMs);
-    this.first.unref?.();
+    if (firstInMs > 0) {
+      this.first = setTimeout(begin, firstInMs);
+      this.first.unref?.();
+    } else begin();
   }
 
   stop(): void {
