@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import { MetricsCollector } from "../../../src/engine/metrics/collector";
 import { createLogger } from "../../../src/lib/logger";
+import { eventually } from "../../helpers";
 
 const log = createLogger({ level: "silent", stdout: false }).log;
 
@@ -23,21 +24,13 @@ function counting(): { collector: MetricsCollector; reads: () => number } {
   return { collector: made, reads: () => reads };
 }
 
-async function until(check: () => boolean, timeoutMs = 5000): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  while (!check()) {
-    if (performance.now() > deadline) throw new Error("timed out");
-    await Bun.sleep(5);
-  }
-}
-
 describe("MetricsCollector.start", () => {
   test("takes its first sample at once by default", async () => {
     const made = counting();
     collector = made.collector;
     collector.start();
     expect(made.reads()).toBe(1);
-    await until(() => collector?.latest() !== null);
+    await eventually(() => collector?.latest() ?? null, { intervalMs: 5 });
   });
 
   test("puts the first sample off by what it is given, then samples as usual", async () => {
@@ -48,7 +41,7 @@ describe("MetricsCollector.start", () => {
     await Bun.sleep(100);
     expect(made.reads()).toBe(0);
     expect(collector.latest()).toBeNull();
-    await until(() => collector?.latest() !== null);
+    await eventually(() => collector?.latest() ?? null, { intervalMs: 5 });
     expect(performance.now() - startedAt).toBeGreaterThanOrEqual(290);
     expect(made.reads()).toBe(1);
   });
