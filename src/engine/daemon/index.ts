@@ -10,7 +10,6 @@ import { VERSION } from "../../lib/version";
 import type { DaemonControl, UpgradeAccepted } from "../api";
 import type { EngineConfig } from "../config";
 import { firstUnreachable, lookupUser } from "../databases";
-import { warmMcpTools } from "../mcp";
 import type { EngineMetrics } from "../metrics";
 import type { ProxyController } from "../proxy";
 import type { ServiceDirectory } from "../services";
@@ -391,17 +390,15 @@ interface Taking {
 
 /**
  * startSuccessor starts an engine that takes over from the running one (docs/decisions.md
- * 360-363): it checks the data dir, does the slow work that needs nothing exclusive (the MCP
- * tool validators), says hello on the predecessor's control socket, and waits to be told to
- * switch; startIn then binds the listeners, waits for the predecessor to release its modules,
- * and starts its own. The predecessor answers the API meanwhile; no port probe or
+ * 360-363): it checks the data dir, says hello on the predecessor's control socket, and waits
+ * to be told to switch; startIn then binds the listeners, waits for the predecessor to release
+ * its modules, and starts its own. The predecessor answers the API meanwhile; no port probe or
  * second-engine check applies, as the predecessor holds both on purpose.
  */
 async function startSuccessor(config: EngineConfig, options: DaemonOptions, role: SuccessorRole): Promise<RunningDaemon> {
   checkDataDir(config.dataDir);
   const asRoot = process.getuid?.() === 0;
   const prepared = prepareDataDir(config.dataDir, asRoot);
-  warmMcpTools();
   let channel: SuccessorChannel;
   try {
     channel = await connectPredecessor(role.control);

@@ -1,10 +1,14 @@
 import {
   type CallToolResult,
   fromJsonSchema,
+  type JsonSchemaType,
+  type JsonSchemaValidator,
+  type jsonSchemaValidator,
   McpServer,
   type ServerContext,
   type StandardSchemaWithJSON,
 } from "@modelcontextprotocol/server";
+import { AjvJsonSchemaValidator } from "@modelcontextprotocol/server/validators/ajv";
 import type { TSchema } from "@sinclair/typebox";
 import type { Logger } from "../../lib/logger";
 import { ApiFailure, type ApiTransport, boundApi, ToolError } from "./context";
@@ -54,13 +58,37 @@ interface CompiledTool {
 let compiled: CompiledTool[] | undefined;
 
 /**
- * compiledTools checks the table and compiles its schemas once per process: the modern HTTP
- * leg builds a server per request, which must not compile a validator each time.
+ * compileOnFirstUse is a validator provider that compiles a schema's validator (AJV, the SDK's
+ * own default) the first time a value is checked against it, not when the tool is listed. The
+ * 36 validators of the tool table were most of a daemon's start (250 ms of CPU on a 2-core
+ * PVM guest, decision 515): every start paid them, a drain restart twice, though most daemons
+ * never see an MCP call. A tool's first call pays its two (a few ms).
+ */
+const compileOnFirstUse: jsonSchemaValidator = {
+  getValidator<T>(schema: JsonSchemaType): JsonSchemaValidator<T> {
+    let check: JsonSchemaValidator<T> | undefined;
+    return (input) => {
+      check ??= ajv().getValidator<T>(schema);
+      return check(input);
+    };
+  },
+};
+
+let ajvProvider: AjvJsonSchemaValidator | undefined;
+function ajv(): AjvJsonSchemaValidator {
+  ajvProvider ??= new AjvJsonSchemaValidator();
+  return ajvProvider;
+}
+
+/**
+ * compiledTools checks the table and prepares its schemas once per process: the modern HTTP
+ * leg builds a server per request, which must not make (or compile) a validator each time.
+ * Each validator is compiled on its first use (compileOnFirstUse).
  */
 export function compiledTools(): CompiledTool[] {
   if (compiled) return compiled;
   checkToolTable(TOOLS);
-  const schemaOf = (schema: TSchema) => fromJsonSchema(withoutIds(JSON.parse(JSON.stringify(schema))) as never);
+  const schemaOf = (schema: TSchema) => fromJsonSchema(withoutIds(JSON.parse(JSON.stringify(schema))) as never, compileOnFirstUse);
   compiled = TOOLS.map((spec) => ({ spec, input: schemaOf(spec.input), output: schemaOf(spec.output) }));
   return compiled;
 }

@@ -7,6 +7,7 @@ import {
   accessOf,
   causeOf,
   checkToolTable,
+  compiledTools,
   FilterError,
   filtersFromQuery,
   NO_FILTERS,
@@ -74,6 +75,24 @@ describe("the tool table", () => {
         input: "object",
         output: "object",
       });
+    }
+  });
+
+  test("every schema's validator compiles on its first check and refuses what is not an object", async () => {
+    const tools = compiledTools();
+    expect(tools.map((tool) => tool.spec.name)).toEqual(TOOLS.map((tool) => tool.name));
+    for (const { spec, input, output } of tools) {
+      for (const [which, schema] of [
+        ["input", input],
+        ["output", output],
+      ] as const) {
+        const result = await schema["~standard"].validate(42);
+        expect({ tool: spec.name, which, refused: "issues" in result && (result.issues?.length ?? 0) > 0 }).toEqual({
+          tool: spec.name,
+          which,
+          refused: true,
+        });
+      }
     }
   });
 });
