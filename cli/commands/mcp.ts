@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { FilterError, type McpFilters, parseToolsets, serveMcpStdio, ToolError } from "../../src/engine/mcp";
+import { FilterError, type McpFilters, parseToolsets, ToolError } from "../../src/engine/mcp";
 import { VERSION } from "../../src/lib/version";
 import { CliError, type EngineClient } from "../client";
 
@@ -29,6 +29,8 @@ export function registerMcp(program: Command, client: () => EngineClient): void 
         throw error;
       }
       const api = client();
+      // The MCP SDK loads with this command, not with every other one (decision 515).
+      const { serveMcpStdio } = await import("../../src/engine/mcp/stdio");
       await serveMcpStdio({
         filters,
         version: VERSION,

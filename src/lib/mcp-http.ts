@@ -1,4 +1,4 @@
-import { type HandleRequestOptions, WebStandardStreamableHTTPServerTransport } from "@modelcontextprotocol/server";
+import type { HandleRequestOptions, WebStandardStreamableHTTPServerTransport } from "@modelcontextprotocol/server";
 
 /**
  * What the engine's `/mcp` and the console's `/mcp` serve alike over Streamable HTTP: the
@@ -74,7 +74,9 @@ export class LegacySessions {
       session.lastSeen = this.#o.now();
       return session.transport.handleRequest(request, options);
     }
-    const transport: WebStandardStreamableHTTPServerTransport = new WebStandardStreamableHTTPServerTransport({
+    // The SDK loads with the first request that needs it, not with the process (decision 515).
+    const { WebStandardStreamableHTTPServerTransport: Transport } = await import("@modelcontextprotocol/server");
+    const transport: WebStandardStreamableHTTPServerTransport = new Transport({
       sessionIdGenerator: () => crypto.randomUUID(),
       maxRequestBodySize: this.#o.maxBodyBytes,
       onsessioninitialized: (sessionId) => {

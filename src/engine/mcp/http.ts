@@ -1,13 +1,5 @@
 import { isIP } from "node:net";
-import {
-  type AuthInfo,
-  createMcpHandler,
-  isLegacyRequest,
-  type McpHttpHandler,
-  type ServerContext,
-  validateHostHeader,
-  validateOriginHeader,
-} from "@modelcontextprotocol/server";
+import type { AuthInfo, McpHttpHandler, ServerContext } from "@modelcontextprotocol/server";
 import type { Clock } from "../../lib/clock";
 import { isAppError } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
@@ -17,7 +9,7 @@ import type { ApiTransport } from "./context";
 import { FilterError, filtersFromQuery, type McpFilters } from "./filters";
 import { OperationBook } from "./operations";
 import { type RelayAnswer, RelaySession } from "./relay";
-import { buildMcpServer, type Caller, compiledTools } from "./server";
+import type { Caller } from "./server";
 
 export type { RelayAnswer } from "./relay";
 
@@ -25,6 +17,18 @@ export type { RelayAnswer } from "./relay";
 export const MCP_PATH = "/mcp";
 /** PROTECTED_RESOURCE_PATHS serve RFC 9728 metadata: path-inserted for /mcp (§3.1), and at the root. */
 export const PROTECTED_RESOURCE_PATHS = ["/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-protected-resource"];
+
+/**
+ * runtime loads the MCP SDK and the tools' server on the first request that needs them. A
+ * daemon that answers no MCP request never evaluates the SDK's modules (its schemas, AJV): they
+ * were a fifth of a start's CPU once the validators compiled lazily (decision 515).
+ */
+type McpRuntime = typeof import("./runtime");
+let loaded: Promise<McpRuntime> | undefined;
+function runtime(): Promise<McpRuntime> {
+  loaded ??= import("./runtime");
+  return loaded;
+}
 
 /** MAX_BODY_BYTES bounds a POST to /mcp as the API bounds its bodies (decision 141). */
 const MAX_BODY_BYTES = 1024 * 1024;
@@ -89,6 +93,9 @@ export class McpEndpoint {
   });
   readonly #namedHosts: string[];
   #modern: McpHttpHandler | undefined;
+  #started = false;
+  /** #sdk is the loaded runtime (set by the first request that needed it). */
+  #sdk: McpRuntime | undefined;
   /** #relaySession serves the calls relayed from the console, opened at the first one. */
   #relaySession: RelaySession | undefined;
 
@@ -109,19 +116,31 @@ export class McpEndpoint {
     this.#namedHosts = [...new Set(this.#namedHosts)];
   }
 
-  /** start checks the tool table, compiles its schemas, and begins ending idle sessions. */
+  /** start begins ending idle sessions; the SDK and the tools' server load with the first request. */
   start(): void {
-    compiledTools();
-    this.#modern = createMcpHandler((ctx) => this.#server(ctx.requestInfo, "modern"), {
+    this.#started = true;
+    this.#sessions.start();
+  }
+
+  /** #load loads the runtime once, checking the tool table, and makes the modern era's handler. */
+  async #load(): Promise<{ sdk: McpRuntime; modern: McpHttpHandler } | undefined> {
+    const sdk = await runtime();
+    if (!this.#started) return undefined; // stopped while it loaded
+    if (!this.#sdk) {
+      sdk.compiledTools();
+      this.#sdk = sdk;
+    }
+    this.#modern ??= sdk.createMcpHandler((ctx) => this.#server(ctx.requestInfo, "modern"), {
       legacy: "reject",
       maxRequestBodySize: MAX_BODY_BYTES,
       onerror: (error) => this.#o.log.debug({ err: error.message }, "MCP request refused"),
     });
-    this.#sessions.start();
+    return { sdk, modern: this.#modern };
   }
 
   /** stop ends every session and in-flight exchange; it is safe after a partial start and twice. */
   async stop(): Promise<void> {
+    this.#started = false;
     await this.#sessions.stop();
     await this.#relaySession?.close();
     this.#relaySession = undefined;
@@ -136,10 +155,12 @@ export class McpEndpoint {
 
   async fetch(request: Request): Promise<Response> {
     const url = new URL(request.url);
-    const refused = this.#checkHost(request) ?? this.#checkOrigin(request);
+    const sdk = await runtime();
+    const refused = this.#checkHost(sdk, request) ?? this.#checkOrigin(sdk, request);
     if (refused) return refused;
     if (url.pathname !== MCP_PATH) return this.#metadata(request, url);
-    if (!this.#modern) return jsonRpcError(503, -32603, "the MCP endpoint is not started");
+    const loaded = this.#started ? await this.#load() : undefined;
+    if (!loaded) return jsonRpcError(503, -32603, "the MCP endpoint is not started");
 
     let principal: Principal;
     try {
@@ -159,15 +180,16 @@ export class McpEndpoint {
       owner: principal.tokenId ?? principal.name,
     };
     const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller } };
-    if (await isLegacyRequest(request, undefined, { maxRequestBodySize: MAX_BODY_BYTES })) {
+    if (await loaded.sdk.isLegacyRequest(request, undefined, { maxRequestBodySize: MAX_BODY_BYTES })) {
       return this.#legacy(request, authInfo, caller.owner, filters);
     }
-    return this.#modern.fetch(request, { authInfo });
+    return loaded.modern.fetch(request, { authInfo });
   }
 
   /** #server builds the server for one modern request, or one legacy session, with the URL's filters. */
   #server(request: Request | undefined, era: "modern" | "legacy", filters?: McpFilters) {
-    return buildMcpServer({
+    if (!this.#sdk) throw new Error("the MCP runtime is not loaded");
+    return this.#sdk.buildMcpServer({
       version: this.#o.version,
       filters: filters ?? filtersFromQuery(new URL(request?.url ?? "http://localhost/").searchParams),
       operations: this.#operations,
@@ -186,7 +208,8 @@ export class McpEndpoint {
    * never came from a listener.
    */
   async relay(method: "tools/list" | "tools/call", params: Record<string, unknown>, caller: RelayedCaller): Promise<RelayAnswer> {
-    if (!this.#modern) return { error: { code: "engine_stopping", message: "the engine's MCP server is not running" } };
+    const loaded = this.#started ? await this.#load() : undefined;
+    if (!loaded) return { error: { code: "engine_stopping", message: "the engine's MCP server is not running" } };
     this.#relaySession ??= new RelaySession(this.#server(undefined, "legacy", filtersFromQuery(new URLSearchParams())), this.#o.version);
     const info: CallerInfo = { principal: caller.principal, owner: caller.owner };
     const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller: info } };
@@ -238,9 +261,9 @@ export class McpEndpoint {
    * evil.example whose name now resolves to 127.0.0.1 sends `Host: evil.example`). An IP
    * literal is allowed: no name, no rebinding.
    */
-  #checkHost(request: Request): Response | undefined {
+  #checkHost(sdk: McpRuntime, request: Request): Response | undefined {
     const header = request.headers.get("host");
-    const result = validateHostHeader(header, this.#namedHosts);
+    const result = sdk.validateHostHeader(header, this.#namedHosts);
     if (result.ok) return undefined;
     if (result.errorCode === "invalid_host" && result.hostname && isIP(result.hostname.replace(/^\[|\]$/g, "")) !== 0) return undefined;
     return jsonRpcError(
@@ -254,7 +277,7 @@ export class McpEndpoint {
    * #checkOrigin refuses a browser page of another site: an Origin must be absent (assistants
    * are not browsers), this engine's own origin, or a local name.
    */
-  #checkOrigin(request: Request): Response | undefined {
+  #checkOrigin(sdk: McpRuntime, request: Request): Response | undefined {
     const origin = request.headers.get("origin");
     if (origin === null || origin === "") return undefined;
     const host = request.headers.get("host");
@@ -263,7 +286,7 @@ export class McpEndpoint {
     } catch {
       // unparsable: validateOriginHeader says so below
     }
-    const result = validateOriginHeader(origin, this.#namedHosts);
+    const result = sdk.validateOriginHeader(origin, this.#namedHosts);
     if (result.ok) return undefined;
     return jsonRpcError(403, -32000, `${result.message}: a browser page of another site may not call this engine`);
   }

@@ -7,7 +7,6 @@ import {
   accessOf,
   causeOf,
   checkToolTable,
-  compiledTools,
   FilterError,
   filtersFromQuery,
   NO_FILTERS,
@@ -19,6 +18,7 @@ import {
   TOOLS,
   TRUNCATION_MARK,
 } from "../../../src/engine/mcp";
+import { compiledTools } from "../../../src/engine/mcp/server";
 import { REPO_ROOT } from "../../helpers";
 
 const names = (filters = NO_FILTERS) => selectTools(TOOLS, filters).map((tool) => tool.name);
