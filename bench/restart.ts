@@ -18,8 +18,10 @@
  *
  * Printed per binary: the median of the runs and their spread, and where each hand-over's
  * window went (the steps the engine logs, decision 440). The anchor is a bare Bun.serve
- * killed and started again on its port (spawn to first answer), measured in the same process:
- * this machine is small and shared, so the ratios and the zero counts say more than the ms.
+ * killed and started again on its port (spawn to first answer), measured in the same process;
+ * each engine's own start (its spawn to its first answer, before the restarts) is printed as a
+ * ratio to it. This machine is small and shared, so the ratios and the zero counts say more
+ * than the ms.
  *
  * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--proxied-loops 8] [--verbose] [--silences-over 40]
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
@@ -106,6 +108,12 @@ interface RunResult {
   pidsKept: boolean;
   enginePidKept: boolean;
   restartSeconds: number[];
+  /**
+   * startMs is the engine's own start, before the restarts: from its spawn (a fresh data dir,
+   * the proxy on) to its first answer, polled every 2 ms; the anchor's figure is the same for a
+   * bare Bun.serve (decision 515).
+   */
+  startMs: number;
   /** phases are the hand-over steps' times the engine logged (decision 440), by side. */
   phases: PhaseLines;
 }
@@ -256,6 +264,7 @@ class Loop {
 async function measureRun(engineBinary: string): Promise<RunResult> {
   const dataDir = mkdtempSync(join(tmpdir(), "engine-bench-restart-"));
   const port = await freePort();
+  const spawnedAt = performance.now();
   const engine = Bun.spawn([engineBinary, "serve", "--data-dir", dataDir, "--port", String(port), "--log-level", "info"], {
     env: {
       ...process.env,
@@ -280,8 +289,9 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
         .catch(() => false))
     ) {
       if (Date.now() > deadline || engine.exitCode !== null) throw new Error(`the engine did not start (exit ${engine.exitCode})`);
-      await Bun.sleep(50);
+      await Bun.sleep(2);
     }
+    const startMs = performance.now() - spawnedAt;
     const headers = {
       authorization: `Bearer ${readFileSync(join(dataDir, "admin.token"), "utf8").trim()}`,
       "content-type": "application/json",
@@ -453,6 +463,7 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
       pidsKept: [...pids].every(([name, pid]) => after.get(name) === pid),
       enginePidKept: enginePidAfter === enginePid,
       restartSeconds,
+      startMs,
       phases: readPhases(dataDir),
     };
   } finally {
@@ -483,6 +494,7 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
   const perRestart = results.flatMap((result) => result.perRestartMs);
   const quiet = results.flatMap((result) => result.quietMs);
   const restartS = results.flatMap((result) => result.restartSeconds);
+  const startMs = results.map((result) => result.startMs);
   phaseSummaries.push(...summarizePhases(label, results));
   return [
     [
@@ -495,6 +507,7 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
       results.every((result) => result.pidsKept) ? "kept" : "CHANGED",
       results.every((result) => result.enginePidKept) ? "kept" : "changed",
       `${fmt(median(restartS), 2)} (${spread(restartS, 2)})`,
+      `${fmt(median(startMs), 0)} (${spread(startMs)}), ${fmt(median(startMs) / median(anchorWindows), 1)}× the anchor's`,
     ],
   ];
 }
@@ -539,6 +552,7 @@ const RESTART_COLUMNS = [
   "service pids",
   "engine pid",
   "restart s",
+  "start ms (spawn → first answer)",
 ];
 const rows = [...(await measureBinary("this build", binary)), ...(baseline ? await measureBinary("baseline", baseline) : [])];
 const anchorMs = median(anchorWindows);
