@@ -77,18 +77,34 @@ export interface SystemUnits {
   pageBytes: number;
 }
 
-/** systemUnits asks getconf for CLK_TCK and PAGESIZE, falling back to Linux's usual 100 and 4096. */
-export function systemUnits(): SystemUnits {
-  const ask = (name: string, fallback: number) => {
-    try {
-      const result = Bun.spawnSync(["getconf", name], { stdout: "pipe", stderr: "ignore" });
-      const value = Number(result.stdout.toString().trim());
-      return result.exitCode === 0 && Number.isInteger(value) && value > 0 ? value : fallback;
-    } catch {
-      return fallback;
-    }
-  };
-  return { ticksPerSecond: ask("CLK_TCK", 100), pageBytes: ask("PAGESIZE", 4096) };
+/** AT_PAGESZ and AT_CLKTCK are the auxiliary vector's keys for the page size and USER_HZ (<linux/auxvec.h>, elf.h). */
+const AT_PAGESZ = 6n;
+const AT_CLKTCK = 17n;
+
+/**
+ * systemUnits reads CLK_TCK and PAGESIZE where the C library's sysconf reads them: the
+ * auxiliary vector the kernel gave this process (`/proc/self/auxv`, pairs of native words),
+ * falling back to Linux's usual 100 and 4096. It used to start `getconf` twice, 3 ms each of a
+ * daemon's start on a PVM guest, with the event loop held (decision 515).
+ */
+export function systemUnits(auxvPath = "/proc/self/auxv"): SystemUnits {
+  const units = { ticksPerSecond: 100, pageBytes: 4096 };
+  let auxv: Buffer;
+  try {
+    auxv = readFileSync(auxvPath);
+  } catch {
+    return units;
+  }
+  const view = new DataView(auxv.buffer, auxv.byteOffset, auxv.byteLength);
+  for (let offset = 0; offset + 16 <= auxv.byteLength; offset += 16) {
+    const key = view.getBigUint64(offset, true);
+    if (key === 0n) break; // AT_NULL ends the vector
+    const value = Number(view.getBigUint64(offset + 8, true));
+    if (!Number.isInteger(value) || value <= 0) continue;
+    if (key === AT_CLKTCK) units.ticksPerSecond = value;
+    else if (key === AT_PAGESZ) units.pageBytes = value;
+  }
+  return units;
 }
 
 /** ownCpuTicks is this process's own CPU time and its reaped children's, from /proc/self/stat (bench/metrics.ts). */
