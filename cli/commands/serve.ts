@@ -1,9 +1,9 @@
 import { existsSync, writeSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { Command } from "commander";
-import { ADMIN_TOKEN_FILE } from "../../src/engine/auth";
+import { ADMIN_TOKEN_FILE } from "../../src/engine/auth/bootstrap";
 import { defaultDataDir, resolveConfig } from "../../src/engine/config";
-import { type RunningDaemon, startDaemon, takeSuccessorRole } from "../../src/engine/daemon";
+import type { RunningDaemon } from "../../src/engine/daemon";
 
 /** SHOWN_NAMES bounds how many service names the stop line lists before "and N more". */
 const SHOWN_NAMES = 8;
@@ -80,6 +80,8 @@ export function registerServe(program: Command): void {
         proxy?: boolean;
       }) => {
         const globals = program.opts<{ dataDir?: string }>();
+        // The daemon's modules load with `serve`, not with every other command (decision 515).
+        const { startDaemon, takeSuccessorRole } = await import("../../src/engine/daemon");
         // A restart starts this process to take over from the running engine: the variables
         // that say so are read and removed first, so that no workload inherits them.
         const successor = takeSuccessorRole(process.env);
