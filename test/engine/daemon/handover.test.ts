@@ -352,5 +352,22 @@ describe("drain restart with no gap", () => {
       expect(modules).toContain("services");
       expect(modules.at(-1)).toBe("log");
     }
+    // Each successor (the stand-in, then the re-executed pid) says it takes over before it binds:
+    // its first log line, whose cold cost would otherwise fall in the window (decision 516).
+    const lines = engine
+      .output()
+      .split("\n")
+      .filter((line) => line.startsWith("{"))
+      .map((line) => JSON.parse(line) as { msg: string; pid: number; standin?: boolean });
+    const taking = lines.filter((line) => line.msg === "taking the work over: binding the listeners");
+    expect(taking.map((line) => line.standin)).toEqual([true, false]);
+    // The re-executed pid then says it took over; the stand-in, which served no request, that it released.
+    for (const [line, next] of [
+      [taking[0], "released the work to the new process"],
+      [taking[1], "took the work over"],
+    ] as const) {
+      const after = lines.findIndex((other) => other.pid === line?.pid && other.msg === next);
+      expect({ next, after: after > (line ? lines.indexOf(line) : Number.POSITIVE_INFINITY) }).toEqual({ next, after: true });
+    }
   }, 90_000);
 });
