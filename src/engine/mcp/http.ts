@@ -94,8 +94,6 @@ export class McpEndpoint {
   readonly #namedHosts: string[];
   #modern: McpHttpHandler | undefined;
   #started = false;
-  /** #sdk is the loaded runtime (set by the first request that needed it). */
-  #sdk: McpRuntime | undefined;
   /** #relaySession serves the calls relayed from the console, opened at the first one. */
   #relaySession: RelaySession | undefined;
 
@@ -122,15 +120,11 @@ export class McpEndpoint {
     this.#sessions.start();
   }
 
-  /** #load loads the runtime once, checking the tool table, and makes the modern era's handler. */
+  /** #load loads the runtime (once per process) and makes the modern era's handler. */
   async #load(): Promise<{ sdk: McpRuntime; modern: McpHttpHandler } | undefined> {
     const sdk = await runtime();
     if (!this.#started) return undefined; // stopped while it loaded
-    if (!this.#sdk) {
-      sdk.compiledTools();
-      this.#sdk = sdk;
-    }
-    this.#modern ??= sdk.createMcpHandler((ctx) => this.#server(ctx.requestInfo, "modern"), {
+    this.#modern ??= sdk.createMcpHandler((ctx) => this.#server(sdk, ctx.requestInfo, "modern"), {
       legacy: "reject",
       maxRequestBodySize: MAX_BODY_BYTES,
       onerror: (error) => this.#o.log.debug({ err: error.message }, "MCP request refused"),
@@ -181,15 +175,14 @@ export class McpEndpoint {
     };
     const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller } };
     if (await loaded.sdk.isLegacyRequest(request, undefined, { maxRequestBodySize: MAX_BODY_BYTES })) {
-      return this.#legacy(request, authInfo, caller.owner, filters);
+      return this.#legacy(loaded.sdk, request, authInfo, caller.owner, filters);
     }
     return loaded.modern.fetch(request, { authInfo });
   }
 
   /** #server builds the server for one modern request, or one legacy session, with the URL's filters. */
-  #server(request: Request | undefined, era: "modern" | "legacy", filters?: McpFilters) {
-    if (!this.#sdk) throw new Error("the MCP runtime is not loaded");
-    return this.#sdk.buildMcpServer({
+  #server(sdk: McpRuntime, request: Request | undefined, era: "modern" | "legacy", filters?: McpFilters) {
+    return sdk.buildMcpServer({
       version: this.#o.version,
       filters: filters ?? filtersFromQuery(new URL(request?.url ?? "http://localhost/").searchParams),
       operations: this.#operations,
@@ -210,7 +203,10 @@ export class McpEndpoint {
   async relay(method: "tools/list" | "tools/call", params: Record<string, unknown>, caller: RelayedCaller): Promise<RelayAnswer> {
     const loaded = this.#started ? await this.#load() : undefined;
     if (!loaded) return { error: { code: "engine_stopping", message: "the engine's MCP server is not running" } };
-    this.#relaySession ??= new RelaySession(this.#server(undefined, "legacy", filtersFromQuery(new URLSearchParams())), this.#o.version);
+    this.#relaySession ??= new RelaySession(
+      this.#server(loaded.sdk, undefined, "legacy", filtersFromQuery(new URLSearchParams())),
+      this.#o.version,
+    );
     const info: CallerInfo = { principal: caller.principal, owner: caller.owner };
     const authInfo: AuthInfo = { token: "", clientId: caller.owner, scopes: [], extra: { caller: info } };
     return this.#relaySession.request(method, params, authInfo);
@@ -252,8 +248,10 @@ export class McpEndpoint {
    * one (its own server and transport), later requests name it. A session is bound to the token
    * that opened it; another token naming it is told the session does not exist.
    */
-  async #legacy(request: Request, authInfo: AuthInfo, owner: string, filters: McpFilters): Promise<Response> {
-    return this.#sessions.handle(request, owner, { authInfo }, (transport) => this.#server(request, "legacy", filters).connect(transport));
+  async #legacy(sdk: McpRuntime, request: Request, authInfo: AuthInfo, owner: string, filters: McpFilters): Promise<Response> {
+    return this.#sessions.handle(request, owner, { authInfo }, (transport) =>
+      this.#server(sdk, request, "legacy", filters).connect(transport),
+    );
   }
 
   /**

@@ -4,4 +4,4 @@
  * (decision 515).
  */
 export { createMcpHandler, isLegacyRequest, validateHostHeader, validateOriginHeader } from "@modelcontextprotocol/server";
-export { buildMcpServer, compiledTools } from "./server";
+export { buildMcpServer } from "./server";
