@@ -137,16 +137,66 @@ export class ServiceStore {
    * writer; a successor forgets what it read before it took over.
    */
   private readonly versions = new Map<string, Map<number, VersionRow>>();
+  /**
+   * rows caches service rows by id, written through: a job's way from its deploy to its exit
+   * read its row a dozen times (each launch step, each status change, each API read), each a
+   * query and four JSON parses. Entries are frozen like the versions'. A write updates the
+   * entry once its statement ran; a transaction that throws (rolled back, or its commit refused)
+   * drops them all, since what it wrote is not in the store. `names` maps a name to its id.
+   */
+  private readonly rows = new Map<string, ServiceRow>();
+  private readonly names = new Map<string, string>();
+  /** runs caches run rows by id the same way: a launch, its exit and the API's reads of the service read its current run. */
+  private readonly runs = new Map<string, RunRow>();
+  /**
+   * runCounts are how many runs a service has in the store, where this process knows it (it
+   * made the service, or counted once): an exit prunes a service's old runs, and a query for
+   * them at each exit of a batch job, which has one, found none. Never fewer than are there.
+   */
+  private readonly runCounts = new Map<string, number>();
+  /** inTransaction runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
+  private readonly inTransaction: (fn: () => unknown) => unknown;
 
-  constructor(private readonly db: Database) {}
+  constructor(private readonly db: Database) {
+    this.inTransaction = db.transaction((fn: () => unknown) => fn());
+  }
 
   /** forget drops the cached rows: what this process read before it owned the store may have changed since. */
   forget(): void {
     this.versions.clear();
+    this.dropRows();
+  }
+
+  private dropRows(): void {
+    this.rows.clear();
+    this.names.clear();
+    this.runs.clear();
+    this.runCounts.clear();
   }
 
   transaction<T>(fn: () => T): T {
-    return this.db.transaction(fn)();
+    try {
+      return this.inTransaction(fn) as T;
+    } catch (error) {
+      this.dropRows(); // what the transaction wrote is not in the store
+      throw error;
+    }
+  }
+
+  /** cache keeps `row` as the store now holds it (frozen: what a caller gets, the next one reads too). */
+  private cache(row: ServiceRow): ServiceRow {
+    deepFreeze(row);
+    if (!this.rows.has(row.id)) evictOldest(this.rows, (evicted) => this.names.delete(evicted.name));
+    this.rows.set(row.id, row);
+    this.names.set(row.name, row.id);
+    return row;
+  }
+
+  private cacheRun(row: RunRow): RunRow {
+    deepFreeze(row);
+    if (!this.runs.has(row.id)) evictOldest(this.runs);
+    this.runs.set(row.id, row);
+    return row;
   }
 
   listServices(): ServiceRow[] {
@@ -177,16 +227,22 @@ export class ServiceStore {
   }
 
   getService(id: string): ServiceRow | null {
+    const cached = this.rows.get(id);
+    if (cached) return cached;
     const raw = this.db.query<Raw<ServiceRow>, [string]>("SELECT * FROM services WHERE id = ?").get(id);
-    return raw ? parseService(raw) : null;
+    return raw ? this.cache(parseService(raw)) : null;
   }
 
   findService(ident: string): ServiceRow | null {
+    const byName = this.names.get(ident);
+    const cached = this.rows.get(byName ?? ident);
+    if (cached) return cached;
     const raw = this.db.query<Raw<ServiceRow>, [string, string]>("SELECT * FROM services WHERE name = ? OR id = ?").get(ident, ident);
-    return raw ? parseService(raw) : null;
+    return raw ? this.cache(parseService(raw)) : null;
   }
 
   insertService(row: ServiceRow): void {
+    const params = serviceParams(row);
     this.db
       .query(
         `INSERT INTO services (id, name, kind, version, desired_state, status, status_message, owner, priority, submitted_at,
@@ -194,10 +250,13 @@ export class ServiceStore {
          VALUES ($id, $name, $kind, $version, $desired_state, $status, $status_message, $owner, $priority, $submitted_at,
            $created_at, $updated_at, $restart_state, $forensics, $current_run_id, $run_as)`,
       )
-      .run(serviceParams(row));
+      .run(params);
+    this.cache(parseService(params));
+    this.runCounts.set(row.id, 0);
   }
 
   updateService(row: ServiceRow): void {
+    const params = serviceParams(row);
     this.db
       .query(
         `UPDATE services SET kind = $kind, version = $version, desired_state = $desired_state, status = $status,
@@ -206,12 +265,21 @@ export class ServiceStore {
            run_as = $run_as
          WHERE id = $id`,
       )
-      .run(serviceParams(row));
+      .run(params);
+    // What the store holds, parsed back: the caller's objects stay its own. The name never
+    // changes; a row that is not there was not written.
+    if (this.rows.has(row.id)) this.cache(parseService(params));
   }
 
   deleteService(id: string): void {
     this.db.query("DELETE FROM services WHERE id = ?").run(id);
     this.versions.delete(id);
+    const cached = this.rows.get(id);
+    if (cached) this.names.delete(cached.name);
+    this.rows.delete(id);
+    // Its runs went with it (ON DELETE CASCADE).
+    for (const [runId, run] of this.runs) if (run.service_id === id) this.runs.delete(runId);
+    this.runCounts.delete(id);
   }
 
   insertVersion(row: VersionRow): void {
@@ -270,6 +338,12 @@ export class ServiceStore {
   }
 
   insertRun(row: RunRow): void {
+    const raw: Raw<RunRow> = {
+      ...row,
+      gpus: JSON.stringify(row.gpus),
+      env_keys: JSON.stringify(row.env_keys),
+      exit: row.exit ? JSON.stringify(row.exit) : null,
+    };
     this.db
       .query(
         `INSERT INTO runs (id, service_id, version, run_dir, shim_pid, shim_start, pid, pid_start, cgroup_dir, gpus, env_keys, started_at, ended_at, exit, end_reason)
@@ -285,13 +359,17 @@ export class ServiceStore {
         row.pid,
         row.pid_start,
         row.cgroup_dir,
-        JSON.stringify(row.gpus),
-        JSON.stringify(row.env_keys),
+        raw.gpus as string,
+        raw.env_keys as string,
         row.started_at,
         row.ended_at,
-        row.exit ? JSON.stringify(row.exit) : null,
+        raw.exit as string | null,
         row.end_reason,
       );
+    // What the store holds, parsed back: the caller's objects stay its own (the cache freezes its entries).
+    this.cacheRun(parseRun(raw));
+    const count = this.runCounts.get(row.service_id);
+    if (count !== undefined) this.runCounts.set(row.service_id, count + 1);
   }
 
   /** recordRunProcesses writes the shim's and the workload's pids and start times once the shim reported them. */
@@ -299,10 +377,25 @@ export class ServiceStore {
     this.db
       .query("UPDATE runs SET shim_pid = ?, shim_start = ?, pid = ?, pid_start = ?, cgroup_dir = ? WHERE id = ?")
       .run(handle.shimPid, handle.shimStart, handle.pid, handle.pidStart, handle.cgroupDir, id);
+    const cached = this.runs.get(id);
+    if (cached) {
+      this.cacheRun({
+        ...cached,
+        shim_pid: handle.shimPid,
+        shim_start: handle.shimStart,
+        pid: handle.pid,
+        pid_start: handle.pidStart,
+        cgroup_dir: handle.cgroupDir,
+      });
+    }
   }
 
   endRun(id: string, endedAt: string, exit: RunRow["exit"], endReason: string): void {
-    this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, JSON.stringify(exit), endReason, id);
+    const serialized = JSON.stringify(exit);
+    this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, serialized, endReason, id);
+    const cached = this.runs.get(id);
+    // The exit as read back from the store: a copy, not the caller's object.
+    if (cached) this.cacheRun({ ...cached, ended_at: endedAt, exit: JSON.parse(serialized), end_reason: endReason });
   }
 
   /** currentRuns are the current runs of every service, by run id, in one query (a list of services reads them all). */
@@ -327,8 +420,10 @@ export class ServiceStore {
   }
 
   getRun(id: string): RunRow | null {
+    const cached = this.runs.get(id);
+    if (cached) return cached;
     const raw = this.db.query<Raw<RunRow>, [string]>("SELECT * FROM runs WHERE id = ?").get(id);
-    return raw ? parseRun(raw) : null;
+    return raw ? this.cacheRun(parseRun(raw)) : null;
   }
 
   lastRuns(serviceId: string, limit: number): RunRow[] {
@@ -356,12 +451,22 @@ export class ServiceStore {
 
   /** pruneRuns keeps the newest RUNS_KEPT runs of a service and returns the run dirs it dropped. */
   pruneRuns(serviceId: string): string[] {
+    let count = this.runCounts.get(serviceId);
+    if (count === undefined) {
+      count = this.db.query<{ n: number }, [string]>("SELECT COUNT(*) AS n FROM runs WHERE service_id = ?").get(serviceId)?.n ?? 0;
+      this.runCounts.set(serviceId, count);
+    }
+    if (count <= RUNS_KEPT) return [];
     const old = this.db
       .query<{ id: string; run_dir: string }, [string, number]>(
         "SELECT id, run_dir FROM runs WHERE service_id = ? AND ended_at IS NOT NULL ORDER BY started_at DESC, rowid DESC LIMIT -1 OFFSET ?",
       )
       .all(serviceId, RUNS_KEPT);
-    for (const run of old) this.db.query("DELETE FROM runs WHERE id = ?").run(run.id);
+    for (const run of old) {
+      this.db.query("DELETE FROM runs WHERE id = ?").run(run.id);
+      this.runs.delete(run.id);
+    }
+    this.runCounts.set(serviceId, count - old.length);
     return old.map((run) => run.run_dir);
   }
 }
@@ -397,6 +502,22 @@ function serviceParams(row: ServiceRow) {
     current_run_id: row.current_run_id,
     run_as: row.run_as ? JSON.stringify(row.run_as) : null,
   };
+}
+
+/**
+ * CACHED_ROWS bounds each cache of rows: a daemon that ran 100,000 jobs keeps their rows in its
+ * store, not in its memory. The entries the scheduler works on are the newest; past the bound
+ * the oldest one made goes.
+ */
+const CACHED_ROWS = 4096;
+
+function evictOldest<T>(cache: Map<string, T>, evicted?: (row: T) => void): void {
+  if (cache.size < CACHED_ROWS) return;
+  const oldest = cache.keys().next();
+  if (oldest.done) return;
+  const row = cache.get(oldest.value);
+  cache.delete(oldest.value);
+  if (row !== undefined) evicted?.(row);
 }
 
 /** deepFreeze freezes an object and everything it holds (a parsed JSON value: no cycles). */

@@ -2,7 +2,7 @@ import { afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { EMPTY_RESTART_STATE } from "../../../src/engine/services/restart-policy";
-import { EMPTY_FORENSICS, type ServiceRow, ServiceStore } from "../../../src/engine/services/store";
+import { EMPTY_FORENSICS, RUNS_KEPT, type ServiceRow, ServiceStore } from "../../../src/engine/services/store";
 import type { Database } from "../../../src/engine/store";
 import { openStore } from "../../../src/engine/store";
 import { tempDir } from "../../helpers";
@@ -96,5 +96,138 @@ describe("ServiceStore.openRuns", () => {
       { name: "b-live", run_id: "run_b2", pid: 102 },
       { name: "starting", run_id: "run_s", pid: null },
     ]);
+  });
+});
+
+describe("ServiceStore's cached rows", () => {
+  const newRun = (service: string, id: string) => ({
+    id,
+    service_id: `svc_${service}`,
+    version: 1,
+    run_dir: `/runs/${id}`,
+    shim_pid: null,
+    shim_start: null,
+    pid: null,
+    pid_start: null,
+    cgroup_dir: null,
+    gpus: { device_uuids: ["GPU-0"], visible_ids: ["0"], whole: true, memory_mb: 0 },
+    env_keys: ["A"],
+    started_at: "2026-11-27T00:00:05.000Z",
+    ended_at: null,
+    exit: null,
+    end_reason: null,
+  });
+  /** fresh reads what the file holds, through a second store that has cached nothing. */
+  const fresh = () => new ServiceStore(db);
+
+  test("a read answers what the store holds after each write, frozen, and the caller's objects stay its own", () => {
+    const mine = row("a", "pending");
+    store.insertService(mine);
+    const read = store.getService("svc_a") as ServiceRow;
+    expect(Object.isFrozen(read) && Object.isFrozen(read.owner) && Object.isFrozen(read.restart_state)).toBe(true);
+    expect(Object.isFrozen(mine) || Object.isFrozen(mine.owner)).toBe(false);
+    expect(store.findService("a")).toBe(read);
+    store.updateService({ ...read, status: "running", run_as: { name: "eng-a", uid: 5001, gid: 5001 } });
+    expect(store.getService("svc_a")).toEqual(fresh().getService("svc_a") as ServiceRow);
+    expect(store.findService("a")?.status).toBe("running");
+
+    const run = newRun("a", "run_1");
+    store.insertRun(run);
+    expect(Object.isFrozen(run.gpus)).toBe(false);
+    store.recordRunProcesses("run_1", { runId: "run_1", runDir: "/runs/run_1", shimPid: 10, shimStart: 11, pid: 12, pidStart: 13, cgroupDir: null });
+    const exit = { exitCode: 0, signal: null, endedAt: "2026-11-27T00:00:06.000Z", execError: null, execStage: null, execMessage: null, oomKilled: false, lost: false, gpu_oom: false, priv_denied: false };
+    store.endRun("run_1", "2026-11-27T00:00:06.000Z", exit, "exited");
+    expect(store.getRun("run_1")).toEqual(fresh().getRun("run_1") as NonNullable<ReturnType<ServiceStore["getRun"]>>);
+    expect(store.getRun("run_1")?.pid).toBe(12);
+
+    store.deleteService("svc_a");
+    expect(store.getService("svc_a")).toBeNull();
+    expect(store.findService("a")).toBeNull();
+    expect(store.getRun("run_1")).toBeNull(); // it went with its service
+  });
+
+  test("a transaction that throws leaves no row it wrote in the cache", () => {
+    store.insertService(row("a", "pending"));
+    store.insertService(row("b", "pending"));
+    store.insertRun(newRun("a", "run_1"));
+    store.getService("svc_a"); // cached
+    expect(() =>
+      store.transaction(() => {
+        store.updateService({ ...(store.getService("svc_a") as ServiceRow), status: "scheduled" });
+        store.insertService(row("c", "pending"));
+        store.endRun("run_1", "2026-11-27T00:00:06.000Z", null, "exited");
+        throw new Error("refused");
+      }),
+    ).toThrow("refused");
+    expect(store.getService("svc_a")?.status).toBe("pending");
+    expect(store.findService("c")).toBeNull();
+    expect(store.getRun("run_1")?.ended_at).toBeNull();
+
+    // A savepoint rolled back inside a transaction that commits: the outer writes stay, the inner ones do not.
+    store.transaction(() => {
+      store.updateService({ ...(store.getService("svc_b") as ServiceRow), status: "scheduled" });
+      try {
+        store.transaction(() => {
+          store.updateService({ ...(store.getService("svc_a") as ServiceRow), status: "running" });
+          throw new Error("inner");
+        });
+      } catch {}
+    });
+    expect(store.getService("svc_a")?.status).toBe("pending");
+    expect(store.getService("svc_b")?.status).toBe("scheduled");
+  });
+
+  test("a daemon that ran many jobs keeps a bounded number of them in memory, and still reads every one", () => {
+    const count = 4200;
+    store.transaction(() => {
+      for (let i = 0; i < count; i++) store.insertService(row(`job-${i}`, "completed"));
+    });
+    expect(store.getService("svc_job-0")?.name).toBe("job-0");
+    expect(store.findService(`job-${count - 1}`)?.id).toBe(`svc_job-${count - 1}`);
+    const cached = (store as unknown as { rows: Map<string, ServiceRow>; names: Map<string, string> }).rows;
+    const names = (store as unknown as { names: Map<string, string> }).names;
+    expect(cached.size).toBeLessThanOrEqual(4096);
+    expect(names.size).toBe(cached.size);
+  });
+});
+
+describe("ServiceStore.pruneRuns", () => {
+  const ended = (service: string, id: string, at: number) =>
+    store.insertRun({
+      id,
+      service_id: `svc_${service}`,
+      version: 1,
+      run_dir: `/runs/${id}`,
+      shim_pid: null,
+      shim_start: null,
+      pid: null,
+      pid_start: null,
+      cgroup_dir: null,
+      gpus: null,
+      env_keys: [],
+      started_at: new Date(Date.UTC(2026, 10, 27, 0, 0, at)).toISOString(),
+      ended_at: new Date(Date.UTC(2026, 10, 27, 0, 0, at + 1)).toISOString(),
+      exit: null,
+      end_reason: "exit",
+    });
+  const stored = (service: string) =>
+    db.query<{ id: string }, [string]>("SELECT id FROM runs WHERE service_id = ? ORDER BY started_at").all(`svc_${service}`).map((r) => r.id);
+
+  test("keeps the newest RUNS_KEPT ended runs, whether this store made the service or found it there", () => {
+    store.insertService(row("made-here", "running"));
+    for (let i = 0; i < RUNS_KEPT + 3; i++) {
+      ended("made-here", `run_m${String(i).padStart(2, "0")}`, i);
+      store.pruneRuns("svc_made-here");
+    }
+    expect(stored("made-here")).toHaveLength(RUNS_KEPT);
+    expect(stored("made-here")[0]).toBe("run_m03");
+
+    // A service a daemon before this one made, with more runs than are kept: counted once, pruned.
+    store.insertService(row("found", "running"));
+    for (let i = 0; i < RUNS_KEPT + 5; i++) ended("found", `run_f${String(i).padStart(2, "0")}`, i);
+    const next = new ServiceStore(db);
+    expect(next.pruneRuns("svc_found").sort()).toEqual(["/runs/run_f00", "/runs/run_f01", "/runs/run_f02", "/runs/run_f03", "/runs/run_f04"]);
+    expect(stored("found")).toHaveLength(RUNS_KEPT);
+    expect(next.pruneRuns("svc_found")).toEqual([]);
   });
 });
