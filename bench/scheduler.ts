@@ -28,7 +28,7 @@
  * stopped, its workloads, shims and users reaped, the data dir removed), on failure too.
  *
  * Usage: bun bench/scheduler.ts [--runs 5] [--services 50] [--jobs 300,1000] [--kills 30]
- *          [--singles 20] [--submit-concurrency 16] [--job-user NAME] [--no-pm2] [--verbose] [--compiled] [--cpu-prof DIR]
+ *          [--singles 20] [--submit-concurrency 16] [--job-user NAME] [--no-pm2] [--verbose] [--compiled] [--binary PATH] [--cpu-prof DIR]
  * --job-user deploys the jobs with `user: NAME` (root, say), which leaves making a user per job out.
  * The data dirs go under TMPDIR: `TMPDIR=/dev/shm` measures on tmpfs, and on a VM whose /tmp is
  * ext4 without a journal (decision 473), a journaled ext4 as installers make it is one loop mount
@@ -88,8 +88,9 @@ function stringArg(name: string): string | null {
 }
 
 const root = join(import.meta.dir, "..");
-const binary = join(root, "dist", "engine");
-const useCompiled = process.argv.includes("--compiled");
+/** --binary PATH runs that compiled engine (a build to compare with, say) instead of dist/engine; it implies --compiled. */
+const binary = stringArg("--binary") ?? join(root, "dist", "engine");
+const useCompiled = process.argv.includes("--compiled") || stringArg("--binary") !== null;
 if (useCompiled && !existsSync(binary)) {
   console.error(`--compiled: ${binary} does not exist; run bun build.ts first`);
   process.exit(1);
