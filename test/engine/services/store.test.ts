@@ -134,8 +134,27 @@ describe("ServiceStore's cached rows", () => {
     const run = newRun("a", "run_1");
     store.insertRun(run);
     expect(Object.isFrozen(run.gpus)).toBe(false);
-    store.recordRunProcesses("run_1", { runId: "run_1", runDir: "/runs/run_1", shimPid: 10, shimStart: 11, pid: 12, pidStart: 13, cgroupDir: null });
-    const exit = { exitCode: 0, signal: null, endedAt: "2026-11-27T00:00:06.000Z", execError: null, execStage: null, execMessage: null, oomKilled: false, lost: false, gpu_oom: false, priv_denied: false };
+    store.recordRunProcesses("run_1", {
+      runId: "run_1",
+      runDir: "/runs/run_1",
+      shimPid: 10,
+      shimStart: 11,
+      pid: 12,
+      pidStart: 13,
+      cgroupDir: null,
+    });
+    const exit = {
+      exitCode: 0,
+      signal: null,
+      endedAt: "2026-11-27T00:00:06.000Z",
+      execError: null,
+      execStage: null,
+      execMessage: null,
+      oomKilled: false,
+      lost: false,
+      gpu_oom: false,
+      priv_denied: false,
+    };
     store.endRun("run_1", "2026-11-27T00:00:06.000Z", exit, "exited");
     expect(store.getRun("run_1")).toEqual(fresh().getRun("run_1") as NonNullable<ReturnType<ServiceStore["getRun"]>>);
     expect(store.getRun("run_1")?.pid).toBe(12);
@@ -211,7 +230,10 @@ describe("ServiceStore.pruneRuns", () => {
       end_reason: "exit",
     });
   const stored = (service: string) =>
-    db.query<{ id: string }, [string]>("SELECT id FROM runs WHERE service_id = ? ORDER BY started_at").all(`svc_${service}`).map((r) => r.id);
+    db
+      .query<{ id: string }, [string]>("SELECT id FROM runs WHERE service_id = ? ORDER BY started_at")
+      .all(`svc_${service}`)
+      .map((r) => r.id);
 
   test("keeps the newest RUNS_KEPT ended runs, whether this store made the service or found it there", () => {
     store.insertService(row("made-here", "running"));
@@ -226,7 +248,13 @@ describe("ServiceStore.pruneRuns", () => {
     store.insertService(row("found", "running"));
     for (let i = 0; i < RUNS_KEPT + 5; i++) ended("found", `run_f${String(i).padStart(2, "0")}`, i);
     const next = new ServiceStore(db);
-    expect(next.pruneRuns("svc_found").sort()).toEqual(["/runs/run_f00", "/runs/run_f01", "/runs/run_f02", "/runs/run_f03", "/runs/run_f04"]);
+    expect(next.pruneRuns("svc_found").sort()).toEqual([
+      "/runs/run_f00",
+      "/runs/run_f01",
+      "/runs/run_f02",
+      "/runs/run_f03",
+      "/runs/run_f04",
+    ]);
     expect(stored("found")).toHaveLength(RUNS_KEPT);
     expect(next.pruneRuns("svc_found")).toEqual([]);
   });
