@@ -76,3 +76,20 @@ test("idle waits for the write in flight and for the one due behind it", async (
   expect(idle).toBe(true);
   expect(writes.map((write) => write.names)).toEqual([["eng-idle-test-a"], ["eng-idle-test-b"]]);
 });
+
+test("a new user's id is searched for from just past the last one handed out, round the range", async () => {
+  // Files that take the accounts without writing /etc/passwd: each id is free again once its write settled.
+  const added: SystemAccount[] = [];
+  const files = {
+    add: async (accounts: SystemAccount[]) => {
+      added.push(...accounts);
+      return accounts.map(() => "added" as AddResult);
+    },
+  } as unknown as AccountFiles;
+  const users = new ServiceUsers({ min: 64950, max: 64952 }, files);
+  const uids: number[] = [];
+  for (const name of ["a", "b", "c", "d"]) uids.push((await users.ensureServiceUser(`cursor-test-${name}`, join(scratch, name), null)).uid);
+  // From the range's start each time, every one would have had 64950.
+  expect(uids).toEqual([64950, 64951, 64952, 64950]);
+  expect(added.map((account) => account.uid)).toEqual(uids);
+});
