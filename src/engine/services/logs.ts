@@ -115,6 +115,30 @@ export function tailRecords(file: string, count: number, maxFiles: number): { re
   return { records, end };
 }
 
+/** MTIME_MARGIN_MS: a file's mtime comes from the kernel's coarse clock, a tick behind the time of the write at most. */
+const MTIME_MARGIN_MS = 1000;
+
+/**
+ * linesSince returns the last `count` lines of a log written at `since` (a log line's stamp, as
+ * parseLogLine reads it) or later: a run's own output, read at each of its exits. The rotated
+ * files are read only while they can hold such a line: not once a line older than `since` was
+ * read, and not a file last written before `since` (nor those rotated before it). A run that
+ * printed nothing used to look for every rotated file (four checks, by default) at its exit.
+ */
+export function linesSince(file: string, count: number, maxFiles: number, since: string): LogLine[] {
+  if (count <= 0) return [];
+  let records = lastRecordsOf(file, count).records;
+  const sinceMs = Date.parse(`${since}Z`);
+  const older = (record: LogRecord | undefined) => record !== undefined && record.line.ts !== "" && record.line.ts < since;
+  for (let index = 1; index < Math.max(1, maxFiles) && records.length < count && !older(records[0]); index++) {
+    const rotated = `${file}.${index}`;
+    const written = statSync(rotated, { throwIfNoEntry: false })?.mtimeMs;
+    if (written === undefined || written < sinceMs - MTIME_MARGIN_MS) break;
+    records = [...lastRecordsOf(rotated, count - records.length).records, ...records];
+  }
+  return records.map((record) => record.line).filter((line) => line.ts >= since);
+}
+
 /** tailLog returns the last `count` records of a log and its rotated predecessors (file.1, file.2, ...). */
 export function tailLog(file: string, count: number, maxFiles: number): LogLine[] {
   if (count <= 0) return [];

@@ -68,7 +68,7 @@ import {
 import { buildDiagnosis, explainPortClash, findLogCause, KEY_SCAN_LINES, type LogCause, redactor } from "./diagnose";
 import { assembleRunEnv, assertNoBindingCycle, type BoundService, bindingVariables, envPrefix } from "./env";
 import type { ServiceChange, ServiceChangeListener, ServiceDirectory } from "./index";
-import { followLog, type LogCursor, type LogRecord, tailLog, tailRecords } from "./logs";
+import { followLog, type LogCursor, type LogRecord, linesSince, tailLog, tailRecords } from "./logs";
 import { EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 import { EMPTY_FORENSICS, handleOf, type RunRow, type ServiceRow, type ServiceStore, type VersionRow } from "./store";
@@ -196,8 +196,7 @@ export class ServiceManager implements ServiceDirectory {
       appendLog: (serviceId, line) => this.appendLog(serviceId, line),
       database: (service) => this.databaseOf(service),
       logFile: (serviceId) => this.logFile(serviceId),
-      runOutput: (serviceId, run) =>
-        tailLog(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles).filter((line) => line.ts >= run.started_at.replace(/Z$/, "")),
+      runOutput: (serviceId, run) => linesSince(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles, run.started_at.replace(/Z$/, "")),
       crashCause: (service, version, output) => this.logCauseOf(service, version, output),
     };
   }

@@ -1,7 +1,8 @@
 import { afterEach, describe, expect, test } from "bun:test";
-import { appendFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { appendFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { followLog, formatCursor, type LogCursor, type LogRecord, parseCursor, tailRecords } from "../../../src/engine/services";
+import { linesSince } from "../../../src/engine/services/logs";
 import { eventually, tempDir } from "../../helpers";
 
 const cleanups: (() => void)[] = [];
@@ -129,5 +130,46 @@ describe("log cursors (the ids of a followed log)", () => {
     await eventually(() => follower.got.length === 3);
     await follower.stop();
     expect(follower.texts()).toEqual(["a", "b", "c"]);
+  });
+});
+
+describe("linesSince (a run's own output, read at its exit)", () => {
+  const at = (iso: string, text: string) => `${iso.replace(/Z$/, "")}000000Z stdout F ${text}\n`;
+  const since = "2026-11-23T10:00:05.000";
+  const texts = (file: string, count = 50) => linesSince(file, count, 5, since).map((line) => line.line);
+
+  test("the current file's lines from `since` on; an older line there ends the search", () => {
+    const file = join(logDir(), "service.log");
+    writeFileSync(
+      file,
+      at("2026-11-23T10:00:04.000Z", "before") + at("2026-11-23T10:00:05.000Z", "first") + at("2026-11-23T10:00:06.000Z", "second"),
+    );
+    // A rotated file with lines stamped later: never read, since the current file began before the run.
+    writeFileSync(`${file}.1`, at("2026-11-23T10:00:07.000Z", "impossible"));
+    expect(texts(file)).toEqual(["first", "second"]);
+    expect(texts(file, 1)).toEqual(["second"]);
+  });
+
+  test("a rotated file written since the run started is read, one written before it is not, nor any older", () => {
+    const file = join(logDir(), "service.log");
+    writeFileSync(file, at("2026-11-23T10:00:06.000Z", "after rotation"));
+    writeFileSync(`${file}.1`, at("2026-11-23T10:00:04.000Z", "earlier run") + at("2026-11-23T10:00:05.500Z", "before rotation"));
+    utimesSync(`${file}.1`, new Date("2026-11-23T10:00:05.600Z"), new Date("2026-11-23T10:00:05.600Z"));
+    writeFileSync(`${file}.2`, at("2026-11-23T10:00:05.700Z", "stamped late in an old file"));
+    utimesSync(`${file}.2`, new Date("2026-11-23T09:00:00.000Z"), new Date("2026-11-23T09:00:00.000Z"));
+    expect(texts(file)).toEqual(["before rotation", "after rotation"]);
+
+    // file.1 last written an hour before the run: neither it nor file.2 is read.
+    utimesSync(`${file}.1`, new Date("2026-11-23T09:00:00.000Z"), new Date("2026-11-23T09:00:00.000Z"));
+    utimesSync(`${file}.2`, new Date("2026-11-23T10:00:06.000Z"), new Date("2026-11-23T10:00:06.000Z"));
+    expect(texts(file)).toEqual(["after rotation"]);
+  });
+
+  test("a run that printed nothing: no lines, and a log that is not there is no error", () => {
+    const dir = logDir();
+    expect(texts(join(dir, "absent.log"))).toEqual([]);
+    const file = join(dir, "service.log");
+    writeFileSync(file, at("2026-11-23T10:00:01.000Z", "an earlier run's"));
+    expect(texts(file)).toEqual([]);
   });
 });
