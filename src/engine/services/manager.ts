@@ -196,7 +196,8 @@ export class ServiceManager implements ServiceDirectory {
       appendLog: (serviceId, line) => this.appendLog(serviceId, line),
       database: (service) => this.databaseOf(service),
       logFile: (serviceId) => this.logFile(serviceId),
-      runOutput: (serviceId, run) => linesSince(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles, run.started_at.replace(/Z$/, "")),
+      runOutput: (serviceId, run) =>
+        linesSince(this.logFile(serviceId), KEY_SCAN_LINES, this.o.logMaxFiles, run.started_at.replace(/Z$/, "")),
       crashCause: (service, version, output) => this.logCauseOf(service, version, output),
     };
   }
