@@ -281,7 +281,8 @@ export class Supervisor {
       shimPid,
       shimStart: this.launcher.startTimeOf(shimPid) ?? readProcessStat(shimPid)?.startTime ?? -1,
       pid,
-      pidStart: readProcessStat(pid)?.startTime ?? -1,
+      // A workload already ended (a batch job's often is by now) is never checked for again: its start time is not read.
+      pidStart: this.earlyExits.has(spec.runId) ? -1 : (readProcessStat(pid)?.startTime ?? -1),
       cgroupDir,
     };
     this.watched.set(spec.runId, { handle, reported: false });
