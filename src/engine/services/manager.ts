@@ -1072,11 +1072,15 @@ export class ServiceManager implements ServiceDirectory {
     return { id, gpus: spec.gpus, gpu_memory_mb: spec.gpu_memory_mb, priority: spec.priority, submitted_at: submittedAt };
   }
 
-  /** schedule runs one placement pass soon; calls within the same tick share it. */
+  /**
+   * schedule runs one placement pass soon: once the event loop has run what this turn of it
+   * found ready (setImmediate), so that the deploys of one turn (16 POSTs read at once, say) and
+   * the exits it was told of share a pass, its store reads and its one commit.
+   */
   schedule(): void {
     if (this.scheduleQueued || this.stopped || this.draining) return;
     this.scheduleQueued = true;
-    queueMicrotask(() => {
+    setImmediate(() => {
       this.scheduleQueued = false;
       try {
         this.placementPass();
