@@ -79,10 +79,20 @@ export function jsonDepthExceeds(text: string, maxDepth: number): boolean {
 
 /** readBoundedText reads a body as UTF-8 text, or null once it is past `maxBytes` (the rest is not read). */
 export async function readBoundedText(request: Request, maxBytes: number): Promise<string | null> {
-  const declared = Number(request.headers.get("content-length") ?? "0");
+  const length = request.headers.get("content-length");
+  const declared = Number(length ?? "0");
   if (declared > maxBytes) return null;
+  // A body framed by its Content-Length is that long and no longer (the server reads no more of
+  // it): read at once, without a stream reader's promise a chunk, and still measured (a Request
+  // made in this process has no framing). A chunked one is counted as it comes.
+  if (length !== null && /^\d+$/.test(length)) {
+    const bytes = await request.bytes();
+    return bytes.byteLength > maxBytes ? null : UTF8.decode(bytes);
+  }
   return readBoundedStream(request.body, maxBytes);
 }
+
+const UTF8 = new TextDecoder();
 
 /** readBoundedStream reads a body stream as UTF-8 text, or null once it is past `maxBytes` (the rest is cancelled, not read). */
 export async function readBoundedStream(body: ReadableStream<Uint8Array> | null, maxBytes: number): Promise<string | null> {

@@ -42,6 +42,18 @@ test.each([
   expect(await readBoundedText(new Request("http://x/", { method: "POST", body }), max)).toBe(expected);
 });
 
+test.each([
+  ["under the bound", "x".repeat(10), "10", 16, "x".repeat(10)],
+  ["at the bound, in UTF-8 bytes", "é".repeat(8), "16", 16, "é".repeat(8)],
+  ["declared over the bound", "x".repeat(17), "17", 16, null],
+  // A Request made in this process has no framing: what it holds is measured, whatever it declares.
+  ["declared under the bound, holding more", "x".repeat(17), "3", 16, null],
+  ["not a number: read as a stream", "x".repeat(10), "ten", 16, "x".repeat(10)],
+])("readBoundedText with a Content-Length: %s", async (_name, body, length, max, expected) => {
+  const request = new Request("http://x/", { method: "POST", body, headers: { "content-length": length } });
+  expect(await readBoundedText(request, max)).toBe(expected);
+});
+
 test("lastResortResponse is the 500 envelope: JSON, a request id, no message or stack of the error", async () => {
   const logged: unknown[] = [];
   const log = { error: (fields: unknown) => logged.push(fields) } as unknown as Logger;
