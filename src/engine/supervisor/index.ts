@@ -259,7 +259,7 @@ export class Supervisor {
       if (cgroupDir) this.cgroup?.remove(cgroupDir);
       throw error;
     }
-    const ok = /^ok (\d+) (\d+)$/.exec(report);
+    const ok = /^ok (\d+) (\d+)(?: (\d+))?$/.exec(report);
     if (!ok) {
       this.byRunDir.delete(spec.runDir);
       this.earlyExits.delete(spec.runId);
@@ -281,8 +281,9 @@ export class Supervisor {
       shimPid,
       shimStart: this.launcher.startTimeOf(shimPid) ?? readProcessStat(shimPid)?.startTime ?? -1,
       pid,
-      // A workload already ended (a batch job's often is by now) is never checked for again: its start time is not read.
-      pidStart: this.earlyExits.has(spec.runId) ? -1 : (readProcessStat(pid)?.startTime ?? -1),
+      // The shim read the start time beside the fork. A shim from before it did not: read here,
+      // unless the workload ended already (a batch job's often has), which is never checked for again.
+      pidStart: ok[3] !== undefined ? Number(ok[3]) : this.earlyExits.has(spec.runId) ? -1 : (readProcessStat(pid)?.startTime ?? -1),
       cgroupDir,
     };
     this.watched.set(spec.runId, { handle, reported: false });

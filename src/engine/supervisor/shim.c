@@ -27,7 +27,10 @@
  *
  * Each run is reported in one line (on stdout for a shim of one run, after the request's id
  * for the launcher):
- *   "ok SHIM_PID CHILD_PID"            the workload is running (SHIM_PID: the process holding it);
+ *   "ok SHIM_PID CHILD_PID START"      the workload is running (SHIM_PID: the process holding it;
+ *                                       START: the workload's start time, field 22 of its
+ *                                       /proc/PID/stat, which tells it from a later process of
+ *                                       the same pid; absent where it could not be read);
  *   "err ERRNO STAGE"                   it could not start (STAGE: exec, cgroup, user, chdir, setup,
  *                                       rundir: the run's directory or the log's could not be made).
  * RUN_DIR and LOG_FILE's directory are made when missing (0750; missing parents 0700).
@@ -670,6 +673,32 @@ static int make_room(void) {
   return 0;
 }
 
+/* start_time is field 22 of /proc/PID/stat (the process's start, in clock ticks since boot), or
+   -1. The daemon keeps it with the pid to tell the workload from a later process of that pid;
+   read here, beside the fork, instead of by the daemon's event loop for every launch. */
+static long long start_time(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t got;
+  do got = read(fd, buf, sizeof buf - 1);
+  while (got < 0 && errno == EINTR);
+  close(fd);
+  if (got <= 0) return -1;
+  buf[got] = 0;
+  /* The command name (field 2) may hold spaces and parentheses: the fields after it start at the last ')'. */
+  char *p = strrchr(buf, ')');
+  if (!p) return -1;
+  for (int field = 2; field < 22; field++) {
+    p = strchr(p + 1, ' ');
+    if (!p) return -1;
+  }
+  char *end;
+  long long value = strtoll(p + 1, &end, 10);
+  return end == p + 1 ? -1 : value;
+}
+
 /* give_up reports a run that could not start (`err CODE STAGE`), leaves `cwd` where it was
    entered, and forgets the run; it answers NULL, for start_run to return. */
 static struct run *give_up(struct run *r, const char *cwd, char *report, size_t report_size, int code, const char *stage) {
@@ -784,7 +813,9 @@ static struct run *start_run(const struct spec *s, const char *cwd, char **envp,
     close(fd);
     rename(tmp, path);
   }
-  snprintf(report, report_size, "ok %d %d", (int)getpid(), (int)child);
+  long long started = start_time(child);
+  if (started >= 0) snprintf(report, report_size, "ok %d %d %lld", (int)getpid(), (int)child, started);
+  else snprintf(report, report_size, "ok %d %d", (int)getpid(), (int)child);
   return r;
 }
 

@@ -45,7 +45,7 @@ describe("ShimLauncher", () => {
         'echo "$GREETING from $(pwd)"; ls -l /proc/$$/fd/0; ulimit -n; exec sleep 30',
       ]);
       const report = await launcher.launch(first.argv, { GREETING: "hello", PATH: "/usr/bin:/bin" }, dir);
-      const match = /^ok (\d+) (\d+)$/.exec(report ?? "");
+      const match = /^ok (\d+) (\d+) \d+$/.exec(report ?? "");
       expect(match).not.toBeNull();
       const [shimPid, pid] = [Number(match?.[1]), Number(match?.[2])];
       started.push(pid);
@@ -69,7 +69,7 @@ describe("ShimLauncher", () => {
       expect(output).toMatch(new RegExp(`stdout F ${spawned}\n`));
       const second = shimArgv(testShim(), "second", ["true"]);
       const secondReport = await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir);
-      expect(secondReport).toMatch(new RegExp(`^ok ${shimPid} \\d+$`));
+      expect(secondReport).toMatch(new RegExp(`^ok ${shimPid} \\d+ \\d+$`));
       await eventually(() => existsSync(join(second.runDir, "exit.json")));
       expect(JSON.parse(readFileSync(join(second.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
       // A workload that ended is reaped by the launcher: no zombie stays.
@@ -98,7 +98,7 @@ describe("ShimLauncher", () => {
       const service = join(dir, "services", "svc_1");
       const runDir = join(service, "runs", "run_1");
       const argv = [testShim(), runDir, join(service, "logs", "output.log"), "-", "1048576", "2", "-", "-", "--", "true"];
-      expect(await launcher.launch(argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+$/);
+      expect(await launcher.launch(argv, { PATH: "/usr/bin:/bin" }, dir)).toMatch(/^ok \d+ \d+ \d+$/);
       const mode = (path: string) => statSync(path).mode & 0o777;
       expect(mode(runDir)).toBe(0o750 & ~process.umask());
       for (const made of [service, join(service, "runs"), join(service, "logs")]) expect(mode(made)).toBe(0o700 & ~process.umask());
@@ -118,7 +118,7 @@ describe("ShimLauncher", () => {
         shimArgv(testShim(), `many-${i}`, ["/bin/sh", "-c", `echo run ${i}; exit ${i % 7}`]),
       );
       const reports = await Promise.all(runs.map((run) => launcher.launch(run.argv, { PATH: "/usr/bin:/bin" }, dir)));
-      const pids = reports.map((report) => Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]));
+      const pids = reports.map((report) => Number(/^ok \d+ (\d+) \d+$/.exec(report ?? "")?.[1]));
       expect(pids.every((pid) => pid > 0)).toBe(true);
       expect(new Set(pids).size).toBe(runs.length);
       expect(new Set(reports.map((report) => report?.split(" ")[1])).size).toBe(1);
@@ -157,7 +157,7 @@ describe("ShimLauncher", () => {
     try {
       const runs = Array.from({ length: 10 }, (_, i) => shimArgv(testShim(), `told-${i}`, ["/bin/sh", "-c", `exit ${i}`], socketPath));
       const reports = await Promise.all(runs.map((run) => launcher.launch(run.argv, { PATH: "/usr/bin:/bin" }, dir)));
-      expect(reports.every((report) => /^ok \d+ \d+$/.test(report ?? ""))).toBe(true);
+      expect(reports.every((report) => /^ok \d+ \d+ \d+$/.test(report ?? ""))).toBe(true);
       await eventually(() => byPipe.length === runs.length);
       expect(byPipe.toSorted()).toEqual(runs.map((run) => run.runDir).toSorted());
       expect(bySocket).toEqual([]);
@@ -187,7 +187,7 @@ describe("ShimLauncher", () => {
     const launcher = new ShimLauncher(testShim(), log, ignore);
     const first = shimArgv(testShim(), "again-1", ["sleep", "30"]);
     const report = await launcher.launch(first.argv, { PATH: "/usr/bin:/bin" }, dir);
-    const workload = Number(/^ok \d+ (\d+)$/.exec(report ?? "")?.[1]);
+    const workload = Number(/^ok \d+ (\d+) \d+$/.exec(report ?? "")?.[1]);
     started.push(workload);
     const before = launcher.pid as number;
     // The serving launcher's start time is read once for all its runs; no other pid has one here.
@@ -199,7 +199,7 @@ describe("ShimLauncher", () => {
     expect(readProcessStat(workload)).not.toBeNull(); // the killed launcher's workload runs on
     const second = shimArgv(testShim(), "again-2", ["/bin/sh", "-c", 'read line; echo "got $line"; exit 3']);
     const secondReport = await launcher.launch(second.argv, { PATH: "/usr/bin:/bin" }, dir);
-    expect(secondReport).toMatch(/^ok \d+ \d+$/);
+    expect(secondReport).toMatch(/^ok \d+ \d+ \d+$/);
     const secondPid = Number(secondReport?.split(" ")[2]);
     started.push(secondPid);
     const after = launcher.pid as number;

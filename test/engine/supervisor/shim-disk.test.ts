@@ -32,7 +32,7 @@ async function startShim(disk: Tmpfs, script: string, maxBytes = 64 << 20, makeR
   });
   const report = (await new Response(proc.stdout).text()).trim();
   await proc.exited;
-  const [, shimPid, childPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+  const [, shimPid, childPid] = (/^ok (\d+) (\d+) \d+$/.exec(report) ?? []).map(Number);
   if (!shimPid || !childPid) throw new Error(`the shim did not start: ${report}`);
   const shimStart = readProcessStat(shimPid)?.startTime ?? 0;
   cleanups.push(() => {

@@ -23,7 +23,7 @@ async function runShim(name: string, argv: string[], { maxBytes = 1 << 20, maxFi
 describe("engine-shim", () => {
   test("reports the pids, detaches, logs both streams in CRI format and records the exit code", async () => {
     const { runDir, report, exit } = await runShim("basic", ["/bin/sh", "-c", "echo out; echo err >&2; printf tail; exit 4"]);
-    const match = /^ok (\d+) (\d+)$/.exec(report);
+    const match = /^ok (\d+) (\d+) \d+$/.exec(report);
     expect(match).not.toBeNull();
     await eventually(() => existsSync(join(runDir, "exit.json")));
     expect(exit()).toMatchObject({ exit_code: 4, signal: null });
@@ -42,10 +42,12 @@ describe("engine-shim", () => {
 
   test("the workload leads its own process group in the shim's session; the shim is not the daemon's child", async () => {
     const { runDir, report } = await runShim("group", ["sleep", "30"]);
-    const [, shimPid, childPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+    const [, shimPid, childPid, childStart] = (/^ok (\d+) (\d+) (\d+)$/.exec(report) ?? []).map(Number);
     const shim = readProcessStat(shimPid as number);
     const child = readProcessStat(childPid as number);
     expect(child?.pgid).toBe(childPid as number);
+    // The report's start time is the workload's own, as /proc tells it.
+    expect(childStart).toBe(child?.startTime as number);
     expect(shim?.ppid).not.toBe(process.pid);
     expect(child?.ppid).toBe(shimPid as number);
     process.kill(childPid as number, "SIGKILL");
@@ -56,7 +58,7 @@ describe("engine-shim", () => {
 
   test("the workload starts with no signal blocked or ignored, whatever the shim blocks and ignores around its start", async () => {
     const { runDir, report } = await runShim("signals", ["sleep", "30"]);
-    const [, , childPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+    const [, , childPid] = (/^ok (\d+) (\d+) \d+$/.exec(report) ?? []).map(Number);
     const status = readFileSync(`/proc/${childPid}/status`, "utf8");
     const mask = (name: string) =>
       /^(\w+):\s+([0-9a-f]+)$/m.exec(status.split("\n").find((line) => line.startsWith(`${name}:`)) ?? "")?.[2];
@@ -70,7 +72,7 @@ describe("engine-shim", () => {
 
   test("a shim whose run directory was removed under it ends once its workload does, instead of retrying for ever", async () => {
     const { runDir, report } = await runShim("removed", ["sleep", "0.3"]);
-    const [, shimPid] = (/^ok (\d+) (\d+)$/.exec(report) ?? []).map(Number);
+    const [, shimPid] = (/^ok (\d+) (\d+) \d+$/.exec(report) ?? []).map(Number);
     const shimStart = readProcessStat(shimPid as number)?.startTime ?? 0;
     rmSync(runDir, { recursive: true, force: true });
     await eventually(() => !isSameProcess(shimPid as number, shimStart), { timeoutMs: 5000 });
@@ -148,7 +150,7 @@ describe("engine-shim", () => {
     expect(readdirSync(join(runs, "..")).sort()).toEqual(["out.log", "runs"]);
 
     const first = await start("run-1", true, ["sleep", "30"]);
-    const [, , firstChild] = (/^ok (\d+) (\d+)$/.exec(first.report) ?? []).map(Number);
+    const [, , firstChild] = (/^ok (\d+) (\d+) \d+$/.exec(first.report) ?? []).map(Number);
     // Beside runs/, in the service's directory: runs/ holds runs only.
     const spare = join(runs, "..", ".next-run");
     await eventually(() => existsSync(spare));
@@ -169,7 +171,7 @@ describe("engine-shim", () => {
     // The record was cut to its length; the pids file names the second shim and its workload.
     expect(readFileSync(join(second.runDir, "exit.json"), "utf8")).toEndWith("}\n");
     const [shimPid, childPid] = readFileSync(join(second.runDir, "pids"), "utf8").trim().split(" ").map(Number);
-    expect(`ok ${shimPid} ${childPid}`).toBe(second.report);
+    expect(second.report).toStartWith(`ok ${shimPid} ${childPid} `);
     expect(readdirSync(second.runDir).sort()).toEqual(["exit.json", "pids"]);
 
     process.kill(firstChild as number, "SIGKILL");
