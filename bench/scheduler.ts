@@ -331,7 +331,8 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       : null;
     // Under load (other engineers' tests on the same 2 cores) a start from source can take past the tests' 20 s.
     engine = await spawnEngine(dataDir, {
-      ...(useCompiled ? { command: [binary] } : profiled ? { command: profiled } : {}),
+      // A compiled engine runs the shim it carries, as a user's does (an empty ENGINE_SHIM is none).
+      ...(useCompiled ? { command: [binary], env: { ENGINE_SHIM: "" } } : profiled ? { command: profiled } : {}),
       startTimeoutMs: 90_000,
     });
     const daemonPid = engine.proc.pid;
