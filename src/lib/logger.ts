@@ -144,6 +144,7 @@ export class LineSink {
   private queue: Entry[] = [];
   private queuedBytes = 0;
   private writing = false;
+  private pumpDue = false;
   private retryTimer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(options: { name: string; fd?: number; open?: () => number; retryMs: number; events: SinkEvents }) {
@@ -242,7 +243,21 @@ export class LineSink {
     }
     this.queue.push(entry);
     this.queuedBytes += entry.text.length;
-    this.pump();
+    this.pumpSoon();
+  }
+
+  /**
+   * pumpSoon starts the queue's write once this turn of the event loop is done, so the lines
+   * of one turn go in one write: a write is a trip through the thread pool and back, and a
+   * flood of batch jobs logged three lines each, one write apiece.
+   */
+  private pumpSoon(): void {
+    if (this.pumpDue || this.writing) return;
+    this.pumpDue = true;
+    setImmediate(() => {
+      this.pumpDue = false;
+      this.pump();
+    });
   }
 
   private lost(entries: Entry[], code: string): void {
