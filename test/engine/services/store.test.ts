@@ -2,7 +2,7 @@ import { afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { EMPTY_RESTART_STATE } from "../../../src/engine/services/restart-policy";
-import { EMPTY_FORENSICS, RUNS_KEPT, type ServiceRow, ServiceStore } from "../../../src/engine/services/store";
+import { EMPTY_FORENSICS, RUNS_KEPT, type RunRow, type ServiceRow, ServiceStore } from "../../../src/engine/services/store";
 import type { Database } from "../../../src/engine/store";
 import { openStore } from "../../../src/engine/store";
 import { tempDir } from "../../helpers";
@@ -41,6 +41,28 @@ function row(name: string, status: string, desired = "running", createdAt = "202
   };
 }
 
+/** runRow is a run of `service` as a launch records it, with `fields` over it. */
+function runRow(service: string, id: string, fields: Partial<RunRow> = {}): RunRow {
+  return {
+    id,
+    service_id: `svc_${service}`,
+    version: 1,
+    run_dir: `/runs/${id}`,
+    shim_pid: null,
+    shim_start: null,
+    pid: null,
+    pid_start: null,
+    cgroup_dir: null,
+    gpus: null,
+    env_keys: [],
+    started_at: "2026-11-27T00:00:05.000Z",
+    ended_at: null,
+    exit: null,
+    end_reason: null,
+    ...fields,
+  };
+}
+
 describe("ServiceStore.listPendingServices", () => {
   test("answers the services meant to run and waiting to be launched, oldest first, and nothing else", () => {
     store.insertService(row("b-late", "pending", "running", "2026-11-27T00:00:02.000Z"));
@@ -62,23 +84,7 @@ describe("ServiceStore.listPendingServices", () => {
 
 describe("ServiceStore.openRuns", () => {
   const run = (service: string, id: string, pid: number | null, endedAt: string | null) =>
-    store.insertRun({
-      id,
-      service_id: `svc_${service}`,
-      version: 1,
-      run_dir: `/runs/${id}`,
-      shim_pid: pid === null ? null : pid - 1,
-      shim_start: null,
-      pid,
-      pid_start: null,
-      cgroup_dir: null,
-      gpus: null,
-      env_keys: [],
-      started_at: "2026-11-27T00:00:05.000Z",
-      ended_at: endedAt,
-      exit: null,
-      end_reason: null,
-    });
+    store.insertRun(runRow(service, id, { shim_pid: pid === null ? null : pid - 1, pid, ended_at: endedAt }));
 
   test("names the services whose current run has not ended, in the list's order, with the run and its pid", () => {
     store.insertService({ ...row("b-live", "running", "running", "2026-11-27T00:00:02.000Z"), current_run_id: "run_b2" });
@@ -100,23 +106,8 @@ describe("ServiceStore.openRuns", () => {
 });
 
 describe("ServiceStore's cached rows", () => {
-  const newRun = (service: string, id: string) => ({
-    id,
-    service_id: `svc_${service}`,
-    version: 1,
-    run_dir: `/runs/${id}`,
-    shim_pid: null,
-    shim_start: null,
-    pid: null,
-    pid_start: null,
-    cgroup_dir: null,
-    gpus: { device_uuids: ["GPU-0"], visible_ids: ["0"], whole: true, memory_mb: 0 },
-    env_keys: ["A"],
-    started_at: "2026-11-27T00:00:05.000Z",
-    ended_at: null,
-    exit: null,
-    end_reason: null,
-  });
+  const newRun = (service: string, id: string) =>
+    runRow(service, id, { gpus: { device_uuids: ["GPU-0"], visible_ids: ["0"], whole: true, memory_mb: 0 }, env_keys: ["A"] });
   /** fresh reads what the file holds, through a second store that has cached nothing. */
   const fresh = () => new ServiceStore(db);
 
@@ -212,23 +203,13 @@ describe("ServiceStore's cached rows", () => {
 
 describe("ServiceStore.pruneRuns", () => {
   const ended = (service: string, id: string, at: number) =>
-    store.insertRun({
-      id,
-      service_id: `svc_${service}`,
-      version: 1,
-      run_dir: `/runs/${id}`,
-      shim_pid: null,
-      shim_start: null,
-      pid: null,
-      pid_start: null,
-      cgroup_dir: null,
-      gpus: null,
-      env_keys: [],
-      started_at: new Date(Date.UTC(2026, 10, 27, 0, 0, at)).toISOString(),
-      ended_at: new Date(Date.UTC(2026, 10, 27, 0, 0, at + 1)).toISOString(),
-      exit: null,
-      end_reason: "exit",
-    });
+    store.insertRun(
+      runRow(service, id, {
+        started_at: new Date(Date.UTC(2026, 10, 27, 0, 0, at)).toISOString(),
+        ended_at: new Date(Date.UTC(2026, 10, 27, 0, 0, at + 1)).toISOString(),
+        end_reason: "exit",
+      }),
+    );
   const stored = (service: string) =>
     db
       .query<{ id: string }, [string]>("SELECT id FROM runs WHERE service_id = ? ORDER BY started_at")
