@@ -802,8 +802,8 @@ export class ServiceManager implements ServiceDirectory {
       this.changed(id, row);
       if (spec.build) void this.runVersionBuild(id, 1);
       else this.schedule();
-      // Without a build, the row as written: nothing has run since (the placement pass is a
-      // microtask away); a build starts at once and may have written to it.
+      // Without a build, the row as written: nothing has run since (the placement pass runs
+      // once this turn of the event loop is done); a build starts at once and may have written to it.
       return { record: spec.build ? this.get(id) : this.record(row), created: true, changed: true };
     }
     if (existing.kind !== spec.kind) {
