@@ -84,8 +84,9 @@ export async function readBoundedText(request: Request, maxBytes: number): Promi
   if (declared > maxBytes) return null;
   // A body framed by its Content-Length is that long and no longer (the server reads no more of
   // it): read at once, without a stream reader's promise a chunk, and still measured (a Request
-  // made in this process has no framing). A chunked one is counted as it comes.
-  if (length !== null && /^\d+$/.test(length)) {
+  // made in this process has no framing). A chunked one is counted as it comes, a Content-Length
+  // beside it or not.
+  if (length !== null && /^\d+$/.test(length) && !request.headers.has("transfer-encoding")) {
     const bytes = await request.bytes();
     return bytes.byteLength > maxBytes ? null : UTF8.decode(bytes);
   }
