@@ -1082,6 +1082,9 @@ export class ServiceManager implements ServiceDirectory {
     this.scheduleQueued = true;
     setImmediate(() => {
       this.scheduleQueued = false;
+      // A hand-over or a drain may have begun in this turn, after the call: no pass then (a
+      // drain that does not go through schedules one when it resumes).
+      if (this.stopped || this.draining) return;
       try {
         this.placementPass();
       } catch (error) {
