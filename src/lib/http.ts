@@ -77,6 +77,9 @@ export function jsonDepthExceeds(text: string, maxDepth: number): boolean {
   return false;
 }
 
+/** UTF8 decodes a whole body at once (no stream state kept between calls). */
+const UTF8 = new TextDecoder();
+
 /** readBoundedText reads a body as UTF-8 text, or null once it is past `maxBytes` (the rest is not read). */
 export async function readBoundedText(request: Request, maxBytes: number): Promise<string | null> {
   const length = request.headers.get("content-length");
@@ -93,7 +96,6 @@ export async function readBoundedText(request: Request, maxBytes: number): Promi
   return readBoundedStream(request.body, maxBytes);
 }
 
-const UTF8 = new TextDecoder();
 
 /** readBoundedStream reads a body stream as UTF-8 text, or null once it is past `maxBytes` (the rest is cancelled, not read). */
 export async function readBoundedStream(body: ReadableStream<Uint8Array> | null, maxBytes: number): Promise<string | null> {
@@ -111,7 +113,7 @@ export async function readBoundedStream(body: ReadableStream<Uint8Array> | null,
     }
     chunks.push(value);
   }
-  return new TextDecoder().decode(Buffer.concat(chunks));
+  return UTF8.decode(Buffer.concat(chunks));
 }
 
 /**

@@ -154,11 +154,11 @@ export class ServiceStore {
    * them at each exit of a batch job, which has one, found none. Never fewer than are there.
    */
   private readonly runCounts = new Map<string, number>();
-  /** inTransaction runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
-  private readonly inTransaction: (fn: () => unknown) => unknown;
+  /** transact runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
+  private readonly transact: (fn: () => unknown) => unknown;
 
   constructor(private readonly db: Database) {
-    this.inTransaction = db.transaction((fn: () => unknown) => fn());
+    this.transact = db.transaction((fn: () => unknown) => fn());
   }
 
   /** forget drops the cached rows: what this process read before it owned the store may have changed since. */
@@ -176,7 +176,7 @@ export class ServiceStore {
 
   transaction<T>(fn: () => T): T {
     try {
-      return this.inTransaction(fn) as T;
+      return this.transact(fn) as T;
     } catch (error) {
       this.dropRows(); // what the transaction wrote is not in the store
       throw error;

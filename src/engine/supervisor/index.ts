@@ -281,9 +281,9 @@ export class Supervisor {
       shimPid,
       shimStart: this.launcher.startTimeOf(shimPid) ?? readProcessStat(shimPid)?.startTime ?? -1,
       pid,
-      // The shim read the start time beside the fork. A shim from before it did not: read here,
-      // unless the workload ended already (a batch job's often has), which is never checked for again.
-      pidStart: ok[3] !== undefined ? Number(ok[3]) : this.earlyExits.has(spec.runId) ? -1 : (readProcessStat(pid)?.startTime ?? -1),
+      // The shim read the start time beside the fork; a report without it (a shim from before
+      // that, a run recovered from its pids file) leaves it to be read here.
+      pidStart: ok[3] !== undefined ? Number(ok[3]) : (readProcessStat(pid)?.startTime ?? -1),
       cgroupDir,
     };
     this.watched.set(spec.runId, { handle, reported: false });

@@ -313,8 +313,7 @@ export class ServiceUsers {
     // The cache's set is read as it is (copying it cost O(users) a new user).
     for (let step = 0; step < span; step++) {
       const id = min + ((start - min + step) % span);
-      if (used.has(id) || this.reserved.has(id)) continue;
-      if (getent("passwd", String(id)) === "" && getent("group", String(id)) === "") {
+      if (this.idFree(id, used)) {
         this.nextFree = id + 1;
         return id;
       }
