@@ -96,7 +96,6 @@ export async function readBoundedText(request: Request, maxBytes: number): Promi
   return readBoundedStream(request.body, maxBytes);
 }
 
-
 /** readBoundedStream reads a body stream as UTF-8 text, or null once it is past `maxBytes` (the rest is cancelled, not read). */
 export async function readBoundedStream(body: ReadableStream<Uint8Array> | null, maxBytes: number): Promise<string | null> {
   if (!body) return "";
