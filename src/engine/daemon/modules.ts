@@ -310,7 +310,7 @@ export function servicesModule(
     async stop() {
       // A manager only provisioned adopted nothing: what runs is still the predecessor's.
       if (!manager || !started) return;
-      keptRunning = manager.liveServiceNames();
+      keptRunning = manager.liveWorkloads().map((workload) => workload.name);
       manager.handOver();
       const stopped = manager;
       manager = null;

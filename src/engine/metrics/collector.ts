@@ -1,6 +1,7 @@
 import { HISTORY_INTERVAL_S, HISTORY_WINDOW_S, type MetricsHistory, type ServiceRecord } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import { type ComputeApp, type GpuReading, type GpuTelemetry, readGpuTelemetry } from "../gpu";
+import type { LiveWorkload } from "../services";
 import { History } from "./history";
 import { type ProcessTable, type SystemUnits, scanProcesses, systemUnits } from "./procfs";
 
@@ -8,8 +9,8 @@ import { type ProcessTable, type SystemUnits, scanProcesses, systemUnits } from 
 export interface ServiceSample {
   id: string;
   name: string;
-  /** workload is the run's workload pid (its processes: its group and descendants), null when the service had no process. */
-  workload: number | null;
+  /** workload is the run's workload pid (its processes: its group and descendants). */
+  workload: number;
   processes: number;
   cpuSeconds: number;
   /** cpuPct is CPU time over the interval before this sample, in percent of one core; null for a run's first sample. */
@@ -26,6 +27,7 @@ export interface Sample {
   /** gpuSource says whether nvidia-smi answered: GPU and GPU memory series exist only then. */
   gpuSource: boolean;
   gpuWarnings: string[];
+  /** services are the services that had a process when sampled, by id: one without has nothing to measure. */
   services: Map<string, ServiceSample>;
   /** unattributedGpuMb is GPU memory held by processes of no service, per GPU uuid. */
   unattributedGpuMb: Map<string, number>;
@@ -34,8 +36,8 @@ export interface Sample {
 
 /** CollectorOptions are what the collector reads. */
 export interface CollectorOptions {
-  /** services lists the services (their workload pids); the manager. */
-  services: { list(): ServiceRecord[] };
+  /** services names the services with a process, and its pid; the manager. */
+  services: { liveWorkloads(): LiveWorkload[] };
   /** nvidiaSmiPath is the nvidia-smi to ask (config ENGINE_NVIDIA_SMI); undefined: look it up on PATH. */
   nvidiaSmiPath?: string;
   /** gpusDeclared is true when ENGINE_GPUS declares the GPUs: nvidia-smi is then never run. */
@@ -125,8 +127,10 @@ export class MetricsCollector {
       : await (this.o.readGpus?.() ?? readGpuTelemetry(this.o.nvidiaSmiPath));
     if (this.stopped) return;
     const atMs = Date.now();
-    const services = this.o.services.list();
-    const table = scanProcesses(new Set(services.flatMap((service) => (service.pid === null ? [] : [service.pid]))), this.o.procRoot);
+    // The services with a process, not every record: a store of 10,000 settled jobs made each
+    // sample build 10,000 records to find the few it measures.
+    const workloads = this.o.services.liveWorkloads();
+    const table = scanProcesses(new Set(workloads.map((service) => service.pid)), this.o.procRoot);
     const gpuSource = telemetry.readings.length > 0;
     const sample: Sample = {
       atMs,
@@ -139,22 +143,18 @@ export class MetricsCollector {
     };
     const serviceOfWorkload = new Map<number, string>();
     const previous = new Map<number, { ticks: number; atMs: number }>();
-    for (const service of services) {
-      const workload = service.pid;
-      const usage = workload === null ? undefined : table.workloads.get(workload);
-      if (workload === null || !usage) {
-        sample.services.set(service.id, emptyService(service, gpuSource));
-        continue;
-      }
-      serviceOfWorkload.set(workload, service.id);
+    for (const { id, name, pid: workload } of workloads) {
+      const usage = table.workloads.get(workload);
+      if (!usage) continue;
+      serviceOfWorkload.set(workload, id);
       const before = this.previous.get(workload);
       previous.set(workload, { ticks: usage.cpuTicks, atMs });
       const elapsedS = before ? (atMs - before.atMs) / 1000 : 0;
       const cpuPct =
         before && elapsedS > 0 ? Math.max(0, ((usage.cpuTicks - before.ticks) / this.units.ticksPerSecond / elapsedS) * 100) : null;
-      sample.services.set(service.id, {
-        id: service.id,
-        name: service.name,
+      sample.services.set(id, {
+        id,
+        name,
         workload,
         processes: usage.processes,
         cpuSeconds: usage.cpuTicks / this.units.ticksPerSecond,
@@ -168,10 +168,16 @@ export class MetricsCollector {
     sample.durationS = (performance.now() - started) / 1000;
     this.latestSample = sample;
     this.samples += 1;
-    this.record(sample, services);
+    this.record(sample);
   }
 
-  private record(sample: Sample, services: ServiceRecord[]): void {
+  /** forget drops a deleted service's series. */
+  forget(serviceId: string): void {
+    const prefix = `svc\n${serviceId}\n`;
+    this.history.forget((key) => key.startsWith(prefix));
+  }
+
+  private record(sample: Sample): void {
     const values = new Map<string, number>();
     for (const reading of sample.gpus) {
       this.gpuMeta.set(reading.uuid, { index: reading.index, name: reading.name, totalMb: reading.memory_total_mb });
@@ -179,15 +185,11 @@ export class MetricsCollector {
       if (reading.memory_used_mb !== null) values.set(`gpu\n${reading.uuid}\nmem`, reading.memory_used_mb);
     }
     for (const service of sample.services.values()) {
-      if (service.workload === null) continue;
       if (service.cpuPct !== null) values.set(`svc\n${service.id}\ncpu`, service.cpuPct);
       values.set(`svc\n${service.id}\nrss`, service.rssBytes);
       if (service.gpuMemoryMb !== null) values.set(`svc\n${service.id}\ngpu`, service.gpuMemoryMb);
     }
     this.history.push(sample.atMs / 1000, values);
-    // A deleted service's series go with it.
-    const ids = new Set(services.map((service) => service.id));
-    this.history.forget((key) => key.startsWith("svc\n") && !ids.has(key.split("\n")[1] as string));
   }
 
   /**
@@ -224,19 +226,6 @@ export class MetricsCollector {
         })),
     };
   }
-}
-
-function emptyService(service: ServiceRecord, gpuSource: boolean): ServiceSample {
-  return {
-    id: service.id,
-    name: service.name,
-    workload: null,
-    processes: 0,
-    cpuSeconds: 0,
-    cpuPct: null,
-    rssBytes: 0,
-    gpuMemoryMb: gpuSource ? 0 : null,
-  };
 }
 
 /**

@@ -138,10 +138,7 @@ function writeGpus(text: MetricsText, input: ExpositionInput): void {
 
 function writeServices(text: MetricsText, input: ExpositionInput): void {
   const services = input.services;
-  const sampled = (service: ServiceRecord) => {
-    const measured = input.sample?.services.get(service.id);
-    return measured && measured.workload !== null ? measured : null;
-  };
+  const sampled = (service: ServiceRecord) => input.sample?.services.get(service.id) ?? null;
   const statusSamples: Series[] = [];
   for (const service of services) {
     for (const status of SERVICE_STATUSES) {

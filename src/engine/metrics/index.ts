@@ -10,7 +10,7 @@ import { bucketIndex } from "../../lib/prometheus";
 import type { Principal } from "../auth";
 import type { GpuTelemetry } from "../gpu";
 import type { RouteCounts } from "../proxy";
-import type { ServiceChange, ServiceChangeListener } from "../services";
+import type { LiveWorkload, ServiceChange, ServiceChangeListener } from "../services";
 import { MetricsCollector } from "./collector";
 import { RESTORE_BOUNDS_S, type RestoreStats, renderEngineMetrics } from "./exposition";
 
@@ -26,6 +26,7 @@ const RESTARTING_STATUSES = new Set(["restarting", "retrying"]);
 /** MetricsServices is what the metrics read of the services module (the manager implements it). */
 export interface MetricsServices {
   list(): ServiceRecord[];
+  liveWorkloads(): LiveWorkload[];
   get(ident: string): ServiceRecord;
   gpuInventory(): GpuInventoryRecord;
   subscribe(listener: ServiceChangeListener): () => void;
@@ -92,6 +93,7 @@ export class EngineMetrics {
     if (status === null) {
       this.lastStatus.delete(id);
       this.restarts.delete(id);
+      this.collector?.forget(id); // its series go with it
       return;
     }
     this.lastStatus.set(id, status);

@@ -246,8 +246,13 @@ export class ServiceRunner {
     }
     if (!result.ok) return this.ctx.exited(runId, result.exit);
     const { handle } = result;
-    // A workload that exits at once can be reported, and settled, before this point.
-    if (store.getRun(runId)?.ended_at !== null) return store.recordRunProcesses(runId, handle);
+    // A workload that exits at once can be reported, and settled, before this point: its
+    // settle recorded the processes the supervisor reported with its exit.
+    const recorded = store.getRun(runId);
+    if (recorded?.ended_at !== null) {
+      if (recorded?.shim_pid === null) store.recordRunProcesses(runId, handle);
+      return;
+    }
     const { database } = launch;
     store.transaction(() => {
       store.recordRunProcesses(runId, handle);
@@ -408,7 +413,7 @@ export class ServiceRunner {
    * throws when the store refuses the write (a full disk): nothing was half-settled, and the
    * coordinator tries again.
    */
-  onExit(run: RunRow, exit: ExitRecord): void {
+  onExit(run: RunRow, exit: ExitRecord, processes: RunHandle | null = null): void {
     const { store, host, log } = this.ctx;
     const service = store.getService(this.serviceId);
     if (!service) return;
@@ -429,6 +434,8 @@ export class ServiceRunner {
     });
     const settled = { ...service, ...plan.patch, updated_at: iso(this.ctx.clock.now()) };
     const pruned = store.transaction(() => {
+      // A run that ended before its launch recorded its processes: they go with its exit.
+      if (run.shim_pid === null && processes) store.recordRunProcesses(run.id, processes);
       store.endRun(run.id, exit.endedAt, plan.runExit, plan.endReason);
       store.updateService(settled);
       return store.pruneRuns(this.serviceId);

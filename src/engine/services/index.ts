@@ -17,7 +17,7 @@ export { type ManagerOptions, ServiceManager } from "./manager";
 export { decideAfterExit, defaultRestartPolicy, type RestartPolicy, type RestartState } from "./restart-policy";
 export { type ServiceRouteDeps, serviceRoutes } from "./routes";
 export { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
-export { ServiceStore } from "./store";
+export { type LiveWorkload, ServiceStore } from "./store";
 
 export type ServiceAction = "start" | "stop" | "restart" | "pause" | "resume";
 

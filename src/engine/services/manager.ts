@@ -71,7 +71,7 @@ import type { ServiceChange, ServiceChangeListener, ServiceDirectory } from "./i
 import { followLog, type LogCursor, type LogRecord, linesSince, tailLog, tailRecords } from "./logs";
 import { EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
-import { EMPTY_FORENSICS, handleOf, type RunRow, type ServiceRow, type ServiceStore, type VersionRow } from "./store";
+import { EMPTY_FORENSICS, handleOf, type LiveWorkload, type RunRow, type ServiceRow, type ServiceStore, type VersionRow } from "./store";
 
 /** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
@@ -129,6 +129,12 @@ export class ServiceManager implements ServiceDirectory {
   private stopped = false;
   /** unsettled holds exits reported by the supervisor that the store has not taken yet. */
   private readonly unsettled = new Map<string, ExitRecord>();
+  /**
+   * exitProcesses are the processes of reported exits, for the settle to record where its run
+   * has none on record yet: a job that ends at once is settled before its launch records them,
+   * which then took a commit of its own.
+   */
+  private readonly exitProcesses = new Map<string, RunHandle>();
   private settleTimer: ReturnType<typeof setTimeout> | null = null;
   private settleFailing = false;
   private gpuTimer: ReturnType<typeof setInterval> | null = null;
@@ -338,7 +344,7 @@ export class ServiceManager implements ServiceDirectory {
     const runs = this.o.store.currentRuns();
     return this.o.store
       .listServices()
-      .filter((service) => !principal || principal.scopeServices.length === 0 || principal.scopeServices.includes(service.name))
+      .filter((service) => visibleTo(principal, service.name))
       .map((service) => this.record(service, runs));
   }
 
@@ -347,15 +353,15 @@ export class ServiceManager implements ServiceDirectory {
   }
 
   /**
-   * liveServiceNames are the services a process runs for now, those a list shows with a pid,
-   * without building their records: a hand-over names them in its log while the next daemon
-   * waits for the release.
+   * liveWorkloads are the services a process runs for now, those a list shows with a pid, and
+   * that pid, without building their records: a hand-over names them in its log while the next
+   * daemon waits for the release, and the metrics sample them every 5 s however many settled
+   * jobs the store holds.
    */
-  liveServiceNames(): string[] {
+  liveWorkloads(): LiveWorkload[] {
     return this.o.store
       .openRuns()
-      .filter((run) => run.pid !== null && !this.unsettled.has(run.run_id))
-      .map((run) => run.name);
+      .flatMap((run) => (run.pid !== null && !this.unsettled.has(run.run_id) ? [{ id: run.id, name: run.name, pid: run.pid }] : []));
   }
 
   private currentSpec(service: ServiceRow): VersionRow {
@@ -675,8 +681,8 @@ export class ServiceManager implements ServiceDirectory {
   }
 
   stats(principal?: Principal): ServiceStatsRecord {
-    const live = this.list(principal).filter((record): record is ServiceRecord & { pid: number } => record.pid !== null);
-    const usage = processTreeUsage(live.map((record) => record.pid));
+    const live = this.liveWorkloads().filter((workload) => visibleTo(principal, workload.name));
+    const usage = processTreeUsage(live.map((workload) => workload.pid));
     return {
       sampled_at: this.now().toISOString(),
       services: live.flatMap((record) => {
@@ -1202,6 +1208,7 @@ export class ServiceManager implements ServiceDirectory {
   /** onRunExit queues an exit the supervisor reported; the service's runner settles it (what follows: scheduler/exit.ts). */
   private onRunExit(handle: RunHandle, exit: ExitRecord): void {
     this.unsettled.set(handle.runId, exit);
+    this.exitProcesses.set(handle.runId, handle);
     this.settlePending();
   }
 
@@ -1217,8 +1224,9 @@ export class ServiceManager implements ServiceDirectory {
     for (const [runId, exit] of this.unsettled) {
       try {
         const run = this.o.store.getRun(runId);
-        if (run && run.ended_at === null) this.runner(run.service_id).onExit(run, exit);
+        if (run && run.ended_at === null) this.runner(run.service_id).onExit(run, exit, this.exitProcesses.get(runId) ?? null);
         this.unsettled.delete(runId);
+        this.exitProcesses.delete(runId);
       } catch (error) {
         if (!this.settleFailing) {
           this.settleFailing = true;
@@ -1592,4 +1600,9 @@ function sameSpec(a: ServiceSpec, b: ServiceSpec): boolean {
 
 function sameSecrets(a: Record<string, string>, b: Record<string, string>): boolean {
   return stableJson(a) === stableJson(b);
+}
+
+/** visibleTo says whether a principal's scope lets it see the service `name` (no principal: the daemon itself). */
+function visibleTo(principal: Principal | undefined, name: string): boolean {
+  return !principal || principal.scopeServices.length === 0 || principal.scopeServices.includes(name);
 }

@@ -123,18 +123,25 @@ function parseRun(raw: Raw<RunRow>): RunRow {
 /** RUNS_KEPT is how many ended runs of a service the store keeps for forensics. */
 export const RUNS_KEPT = 20;
 
+/** LiveWorkload is a service a process runs for now, and that process's pid. */
+export interface LiveWorkload {
+  id: string;
+  name: string;
+  pid: number;
+}
+
 /**
  * ServiceStore is the persistent record of services, their versions and their runs. It is
  * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
  */
 export class ServiceStore {
   /**
-   * versions caches version rows, which never change but for their build fields (updateBuild
-   * drops the entry) and go with their service: a job's launch, exit and API answers read its
-   * version a dozen times, each a query and a JSON parse of its spec. Entries are frozen, so a
-   * caller cannot change what the next one reads, and made only outside a transaction (one
-   * rolled back would leave a row that is not there). The daemon that owns the store is its one
-   * writer; a successor forgets what it read before it took over.
+   * versions caches version rows by service, written through like the service rows below: they
+   * never change but for their build fields (updateBuild drops the entry) and go with their
+   * service. A job's launch, exit and API answers read its version a dozen times, each a query
+   * and a JSON parse of its spec. Entries are frozen, so a caller cannot change what the next
+   * one reads. The daemon that owns the store is its one writer; a successor forgets what it
+   * read before it took over.
    */
   private readonly versions = new Map<string, Map<number, VersionRow>>();
   /**
@@ -146,6 +153,12 @@ export class ServiceStore {
    */
   private readonly rows = new Map<string, ServiceRow>();
   private readonly names = new Map<string, string>();
+  /**
+   * absent are names and ids a lookup found no service for: a deploy of a new name looked it up
+   * twice, each a query that found nothing. An insert takes its name and id out; it is bounded
+   * like the caches, and dropped with them.
+   */
+  private readonly absent = new Set<string>();
   /** runs caches run rows by id the same way: a launch, its exit and the API's reads of the service read its current run. */
   private readonly runs = new Map<string, RunRow>();
   /**
@@ -163,11 +176,12 @@ export class ServiceStore {
 
   /** forget drops the cached rows: what this process read before it owned the store may have changed since. */
   forget(): void {
-    this.versions.clear();
     this.dropRows();
   }
 
   private dropRows(): void {
+    this.versions.clear();
+    this.absent.clear();
     this.rows.clear();
     this.names.clear();
     this.runs.clear();
@@ -237,8 +251,12 @@ export class ServiceStore {
     const byName = this.names.get(ident);
     const cached = this.rows.get(byName ?? ident);
     if (cached) return cached;
+    if (this.absent.has(ident)) return null;
     const raw = this.db.query<Raw<ServiceRow>, [string, string]>("SELECT * FROM services WHERE name = ? OR id = ?").get(ident, ident);
-    return raw ? this.cache(parseService(raw)) : null;
+    if (raw) return this.cache(parseService(raw));
+    if (this.absent.size >= CACHED_ROWS) this.absent.clear();
+    this.absent.add(ident);
+    return null;
   }
 
   insertService(row: ServiceRow): void {
@@ -251,6 +269,8 @@ export class ServiceStore {
            $created_at, $updated_at, $restart_state, $forensics, $current_run_id, $run_as)`,
       )
       .run(params);
+    this.absent.delete(row.id);
+    this.absent.delete(row.name);
     this.cache(parseService(params));
     this.runCounts.set(row.id, 0);
   }
@@ -283,22 +303,15 @@ export class ServiceStore {
   }
 
   insertVersion(row: VersionRow): void {
+    const spec = JSON.stringify(row.spec);
     this.db
       .query(
         `INSERT INTO service_versions (service_id, version, spec, sealed_secrets, created_at, build_result, build_reason, build_commit, build_dir)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       )
-      .run(
-        row.service_id,
-        row.version,
-        JSON.stringify(row.spec),
-        row.sealed_secrets,
-        row.created_at,
-        row.build_result,
-        row.build_reason,
-        row.build_commit,
-        row.build_dir,
-      );
+      .run(row.service_id, row.version, spec, row.sealed_secrets, row.created_at, row.build_result, row.build_reason, row.build_commit, row.build_dir);
+    // The spec as read back from the store: a copy, not the caller's object.
+    this.cacheVersion({ ...row, spec: JSON.parse(spec) });
   }
 
   updateBuild(
@@ -321,12 +334,18 @@ export class ServiceStore {
       .query<Raw<VersionRow>, [string, number]>("SELECT * FROM service_versions WHERE service_id = ? AND version = ?")
       .get(serviceId, version);
     if (!raw) return null;
-    const row: VersionRow = deepFreeze({ ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) });
-    if (!this.db.inTransaction) {
-      const rows = this.versions.get(serviceId) ?? new Map<number, VersionRow>();
-      rows.set(version, row);
-      this.versions.set(serviceId, rows);
+    return this.cacheVersion({ ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) });
+  }
+
+  private cacheVersion(row: VersionRow): VersionRow {
+    deepFreeze(row);
+    let rows = this.versions.get(row.service_id);
+    if (!rows) {
+      evictOldest(this.versions);
+      rows = new Map<number, VersionRow>();
+      this.versions.set(row.service_id, rows);
     }
+    rows.set(row.version, row);
     return row;
   }
 
@@ -408,12 +427,12 @@ export class ServiceStore {
 
   /**
    * openRuns are the services whose current run has not ended, in the list's order (created_at,
-   * name): their names, run ids and workload pids, in one query and without parsing a row.
+   * name): their ids, names, run ids and workload pids, in one query and without parsing a row.
    */
-  openRuns(): { name: string; run_id: string; pid: number | null }[] {
+  openRuns(): { id: string; name: string; run_id: string; pid: number | null }[] {
     return this.db
-      .query<{ name: string; run_id: string; pid: number | null }, []>(
-        `SELECT s.name AS name, r.id AS run_id, r.pid AS pid FROM services s JOIN runs r ON r.id = s.current_run_id
+      .query<{ id: string; name: string; run_id: string; pid: number | null }, []>(
+        `SELECT s.id AS id, s.name AS name, r.id AS run_id, r.pid AS pid FROM services s JOIN runs r ON r.id = s.current_run_id
          WHERE r.ended_at IS NULL ORDER BY s.created_at, s.name`,
       )
       .all();

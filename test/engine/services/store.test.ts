@@ -86,7 +86,7 @@ describe("ServiceStore.openRuns", () => {
   const run = (service: string, id: string, pid: number | null, endedAt: string | null) =>
     store.insertRun(runRow(service, id, { shim_pid: pid === null ? null : pid - 1, pid, ended_at: endedAt }));
 
-  test("names the services whose current run has not ended, in the list's order, with the run and its pid", () => {
+  test("names the services whose current run has not ended, in the list's order, with their ids, the run and its pid", () => {
     store.insertService({ ...row("b-live", "running", "running", "2026-11-27T00:00:02.000Z"), current_run_id: "run_b2" });
     store.insertService({ ...row("a-live", "running", "running", "2026-11-27T00:00:01.000Z"), current_run_id: "run_a" });
     store.insertService({ ...row("ended", "completed"), current_run_id: "run_e" });
@@ -98,9 +98,9 @@ describe("ServiceStore.openRuns", () => {
     run("ended", "run_e", 301, "2026-11-27T00:00:06.000Z");
     run("starting", "run_s", null, null); // recorded, its processes not yet
     expect(store.openRuns()).toEqual([
-      { name: "a-live", run_id: "run_a", pid: 201 },
-      { name: "b-live", run_id: "run_b2", pid: 102 },
-      { name: "starting", run_id: "run_s", pid: null },
+      { id: "svc_a-live", name: "a-live", run_id: "run_a", pid: 201 },
+      { id: "svc_b-live", name: "b-live", run_id: "run_b2", pid: 102 },
+      { id: "svc_starting", name: "starting", run_id: "run_s", pid: null },
     ]);
   });
 });
