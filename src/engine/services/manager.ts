@@ -1431,10 +1431,14 @@ export class ServiceManager implements ServiceDirectory {
       // A new service's empty dir is no news (a line a batch job); files that changed owner are.
       if (!empty) this.o.log.info({ service: service.name, user: user.name, data_dir: dataDir }, "gave the service's data dir to its user");
     }
+    // On record before the workload starts: a successor adopting it, and a delete removing
+    // the user, read it from the row. The launches of one pass share the commit.
     const recorded: RecordedUser = { name: user.name, uid: user.uid, gid: user.gid };
-    const current = this.o.store.getService(serviceId);
-    if (current && JSON.stringify(current.run_as) !== JSON.stringify(recorded)) {
-      this.o.store.updateService({ ...current, run_as: recorded });
+    if (JSON.stringify(this.o.store.getService(serviceId)?.run_as) !== JSON.stringify(recorded)) {
+      await this.o.store.writeSoon(() => {
+        const current = this.o.store.getService(serviceId);
+        if (current) this.o.store.updateService({ ...current, run_as: recorded });
+      });
     }
     return user;
   }

@@ -167,6 +167,8 @@ export class ServiceStore {
    * them at each exit of a batch job, which has one, found none. Never fewer than are there.
    */
   private readonly runCounts = new Map<string, number>();
+  /** soon are the writes asked for in this turn of the event loop, to be committed together (writeSoon). */
+  private soon: { writes: (() => void)[]; committed: PromiseWithResolvers<void> } | null = null;
   /** transact runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
   private readonly transact: (fn: () => unknown) => unknown;
 
@@ -195,6 +197,33 @@ export class ServiceStore {
       this.dropRows(); // what the transaction wrote is not in the store
       throw error;
     }
+  }
+
+  /**
+   * writeSoon runs `write` on the next turn of the event loop, in one transaction with every
+   * write asked for in this one, and resolves once that transaction committed (rejects when it
+   * did not, a full disk say): the launches of one placement pass record their users in one
+   * commit, where each took a commit of its own. `write` reads the rows it changes itself, as
+   * they are then.
+   */
+  writeSoon(write: () => void): Promise<void> {
+    if (!this.soon) {
+      const soon = { writes: [] as (() => void)[], committed: Promise.withResolvers<void>() };
+      this.soon = soon;
+      setImmediate(() => {
+        this.soon = null;
+        try {
+          this.transaction(() => {
+            for (const queued of soon.writes) queued();
+          });
+          soon.committed.resolve();
+        } catch (error) {
+          soon.committed.reject(error);
+        }
+      });
+    }
+    this.soon.writes.push(write);
+    return this.soon.committed.promise;
   }
 
   /** cache keeps `row` as the store now holds it (frozen: what a caller gets, the next one reads too). */

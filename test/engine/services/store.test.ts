@@ -2,7 +2,14 @@ import { afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { EMPTY_RESTART_STATE } from "../../../src/engine/services/restart-policy";
-import { EMPTY_FORENSICS, RUNS_KEPT, type RunRow, type ServiceRow, ServiceStore } from "../../../src/engine/services/store";
+import {
+  EMPTY_FORENSICS,
+  RUNS_KEPT,
+  type RunRow,
+  type ServiceRow,
+  ServiceStore,
+  type VersionRow,
+} from "../../../src/engine/services/store";
 import type { Database } from "../../../src/engine/store";
 import { openStore } from "../../../src/engine/store";
 import { tempDir } from "../../helpers";
@@ -185,6 +192,78 @@ describe("ServiceStore's cached rows", () => {
     });
     expect(store.getService("svc_a")?.status).toBe("pending");
     expect(store.getService("svc_b")?.status).toBe("scheduled");
+  });
+
+  test("a version reads back as written, frozen, and neither a version nor a name a rolled-back transaction wrote is found", () => {
+    const version = (serviceId: string, spec: Record<string, unknown>): VersionRow => ({
+      service_id: serviceId,
+      version: 1,
+      spec: spec as unknown as VersionRow["spec"],
+      sealed_secrets: null,
+      created_at: "2026-11-27T00:00:00.000Z",
+      build_result: null,
+      build_reason: null,
+      build_commit: null,
+      build_dir: null,
+    });
+    expect(store.findService("a")).toBeNull(); // looked up before it exists
+    const spec = { command: ["true"], env: { A: "1" } };
+    store.transaction(() => {
+      store.insertService(row("a", "pending"));
+      store.insertVersion(version("svc_a", spec));
+    });
+    expect(store.findService("a")?.id).toBe("svc_a");
+    const read = store.getVersion("svc_a", 1) as VersionRow;
+    expect(read).toEqual(fresh().getVersion("svc_a", 1) as VersionRow);
+    expect(Object.isFrozen(read.spec) && Object.isFrozen((read.spec as unknown as typeof spec).env)).toBe(true);
+    expect(Object.isFrozen(spec)).toBe(false);
+
+    expect(store.findService("b")).toBeNull();
+    expect(() =>
+      store.transaction(() => {
+        store.insertService(row("b", "pending"));
+        store.insertVersion(version("svc_b", spec));
+        expect(store.findService("b")?.id).toBe("svc_b");
+        throw new Error("refused");
+      }),
+    ).toThrow("refused");
+    expect(store.findService("b")).toBeNull();
+    expect(store.getVersion("svc_b", 1)).toBeNull();
+    // Made by another store on the same file (a predecessor, say): found once this one forgets.
+    fresh().insertService(row("b", "pending"));
+    store.forget();
+    expect(store.findService("b")?.id).toBe("svc_b");
+  });
+
+  test("writeSoon commits the writes of one turn of the event loop in one transaction, and says whether it committed", async () => {
+    store.insertService(row("a", "pending"));
+    store.insertService(row("b", "pending"));
+    const mark = (id: string, status: string) => () => store.updateService({ ...(store.getService(id) as ServiceRow), status });
+    const both = Promise.all([store.writeSoon(mark("svc_a", "scheduled")), store.writeSoon(mark("svc_b", "scheduled"))]);
+    expect(store.getService("svc_a")?.status).toBe("pending"); // not before the next turn
+    await both;
+    expect(fresh().getService("svc_a")?.status).toBe("scheduled");
+    expect(fresh().getService("svc_b")?.status).toBe("scheduled");
+
+    // One write that throws takes the others of its turn with it: they shared the transaction.
+    const first = store.writeSoon(mark("svc_a", "running"));
+    const second = store.writeSoon(() => {
+      throw new Error("refused");
+    });
+    expect(
+      await first.then(
+        () => "committed",
+        (error: Error) => error.message,
+      ),
+    ).toBe("refused");
+    expect(
+      await second.then(
+        () => "committed",
+        (error: Error) => error.message,
+      ),
+    ).toBe("refused");
+    expect(store.getService("svc_a")?.status).toBe("scheduled");
+    expect(fresh().getService("svc_a")?.status).toBe("scheduled");
   });
 
   test("a daemon that ran many jobs keeps a bounded number of them in memory, and still reads every one", () => {
