@@ -101,13 +101,49 @@ export interface RunRow {
 
 type Raw<T> = { [K in keyof T]: unknown };
 
+/** withRestartDefaults and withForensicsDefaults complete what an older row holds with the fields it lacks. */
+const withRestartDefaults = (parsed: RestartState): RestartState => ({ ...EMPTY_RESTART_STATE, ...parsed });
+const withForensicsDefaults = (parsed: Forensics): Forensics => ({ ...EMPTY_FORENSICS, ...parsed });
+
 function parseService(raw: Raw<ServiceRow>): ServiceRow {
   return {
     ...(raw as unknown as ServiceRow),
     owner: JSON.parse(raw.owner as string),
-    restart_state: { ...EMPTY_RESTART_STATE, ...JSON.parse(raw.restart_state as string) },
-    forensics: { ...EMPTY_FORENSICS, ...JSON.parse(raw.forensics as string) },
+    restart_state: withRestartDefaults(JSON.parse(raw.restart_state as string)),
+    forensics: withForensicsDefaults(JSON.parse(raw.forensics as string)),
     run_as: raw.run_as ? JSON.parse(raw.run_as as string) : null,
+  };
+}
+
+/**
+ * STORED remembers the JSON each value the caches hold was read from or written as (such a value
+ * is deep-frozen: it cannot have changed since). A row written back with it unchanged, as a
+ * status change writes its owner, restart state and forensics, has it neither serialized nor
+ * parsed again.
+ */
+const STORED = new WeakMap<object, string>();
+
+/** toJson is `value` as the store holds it: its JSON, remembered where the caches hold it. */
+function toJson(value: object): string {
+  return STORED.get(value) ?? JSON.stringify(value);
+}
+
+/** revived is `text` as a cached value: `previous` where the store held it as that text already, else parsed, completed and frozen. */
+function revived<T extends object>(text: string, previous: T | null | undefined, complete: (parsed: T) => T = (parsed) => parsed): T {
+  if (previous && STORED.get(previous) === text) return previous;
+  const value = deepFreeze(complete(JSON.parse(text)));
+  STORED.set(value, text);
+  return value;
+}
+
+/** cachedService is a row as the cache keeps it, from what the store holds: the values of `previous`, its cached row, that did not change are kept. */
+function cachedService(raw: Raw<ServiceRow>, previous: ServiceRow | undefined): ServiceRow {
+  return {
+    ...(raw as unknown as ServiceRow),
+    owner: revived(raw.owner as string, previous?.owner),
+    restart_state: revived(raw.restart_state as string, previous?.restart_state, withRestartDefaults),
+    forensics: revived(raw.forensics as string, previous?.forensics, withForensicsDefaults),
+    run_as: raw.run_as ? revived(raw.run_as as string, previous?.run_as) : null,
   };
 }
 
@@ -273,7 +309,7 @@ export class ServiceStore {
     const cached = this.rows.get(id);
     if (cached) return cached;
     const raw = this.db.query<Raw<ServiceRow>, [string]>("SELECT * FROM services WHERE id = ?").get(id);
-    return raw ? this.cache(parseService(raw)) : null;
+    return raw ? this.cache(cachedService(raw, undefined)) : null;
   }
 
   findService(ident: string): ServiceRow | null {
@@ -282,7 +318,7 @@ export class ServiceStore {
     if (cached) return cached;
     if (this.absent.has(ident)) return null;
     const raw = this.db.query<Raw<ServiceRow>, [string, string]>("SELECT * FROM services WHERE name = ? OR id = ?").get(ident, ident);
-    if (raw) return this.cache(parseService(raw));
+    if (raw) return this.cache(cachedService(raw, undefined));
     if (this.absent.size >= CACHED_ROWS) this.absent.clear();
     this.absent.add(ident);
     return null;
@@ -300,7 +336,7 @@ export class ServiceStore {
       .run(params);
     this.absent.delete(row.id);
     this.absent.delete(row.name);
-    this.cache(parseService(params));
+    this.cache(cachedService(params, undefined));
     this.runCounts.set(row.id, 0);
   }
 
@@ -317,7 +353,8 @@ export class ServiceStore {
       .run(params);
     // What the store holds, parsed back: the caller's objects stay its own. The name never
     // changes; a row that is not there was not written.
-    if (this.rows.has(row.id)) this.cache(parseService(params));
+    const previous = this.rows.get(row.id);
+    if (previous) this.cache(cachedService(params, previous));
   }
 
   deleteService(id: string): void {
@@ -338,7 +375,17 @@ export class ServiceStore {
         `INSERT INTO service_versions (service_id, version, spec, sealed_secrets, created_at, build_result, build_reason, build_commit, build_dir)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       )
-      .run(row.service_id, row.version, spec, row.sealed_secrets, row.created_at, row.build_result, row.build_reason, row.build_commit, row.build_dir);
+      .run(
+        row.service_id,
+        row.version,
+        spec,
+        row.sealed_secrets,
+        row.created_at,
+        row.build_result,
+        row.build_reason,
+        row.build_commit,
+        row.build_dir,
+      );
     // The spec as read back from the store: a copy, not the caller's object.
     this.cacheVersion({ ...row, spec: JSON.parse(spec) });
   }
@@ -540,15 +587,15 @@ function serviceParams(row: ServiceRow) {
     desired_state: row.desired_state,
     status: row.status,
     status_message: row.status_message,
-    owner: JSON.stringify(row.owner),
+    owner: toJson(row.owner),
     priority: row.priority,
     submitted_at: row.submitted_at,
     created_at: row.created_at,
     updated_at: row.updated_at,
-    restart_state: JSON.stringify(row.restart_state),
-    forensics: JSON.stringify(row.forensics),
+    restart_state: toJson(row.restart_state),
+    forensics: toJson(row.forensics),
     current_run_id: row.current_run_id,
-    run_as: row.run_as ? JSON.stringify(row.run_as) : null,
+    run_as: row.run_as ? toJson(row.run_as) : null,
   };
 }
 

@@ -235,6 +235,24 @@ describe("ServiceStore's cached rows", () => {
     expect(store.findService("b")?.id).toBe("svc_b");
   });
 
+  test("a row written back keeps the values it did not change, and writes every one it did", () => {
+    store.insertService(row("a", "pending"));
+    const before = store.getService("svc_a") as ServiceRow;
+    store.updateService({ ...before, status: "running" }); // a status change: the same values otherwise
+    const after = store.getService("svc_a") as ServiceRow;
+    expect(after.owner).toBe(before.owner);
+    expect(after.restart_state).toBe(before.restart_state);
+    // Changed values, one of them frozen by the caller: each is written, and read back as written.
+    const restart_state = Object.freeze({ ...after.restart_state, restarts: ["2026-11-27T00:00:05.000Z"] });
+    const forensics = { ...after.forensics, log_cause: { key_line: "boom", facts: [] } } as unknown as ServiceRow["forensics"];
+    store.updateService({ ...after, restart_state, forensics, run_as: { name: "eng-a", uid: 5001, gid: 5001 } });
+    const written = fresh().getService("svc_a") as ServiceRow;
+    expect(written.restart_state.restarts).toEqual(["2026-11-27T00:00:05.000Z"]);
+    expect(written.forensics).toEqual(forensics);
+    expect(store.getService("svc_a")).toEqual(written);
+    expect(store.getService("svc_a")?.owner).toBe(before.owner);
+  });
+
   test("writeSoon commits the writes of one turn of the event loop in one transaction, and says whether it committed", async () => {
     store.insertService(row("a", "pending"));
     store.insertService(row("b", "pending"));
