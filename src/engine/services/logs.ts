@@ -65,12 +65,11 @@ function splitRecords(bytes: Buffer, start: number, inode: number): { records: L
 }
 
 function lastRecordsOf(file: string, wanted: number): { records: LogRecord[]; end: LogCursor | null } {
-  if (!existsSync(file)) return { records: [], end: null };
   let fd: number;
   try {
     fd = openSync(file, "r");
   } catch {
-    return { records: [], end: null };
+    return { records: [], end: null }; // none yet (or gone): no records
   }
   try {
     const stats = fstatSync(fd);

@@ -11,7 +11,8 @@ export const workdirHook: PrestartHook = {
   name: "workdir",
   run(launch) {
     const { cwd, user } = launch;
-    if (!existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
+    // The data dir, where most runs work, is there: the directories hook has just made sure of it.
+    if (cwd !== launch.dataDir && !existsSync(cwd)) throw new Error(`the working directory ${cwd} does not exist`);
     const closed = user && launch.spec.cwd !== null && cwd === launch.spec.cwd ? firstUnreachableBy(cwd, user) : null;
     if (closed) throw new Error(`the working directory ${cwd} is not reachable by the user ${user?.name}: it may not enter ${closed}`);
   },
