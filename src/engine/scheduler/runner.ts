@@ -408,15 +408,16 @@ export class ServiceRunner {
   }
 
   /**
-   * onExit settles a run's exit: planExit (exit.ts) decides, one transaction records it, and
-   * only then does the runner forget the process, wake stop()'s waiters and arm the retry. It
-   * throws when the store refuses the write (a full disk): nothing was half-settled, and the
-   * coordinator tries again.
+   * recordExit settles a run's exit in the store: planExit (exit.ts) decides, and one transaction
+   * (a savepoint of the caller's, which settles the exits reported together) records it. It
+   * answers what follows once that is committed: the runner forgets the process, wakes stop()'s
+   * waiters and arms the retry. It throws when the store refuses the write (a full disk):
+   * nothing was half-settled, and the coordinator tries again.
    */
-  onExit(run: RunRow, exit: ExitRecord, processes: RunHandle | null = null): void {
+  recordExit(run: RunRow, exit: ExitRecord, processes: RunHandle | null = null): () => void {
     const { store, host, log } = this.ctx;
     const service = store.getService(this.serviceId);
-    if (!service) return;
+    if (!service) return () => undefined;
     const version = this.versionOf(service);
     const plan = planExit({
       service,
@@ -440,21 +441,23 @@ export class ServiceRunner {
       store.updateService(settled);
       return store.pruneRuns(this.serviceId);
     });
-    // Stored: now the process's own state follows. The dropped runs' directories go off the
-    // event loop: on a busy disk an unlink waits for the journal, and a restart waited for it.
-    for (const dir of pruned) void rm(dir, { recursive: true, force: true }).catch(() => undefined);
-    this.forcedKill = false;
-    this.run = null;
-    this.hold = null;
-    this.stopHealth();
-    this.healthKill = false;
-    this.ctx.changed(this.serviceId, settled);
-    const { exitCode: exit_code, signal, oomKilled: oom_killed } = exit;
-    log.info({ service: service.name, run: run.id, exit_code, signal, oom_killed, reason: plan.endReason }, "service process ended");
-    for (const resolve of this.exitWaiters.splice(0)) resolve();
-    if (plan.retryDelayMs !== null) this.armRetry(plan.retryDelayMs);
-    if (plan.requeue && !this.retryTimer && !this.ctx.handedOver()) this.scheduleSoon();
-    else this.ctx.schedule();
+    return () => {
+      // Stored: now the process's own state follows. The dropped runs' directories go off the
+      // event loop: on a busy disk an unlink waits for the journal, and a restart waited for it.
+      for (const dir of pruned) void rm(dir, { recursive: true, force: true }).catch(() => undefined);
+      this.forcedKill = false;
+      this.run = null;
+      this.hold = null;
+      this.stopHealth();
+      this.healthKill = false;
+      this.ctx.changed(this.serviceId, settled);
+      const { exitCode: exit_code, signal, oomKilled: oom_killed } = exit;
+      log.info({ service: service.name, run: run.id, exit_code, signal, oom_killed, reason: plan.endReason }, "service process ended");
+      for (const resolve of this.exitWaiters.splice(0)) resolve();
+      if (plan.retryDelayMs !== null) this.armRetry(plan.retryDelayMs);
+      if (plan.requeue && !this.retryTimer && !this.ctx.handedOver()) this.scheduleSoon();
+      else this.ctx.schedule();
+    };
   }
 
   /**

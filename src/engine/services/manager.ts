@@ -135,6 +135,8 @@ export class ServiceManager implements ServiceDirectory {
    * which then took a commit of its own.
    */
   private readonly exitProcesses = new Map<string, RunHandle>();
+  /** settleDue is true while a settle of the exits reported in this turn is queued. */
+  private settleDue = false;
   private settleTimer: ReturnType<typeof setTimeout> | null = null;
   private settleFailing = false;
   private gpuTimer: ReturnType<typeof setInterval> | null = null;
@@ -1205,15 +1207,29 @@ export class ServiceManager implements ServiceDirectory {
 
   // ---------------------------------------------------------------- exits
 
-  /** onRunExit queues an exit the supervisor reported; the service's runner settles it (what follows: scheduler/exit.ts). */
+  /**
+   * onRunExit queues an exit the supervisor reported; the service's runner settles it (what
+   * follows: scheduler/exit.ts). The exits told together (the launcher reports what ended while
+   * the daemon was busy, dozens at a time under a flood of jobs) are settled together, once
+   * this turn's notices are read.
+   */
   private onRunExit(handle: RunHandle, exit: ExitRecord): void {
     this.unsettled.set(handle.runId, exit);
     this.exitProcesses.set(handle.runId, handle);
-    this.settlePending();
+    if (this.settleDue) return;
+    this.settleDue = true;
+    queueMicrotask(() => {
+      this.settleDue = false;
+      this.settlePending();
+    });
   }
 
   /**
-   * settlePending records every exit the supervisor reported and the store has not taken yet.
+   * settlePending records every exit the supervisor reported and the store has not taken yet,
+   * in one transaction, each exit in a savepoint of its own: one the store refuses ends the
+   * batch, those before it are committed, and it is tried again last. What follows an exit (its runner's state,
+   * the waiters, the retry) follows only once the transaction committed. One exit of a service
+   * goes in at a time: a second one (a stray older run) waits for the first's consequences.
    * It never throws: it runs from the supervisor's exit handler, where an uncaught SQLITE_FULL
    * used to end the daemon (issue 13). A settle refused for lack of space stays pending, the
    * service is known to have exited meanwhile (record() shows no process), and it is tried
@@ -1221,22 +1237,54 @@ export class ServiceManager implements ServiceDirectory {
    * daemon that restarts first.
    */
   private settlePending(): void {
-    for (const [runId, exit] of this.unsettled) {
-      try {
-        const run = this.o.store.getRun(runId);
-        if (run && run.ended_at === null) this.runner(run.service_id).onExit(run, exit, this.exitProcesses.get(runId) ?? null);
-        this.unsettled.delete(runId);
-        this.exitProcesses.delete(runId);
-      } catch (error) {
-        if (!this.settleFailing) {
-          this.settleFailing = true;
-          this.o.log.error({ err: error, run: runId, disk_full: isDiskFull(error) }, "cannot record a service's exit yet: retrying");
+    const recorded: { runId: string; follow: () => void }[] = [];
+    const services = new Set<string>();
+    let failed: { error: unknown; runId: string } | null = null;
+    try {
+      this.o.store.transaction(() => {
+        for (const [runId, exit] of this.unsettled) {
+          try {
+            const run = this.o.store.getRun(runId);
+            if (run && run.ended_at === null) {
+              if (services.has(run.service_id)) continue;
+              services.add(run.service_id);
+              const processes = this.exitProcesses.get(runId) ?? null;
+              recorded.push({ runId, follow: this.runner(run.service_id).recordExit(run, exit, processes) });
+            } else recorded.push({ runId, follow: () => undefined });
+          } catch (error) {
+            // Its savepoint is rolled back; the store may have rolled the whole transaction
+            // back too (SQLITE_FULL can), so nothing more is written in it. It goes last, so
+            // that a retry tries the others first.
+            failed = { error, runId };
+            this.unsettled.delete(runId);
+            this.unsettled.set(runId, exit);
+            break;
+          }
         }
-      }
+      });
+    } catch (error) {
+      // The commit itself was refused: none of them is on record.
+      failed ??= { error, runId: recorded[0]?.runId ?? "" };
+      recorded.length = 0;
+    }
+    for (const { runId } of recorded) {
+      this.unsettled.delete(runId);
+      this.exitProcesses.delete(runId);
+    }
+    for (const { follow } of recorded) follow();
+    if (failed && !this.settleFailing) {
+      this.settleFailing = true;
+      const { error, runId } = failed;
+      this.o.log.error({ err: error, run: runId, disk_full: isDiskFull(error) }, "cannot record a service's exit yet: retrying");
     }
     if (this.unsettled.size === 0) {
       if (this.settleFailing) this.o.log.info("recorded the exits that were waiting for the disk");
       this.settleFailing = false;
+      return;
+    }
+    // A second exit of a service waited for the first's: its turn is now.
+    if (!failed && recorded.length > 0) {
+      this.settlePending();
       return;
     }
     if (this.settleTimer || this.stopped) return;

@@ -151,6 +151,21 @@ describe("statuses", () => {
     expect(diagnosis.forensics.last_crash_at).not.toBeNull();
   });
 
+  test("jobs that end together are each settled with their own exit", async () => {
+    // Submitted at once, they end within moments of each other, and the launcher reports their
+    // ends together: each one's status and exit code are its own.
+    const codes = Array.from({ length: 16 }, (_, i) => i % 4);
+    await Promise.all(
+      codes.map((code, i) =>
+        api.deployed({ name: `job-together-${i}`, kind: "batch", command: `exit ${code}`, restart: { policy: "never" } }),
+      ),
+    );
+    for (const [i, code] of codes.entries()) {
+      await api.waitFor(`job-together-${i}`, code === 0 ? "completed" : "failed");
+      expect((await api.diagnose(`job-together-${i}`)).forensics.last_exit_code).toBe(code);
+    }
+  });
+
   test("stopping a batch job cancels it", async () => {
     await api.deploy({ name: "job-long", kind: "batch", command: "exec sleep 300" });
     await api.waitFor("job-long", "running");
