@@ -312,6 +312,7 @@ export function servicesModule(
       if (!manager || !started) return;
       keptRunning = manager.liveWorkloads().map((workload) => workload.name);
       manager.handOver();
+      serviceStore?.handOver();
       const stopped = manager;
       manager = null;
       // A new service user's write of the account files holds their locks: it ends here, not

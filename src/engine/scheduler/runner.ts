@@ -254,20 +254,35 @@ export class ServiceRunner {
       return;
     }
     const { database } = launch;
-    store.transaction(() => {
-      store.recordRunProcesses(runId, handle);
-      // A database is `running` only once it accepts connections: until then it stays scheduled.
-      if (database) this.update({ status_message: `waiting for ${database.adapter.label} to accept connections` });
-      else this.update({ status: "running", status_message: null });
-    });
     this.run = handle;
     this.ctx.log.info(
       { service: service.name, workload_pid: handle.pid, run: runId },
       database ? "database server started" : "service started",
     );
-    if (database) return void this.awaitDatabaseReady(runId, database);
+    if (database) {
+      store.transaction(() => {
+        store.recordRunProcesses(runId, handle);
+        // A database is `running` only once it accepts connections: until then it stays scheduled.
+        this.update({ status_message: `waiting for ${database.adapter.label} to accept connections` });
+      });
+      return void this.awaitDatabaseReady(runId, database);
+    }
     this.startHealth();
-    this.ctx.schedule(); // services bound to this one may now start
+    // The launches the launcher reported together go on record as running in one commit, on
+    // the next turn of the event loop (a crash before it finds the run by its directory, as
+    // one between the spawn and any commit does). By then the run may have been settled, its
+    // processes with it, or the service stopped or paused: only a run still scheduled becomes running.
+    store
+      .writeSoon(() => {
+        if (this.ctx.handedOver() || store.getRun(runId)?.ended_at !== null) return;
+        store.recordRunProcesses(runId, handle);
+        const now = store.getService(this.serviceId);
+        if (now?.current_run_id === runId && now.status === "scheduled") this.update({ status: "running", status_message: null });
+      })
+      .then(
+        () => this.ctx.schedule(), // services bound to this one may now start
+        (error) => this.ctx.log.error({ err: error, service: service.name, run: runId }, "could not record a started service as running"),
+      );
   }
 
   /**

@@ -205,6 +205,8 @@ export class ServiceStore {
   private readonly runCounts = new Map<string, number>();
   /** soon are the writes asked for in this turn of the event loop, to be committed together (writeSoon). */
   private soon: { writes: (() => void)[]; committed: PromiseWithResolvers<void> } | null = null;
+  /** handedOver is true once the store is the next daemon's (handOver). */
+  private handedOver = false;
   /** transact runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
   private readonly transact: (fn: () => unknown) => unknown;
 
@@ -243,23 +245,38 @@ export class ServiceStore {
    * they are then.
    */
   writeSoon(write: () => void): Promise<void> {
+    if (this.handedOver) return Promise.reject(new Error("the store is the next daemon's: it takes no more writes from this one"));
     if (!this.soon) {
       const soon = { writes: [] as (() => void)[], committed: Promise.withResolvers<void>() };
       this.soon = soon;
-      setImmediate(() => {
-        this.soon = null;
-        try {
-          this.transaction(() => {
-            for (const queued of soon.writes) queued();
-          });
-          soon.committed.resolve();
-        } catch (error) {
-          soon.committed.reject(error);
-        }
-      });
+      setImmediate(() => this.commitSoon(soon));
     }
     this.soon.writes.push(write);
     return this.soon.committed.promise;
+  }
+
+  private commitSoon(soon: NonNullable<ServiceStore["soon"]>): void {
+    if (this.soon === soon) this.soon = null;
+    if (soon.writes.length === 0) return; // committed already, at a hand-over
+    const writes = soon.writes.splice(0);
+    try {
+      this.transaction(() => {
+        for (const queued of writes) queued();
+      });
+      soon.committed.resolve();
+    } catch (error) {
+      soon.committed.reject(error);
+    }
+  }
+
+  /**
+   * handOver commits what writeSoon holds at once, and refuses its writes from then on: the
+   * next daemon takes the store over once this one has stopped, and a write of this one's
+   * after that would change rows under it.
+   */
+  handOver(): void {
+    if (this.soon) this.commitSoon(this.soon);
+    this.handedOver = true;
   }
 
   /** cache keeps `row` as the store now holds it (frozen: what a caller gets, the next one reads too). */
