@@ -557,30 +557,40 @@ export class Provisioner {
     try {
       const info = await this.#call(allocation, "backup", () => this.#service.provider.backup(id, backup.id));
       const takenAt = this.#ctx.clock();
-      await this.#service.store.finishBackup(backup.id, {
-        state: "done",
-        sizeBytes: info.sizeBytes,
-        takenAt,
-        expiresAt: takenAt + this.#ctx.config.backupRetentionMs,
-      });
-      await this.#ctx.audit.write({
-        accountId: allocation.accountId,
-        action: "managed.backed_up",
-        subject: allocation.id,
-        details: { backup_id: backup.id, kind, size_bytes: info.sizeBytes },
+      // The backup's end and its audit row in one transaction: one is never seen without the other.
+      await this.#ctx.db.transaction(async (tx) => {
+        await this.#service.store.finishBackup(
+          backup.id,
+          { state: "done", sizeBytes: info.sizeBytes, takenAt, expiresAt: takenAt + this.#ctx.config.backupRetentionMs },
+          tx,
+        );
+        await this.#ctx.audit.write(
+          {
+            accountId: allocation.accountId,
+            action: "managed.backed_up",
+            subject: allocation.id,
+            details: { backup_id: backup.id, kind, size_bytes: info.sizeBytes },
+          },
+          tx,
+        );
       });
     } catch (error) {
       const message = this.#message(error);
-      await this.#service.store.finishBackup(backup.id, {
-        state: "failed",
-        error: message,
-        expiresAt: now + this.#ctx.config.backupRetentionMs,
-      });
-      await this.#ctx.audit.write({
-        accountId: allocation.accountId,
-        action: "managed.backup_failed",
-        subject: allocation.id,
-        details: { backup_id: backup.id, kind, error: message.slice(0, 300) },
+      await this.#ctx.db.transaction(async (tx) => {
+        await this.#service.store.finishBackup(
+          backup.id,
+          { state: "failed", error: message, expiresAt: now + this.#ctx.config.backupRetentionMs },
+          tx,
+        );
+        await this.#ctx.audit.write(
+          {
+            accountId: allocation.accountId,
+            action: "managed.backup_failed",
+            subject: allocation.id,
+            details: { backup_id: backup.id, kind, error: message.slice(0, 300) },
+          },
+          tx,
+        );
       });
     } finally {
       await this.#service.store.patch(allocation.id, { backing_up_since: null, operation: null });

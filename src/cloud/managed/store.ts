@@ -320,8 +320,9 @@ export class ManagedStore {
   async finishBackup(
     id: string,
     fields: { state: "done" | "failed"; sizeBytes?: number; takenAt?: number | null; expiresAt?: number | null; error?: string | null },
+    tx?: Sql,
   ): Promise<void> {
-    await this.db.sql`UPDATE managed_backups SET state = ${fields.state}, size_bytes = ${fields.sizeBytes ?? 0},
+    await (tx ?? this.db.sql)`UPDATE managed_backups SET state = ${fields.state}, size_bytes = ${fields.sizeBytes ?? 0},
       taken_at = ${fields.takenAt ?? null}, expires_at = ${fields.expiresAt ?? null}, error = ${fields.error ?? null} WHERE id = ${id}`;
   }
 
