@@ -44,9 +44,14 @@ export const LINK_PRINCIPAL: Principal = Object.freeze({
   scopeServices: [],
 }) as Principal;
 
+/** inScope says whether a principal's scope takes in the service `serviceName` (an unscoped one takes in every service). */
+export function inScope(principal: Principal, serviceName: string): boolean {
+  return principal.scopeServices.length === 0 || principal.scopeServices.includes(serviceName);
+}
+
 /** assertServiceInScope throws 403 `out_of_scope` when a scoped principal names a service outside its scope. */
 export function assertServiceInScope(principal: Principal, serviceName: string): void {
-  if (principal.scopeServices.length > 0 && !principal.scopeServices.includes(serviceName)) {
+  if (!inScope(principal, serviceName)) {
     throw new AppError(
       "out_of_scope",
       `this token is scoped to ${principal.scopeServices.join(", ")}: ${serviceName} is outside its scope`,

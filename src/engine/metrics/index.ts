@@ -7,7 +7,7 @@
 import type { GpuInventoryRecord, MetricsHistory, ServiceRecord } from "../../contract/engine";
 import type { Logger } from "../../lib/logger";
 import { bucketIndex } from "../../lib/prometheus";
-import type { Principal } from "../auth";
+import { inScope, type Principal } from "../auth";
 import type { GpuTelemetry } from "../gpu";
 import type { RouteCounts } from "../proxy";
 import type { LiveWorkload, ServiceChange, ServiceChangeListener } from "../services";
@@ -144,6 +144,5 @@ export class EngineMetrics {
 }
 
 function visibleTo(principal: Principal): (service: string) => boolean {
-  const scope = principal.scopeServices;
-  return (service) => scope.length === 0 || scope.includes(service);
+  return (service) => inScope(principal, service);
 }

@@ -28,7 +28,7 @@ import { randomId, type SecretBox } from "../../lib/crypto";
 import { AppError, isDiskFull } from "../../lib/errors";
 import type { Logger } from "../../lib/logger";
 import { InputError } from "../../lib/validation";
-import { assertServiceInScope, type Principal } from "../auth";
+import { assertServiceInScope, inScope, type Principal } from "../auth";
 import { runBuild } from "../builds";
 import {
   type DatabaseEngine,
@@ -346,7 +346,7 @@ export class ServiceManager implements ServiceDirectory {
     const runs = this.o.store.currentRuns();
     return this.o.store
       .listServices()
-      .filter((service) => visibleTo(principal, service.name))
+      .filter((service) => !principal || inScope(principal, service.name))
       .map((service) => this.record(service, runs));
   }
 
@@ -683,7 +683,7 @@ export class ServiceManager implements ServiceDirectory {
   }
 
   stats(principal?: Principal): ServiceStatsRecord {
-    const live = this.liveWorkloads().filter((workload) => visibleTo(principal, workload.name));
+    const live = this.liveWorkloads().filter((workload) => !principal || inScope(principal, workload.name));
     const usage = processTreeUsage(live.map((workload) => workload.pid));
     return {
       sampled_at: this.now().toISOString(),
@@ -1239,7 +1239,7 @@ export class ServiceManager implements ServiceDirectory {
   private settlePending(): void {
     const recorded: { runId: string; follow: () => void }[] = [];
     const services = new Set<string>();
-    let failed: { error: unknown; runId: string } | null = null;
+    let failed: { error: unknown; runId: string | null } | null = null;
     try {
       this.o.store.transaction(() => {
         for (const [runId, exit] of this.unsettled) {
@@ -1264,7 +1264,7 @@ export class ServiceManager implements ServiceDirectory {
       });
     } catch (error) {
       // The commit itself was refused: none of them is on record.
-      failed ??= { error, runId: recorded[0]?.runId ?? "" };
+      failed ??= { error, runId: null };
       recorded.length = 0;
     }
     for (const { runId } of recorded) {
@@ -1652,9 +1652,4 @@ function sameSpec(a: ServiceSpec, b: ServiceSpec): boolean {
 
 function sameSecrets(a: Record<string, string>, b: Record<string, string>): boolean {
   return stableJson(a) === stableJson(b);
-}
-
-/** visibleTo says whether a principal's scope lets it see the service `name` (no principal: the daemon itself). */
-function visibleTo(principal: Principal | undefined, name: string): boolean {
-  return !principal || principal.scopeServices.length === 0 || principal.scopeServices.includes(name);
 }
