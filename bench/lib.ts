@@ -266,13 +266,15 @@ export function machineOf(): { hypervisor: string; pageFaultUs: number } {
 
 /**
  * spawnBesideBusyCore times a loop of `true` spawns (Bun.spawn, each awaited, as the scheduler
- * bench's anchor) alone, and again while a shell loop keeps another core busy, in ms a spawn
- * (medians of 3 rounds each way). The anchor runs one process at a time and leaves the other
- * core idle; the engine's jobs keep every core busy. Where the second figure is much higher,
- * the machine charges a process's creation for what its other cores do, and a ratio against
- * the anchor says more about the VM than about the scheduler (decision 512).
+ * bench's anchor) alone, again while a shell loop keeps another core busy, and again while
+ * another core starts processes too (a shell loop of /bin/true), in ms a spawn (medians of 3
+ * rounds each way). The anchor runs one process at a time and leaves the other core idle; the
+ * engine's jobs keep every core busy, and their workloads start and end on both cores at once.
+ * Where the later figures are much higher, the machine charges a process's creation for what
+ * its other cores do, and a ratio against the anchor says more about the VM than about the
+ * scheduler (decisions 512, 520).
  */
-export async function spawnBesideBusyCore(spawns = 150): Promise<{ aloneMs: number; besideBusyMs: number }> {
+export async function spawnBesideBusyCore(spawns = 150): Promise<{ aloneMs: number; besideBusyMs: number; besideSpawningMs: number }> {
   const loop = async () => {
     const start = performance.now();
     for (let i = 0; i < spawns; i++) {
@@ -285,16 +287,23 @@ export async function spawnBesideBusyCore(spawns = 150): Promise<{ aloneMs: numb
     for (let round = 0; round < 3; round++) figures.push(await loop());
     return median(figures);
   };
+  /** beside times the rounds while `script` runs in a shell of its own. */
+  const beside = async (script: string) => {
+    const neighbour = Bun.spawn(["sh", "-c", script], { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
+    try {
+      await Bun.sleep(100);
+      return await rounds();
+    } finally {
+      neighbour.kill("SIGKILL");
+      await neighbour.exited;
+    }
+  };
   const aloneMs = await rounds();
   // A shell's `:` is a builtin: the loop makes no system call and touches no new page.
-  const spinner = Bun.spawn(["sh", "-c", "while :; do :; done"], { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
-  try {
-    await Bun.sleep(100);
-    return { aloneMs, besideBusyMs: await rounds() };
-  } finally {
-    spinner.kill("SIGKILL");
-    await spinner.exited;
-  }
+  const besideBusyMs = await beside("while :; do :; done");
+  // The shell forks and execs each /bin/true: page-table work on the other core, as the jobs' workloads make.
+  const besideSpawningMs = await beside("while :; do /bin/true; done");
+  return { aloneMs, besideBusyMs, besideSpawningMs };
 }
 
 /** firstTouchUs is the median over 5 rounds of the time a first write to a fresh 4 KiB page takes, in µs (64 MiB a round). */

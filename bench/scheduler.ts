@@ -21,7 +21,8 @@
  *      bounded concurrency until all completed: jobs/s vs a Bun.spawn(["true"]) loop awaiting
  *      each exit (and a shell loop), measured just before; and the daemon's CPU time per job
  *      (user + system, from /proc), which the machine's other load moves far less than a rate,
- *      the whole machine's, and the shares of the round its main thread ran and waited for a
+ *      the whole machine's split into the daemon, this client, the shim launcher and the
+ *      workloads it reaped, and the shares of the round its main thread ran and waited for a
  *      core (schedstat).
  *
  * Everything is bounded in count and time; every process started is ended (the engine
@@ -221,6 +222,9 @@ interface JobFigures {
   shellPerS: number;
   daemonCpuMs: number;
   clientCpuMs: number;
+  /** launcherCpuMs and workloadsCpuMs are the shim launcher's own CPU time per job and its workloads' (launcherCpuMs in the bench). */
+  launcherCpuMs: number;
+  workloadsCpuMs: number;
   machineCpuMs: number;
   bunMachineCpuMs: number;
   /** faults and switches are the machine's page faults and context switches per job; bunFaults and bunSwitches the loop's per spawn. */
@@ -268,6 +272,34 @@ function cpuMs(pid: number): number {
   const text = readFileSync(`/proc/${pid}/stat`, "utf8");
   const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
   return (Number(fields[11]) + Number(fields[12])) * 10;
+}
+
+/**
+ * launcherCpuMs is the CPU time so far of the daemon's shim launchers (its children named
+ * engine-shim…, decision 508), in ms: their own, and their workloads' that they have reaped
+ * (/proc/PID/stat fields 14–17), so that a round's cost splits into the launcher's work and
+ * what its workloads themselves took.
+ */
+function launcherCpuMs(daemonPid: number): { own: number; workloads: number } {
+  const total = { own: 0, workloads: 0 };
+  let children: string[] = [];
+  try {
+    children = readFileSync(`/proc/${daemonPid}/task/${daemonPid}/children`, "utf8").trim().split(/\s+/).filter(Boolean);
+  } catch {
+    return total;
+  }
+  for (const pid of children) {
+    try {
+      if (!readFileSync(`/proc/${pid}/comm`, "utf8").startsWith("engine-shim")) continue;
+      const text = readFileSync(`/proc/${pid}/stat`, "utf8");
+      const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
+      total.own += (Number(fields[11]) + Number(fields[12])) * 10;
+      total.workloads += (Number(fields[13]) + Number(fields[14])) * 10;
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return total;
 }
 
 /**
@@ -613,6 +645,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const jobNames = Array.from({ length: count }, (_, i) => `job-${round}-${String(i).padStart(5, "0")}`);
       const settled = new Map<string, string>();
       const cpuBefore = cpuMs(daemonPid);
+      const launcherBefore = launcherCpuMs(daemonPid);
       const schedBefore = schedNs(daemonPid);
       const machineBefore = machineBusyMs();
       const countsBefore = systemCounts();
@@ -670,6 +703,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const jobsMs = doneAt - jobsStart;
       if (VERBOSE) console.log(`   ${count} jobs: all settled at ${fmt(jobsMs, 0)} ms`);
       const daemonCpuMs = (cpuMs(daemonPid) - cpuBefore) / count;
+      const launcherAfter = launcherCpuMs(daemonPid);
       const machineCpuMs = (machineBusyMs() - machineBefore) / count;
       const counts = systemCounts();
       const clientCpuMs = (selfCpuMs() - clientBefore) / count;
@@ -681,6 +715,8 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
         shellPerS: (count / shellMs) * 1000,
         daemonCpuMs,
         clientCpuMs,
+        launcherCpuMs: (launcherAfter.own - launcherBefore.own) / count,
+        workloadsCpuMs: (launcherAfter.workloads - launcherBefore.workloads) / count,
         machineCpuMs,
         bunMachineCpuMs,
         faults: (counts.faults - countsBefore.faults) / count,
@@ -752,7 +788,7 @@ console.log(
 );
 const neighbour = await spawnBesideBusyCore();
 console.log(
-  `   a spawn of true, awaited (the jobs' anchor): ${fmt(neighbour.aloneMs, 2)} ms alone, ${fmt(neighbour.besideBusyMs, 2)} ms beside a busy core (${fmt(neighbour.besideBusyMs / neighbour.aloneMs, 2)}×; the jobs keep every core busy: decision 512)`,
+  `   a spawn of true, awaited (the jobs' anchor): ${fmt(neighbour.aloneMs, 2)} ms alone, ${fmt(neighbour.besideBusyMs, 2)} ms beside a busy core (${fmt(neighbour.besideBusyMs / neighbour.aloneMs, 2)}×), ${fmt(neighbour.besideSpawningMs, 2)} ms beside a core that starts processes too (${fmt(neighbour.besideSpawningMs / neighbour.aloneMs, 2)}×; the jobs keep every core busy and start their workloads on both: decisions 512, 520)`,
 );
 console.log(`data dirs under ${tmpdir()}: ${dataFs.description}`);
 if (dataFs.scansRecentDeletions) {
@@ -809,7 +845,8 @@ for (const count of JOBS) {
     "",
   ]);
   // What a job costs the whole machine, and where: the daemon, this bench's client (one POST and
-  // its polls), and the rest (launcher, shim, the workload, the kernel's process and file work).
+  // its polls), the shim launcher, the workload, and the rest (the kernel's threads and what
+  // none of them is charged for).
   // With every core busy, jobs/s is at most cores × 1000 / the machine's ms a job.
   // The daemon's main thread is where a job's API and scheduling work runs: a share of waiting
   // for a core next to its running says the cores are full, not that the thread idles.
@@ -826,11 +863,19 @@ for (const count of JOBS) {
     "",
     "",
   ]);
+  // The launcher's own and its workloads' (the `true`s, reaped by it) split what was the rest:
+  // a workload that starts while another starts on the other core costs more than the anchor's
+  // spawn alone (the header's "beside a core that starts processes too": decision 520).
   ratioRows.push([
-    `   (the machine's CPU time per job, ms: daemon + client + rest)`,
+    `   (the machine's CPU time per job, ms: daemon + client + launcher + workloads + rest)`,
     `${spread(of((f) => job(f)?.machineCpuMs ?? Number.NaN))}: ${spread(of((f) => job(f)?.daemonCpuMs ?? Number.NaN))} + ${spread(
       of((f) => job(f)?.clientCpuMs ?? Number.NaN),
-    )} + ${spread(of((f) => (job(f)?.machineCpuMs ?? Number.NaN) - (job(f)?.daemonCpuMs ?? Number.NaN) - (job(f)?.clientCpuMs ?? Number.NaN)))}`,
+    )} + ${spread(of((f) => job(f)?.launcherCpuMs ?? Number.NaN))} + ${spread(of((f) => job(f)?.workloadsCpuMs ?? Number.NaN))} + ${spread(
+      of((f) => {
+        const j = job(f);
+        return j ? j.machineCpuMs - j.daemonCpuMs - j.clientCpuMs - j.launcherCpuMs - j.workloadsCpuMs : Number.NaN;
+      }),
+    )}`,
     `Bun.spawn loop ${spread(of((f) => job(f)?.bunMachineCpuMs ?? Number.NaN))} ms a spawn`,
     spread(of((f) => (job(f)?.machineCpuMs ?? Number.NaN) / (job(f)?.bunMachineCpuMs ?? Number.NaN))),
     "",
