@@ -37,6 +37,7 @@ import {
   type ModeChange,
   modeChangesSince,
   secureDataDir,
+  spreadServiceTrees,
   tightened,
 } from "../users";
 import type { Module } from "./context";
@@ -687,6 +688,7 @@ function isolateWorkloads(dataDir: string, log: Logger, modesBefore: Map<string,
   const switching = canSwitchUsers();
   secureDataDir(dataDir, switching);
   reportModeChanges(modeChangesSince(modesBefore), log);
+  spreadServiceTrees(dataDir, switching);
   if (!switching) {
     log.warn(
       { uid: process.geteuid?.() },

@@ -18,5 +18,6 @@ export {
   type ModeChange,
   modeChangesSince,
   secureDataDir,
+  spreadServiceTrees,
   tightened,
 } from "./layout";

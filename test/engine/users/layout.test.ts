@@ -1,0 +1,81 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdirSync, rmSync, statSync } from "node:fs";
+import { join } from "node:path";
+import { canSwitchUsers, spreadServiceTrees } from "../../../src/engine/users";
+import { startTestEngine, tempDir } from "../../helpers";
+
+const made: string[] = [];
+afterAll(() => {
+  for (const dir of made) rmSync(dir, { recursive: true, force: true });
+});
+
+/**
+ * topDirFlag reads chattr's `T` of a directory with lsattr (e2fsprogs), or null where its file
+ * system keeps no inode flags at all (lsattr cannot read them there).
+ */
+function topDirFlag(dir: string): boolean | null {
+  const listed = Bun.spawnSync(["lsattr", "-d", dir], { stderr: "pipe" });
+  if (listed.exitCode !== 0) return null;
+  const [flags = ""] = listed.stdout.toString().trim().split(/\s+/);
+  return flags.includes("T");
+}
+
+describe("spreadServiceTrees", () => {
+  test("makes data/ and services/ with the layout's modes and marks them as tops of hierarchies where the file system has the flag", () => {
+    const dataDir = tempDir("engine-layout-");
+    made.push(dataDir);
+    const marked = spreadServiceTrees(dataDir, true);
+    expect(statSync(join(dataDir, "data")).mode & 0o777).toBe(0o711);
+    expect(statSync(join(dataDir, "services")).mode & 0o777).toBe(0o700);
+    const flags = [join(dataDir, "data"), join(dataDir, "services")].map(topDirFlag);
+    // ext4 (this machine's /tmp) has the flag; elsewhere nothing is marked and nothing fails.
+    if (flags.every((flag) => flag === null)) expect(marked).toEqual([]);
+    else {
+      expect(flags).toEqual([true, true]);
+      expect(marked).toEqual([join(dataDir, "data"), join(dataDir, "services")]);
+    }
+    // Once more: nothing to make, the flag kept, and an unprivileged layout's data/ is private.
+    expect(spreadServiceTrees(dataDir, true)).toEqual(marked);
+    const own = tempDir("engine-layout-");
+    made.push(own);
+    spreadServiceTrees(own, false);
+    expect(statSync(join(own, "data")).mode & 0o777).toBe(0o700);
+  });
+
+  test("on a file system without the flag (tmpfs) it makes the directories and marks nothing", () => {
+    const dir = join("/dev/shm", `engine-layout-${process.pid}`);
+    mkdirSync(dir, { mode: 0o700 });
+    made.push(dir);
+    expect(spreadServiceTrees(dir, false)).toEqual([]);
+    expect(statSync(join(dir, "services")).isDirectory()).toBe(true);
+    // tmpfs keeps a few flags since Linux 6.0 (lsattr reads them), never this one.
+    expect(topDirFlag(join(dir, "services"))).not.toBe(true);
+  });
+
+  test("a started engine has marked its data/ and services/, and a service's trees are made under them", async () => {
+    const engine = await startTestEngine();
+    try {
+      const services = join(engine.dataDir, "services");
+      const data = join(engine.dataDir, "data");
+      expect(statSync(data).mode & 0o777).toBe(canSwitchUsers() ? 0o711 : 0o700);
+      expect(statSync(services).mode & 0o777).toBe(0o700);
+      const flags = [data, services].map(topDirFlag);
+      if (flags.some((flag) => flag !== null)) expect(flags).toEqual([true, true]);
+      const { status, body } = await engine.json<{ id: string }>("POST", "/api/services", {
+        body: { name: "job", kind: "batch", command: ["true"] },
+      });
+      expect(status).toBe(201);
+      const deadline = Date.now() + 20_000;
+      let state = "";
+      while (Date.now() < deadline && state !== "completed") {
+        state = (await engine.json<{ status: string }>("GET", "/api/services/job")).body.status;
+        if (state !== "completed") await Bun.sleep(20);
+      }
+      expect(state).toBe("completed");
+      expect(statSync(join(services, body.id, "logs")).isDirectory()).toBe(true);
+      expect(statSync(join(data, "job")).isDirectory()).toBe(true);
+    } finally {
+      await engine.close();
+    }
+  });
+});
