@@ -46,12 +46,12 @@ export function describeModeChange(change: ModeChange): string {
  *   data/.builds/<id>     0700 the service's user (set at build)
  *   services/             0700 root   the shim's logs and exit records, build logs: the workload
  *                                     cannot touch them
- *
- * data/ and services/ are also marked as tops of directory hierarchies where the file system
- * has that flag (ext2/3/4: spreadServiceTrees).
  *   the engine's own      group and other bits cleared: admin.token, secret.key, engine.db and
  *                         its -wal/-shm, engine.sock, shim.sock, engine.log, pki/, link/, bin/,
  *                         tmp/, templates/, proxy/ (ENGINE_ENTRIES)
+ *
+ * data/ and services/ are also marked as tops of directory hierarchies where the file system
+ * has that flag (ext2/3/4: spreadServiceTrees).
  *
  * Without `switching` the workloads are the engine's own user and nothing needs traversal: the
  * same entries are private and the data dir stays 0700. What it changed shows in

@@ -4,7 +4,7 @@ import { dlopen, FFIType, ptr } from "bun:ffi";
  * Libc is the few C library calls the engine makes in-process: an advisory fcntl lock (the
  * lock lckpwdf(3) takes, without its blocking wait) and NSS lookups (getpwnam(3) and friends:
  * LDAP, sssd, systemd's dynamic users), each of which used to cost a process, and the inode
- * flags chattr(1) sets (layout.ts's markTopDirs).
+ * flags chattr(1) sets (layout.ts's spreadServiceTrees).
  */
 export interface Libc {
   /** tryWriteLock takes a whole-file write lock on an open fd without waiting; false when another process holds it. */
