@@ -688,7 +688,7 @@ function isolateWorkloads(dataDir: string, log: Logger, modesBefore: Map<string,
   const switching = canSwitchUsers();
   secureDataDir(dataDir, switching);
   reportModeChanges(modeChangesSince(modesBefore), log);
-  spreadServiceTrees(dataDir, switching);
+  spreadServiceTrees(dataDir);
   if (!switching) {
     log.warn(
       { uid: process.geteuid?.() },

@@ -50,8 +50,8 @@ export function describeModeChange(change: ModeChange): string {
  *                         its -wal/-shm, engine.sock, shim.sock, engine.log, pki/, link/, bin/,
  *                         tmp/, templates/, proxy/ (ENGINE_ENTRIES)
  *
- * data/ and services/ are also marked as tops of directory hierarchies where the file system
- * has that flag (ext2/3/4: spreadServiceTrees).
+ * It makes data/ and services/ where they are missing; spreadServiceTrees then marks them as
+ * tops of directory hierarchies where the file system has that flag (ext2/3/4).
  *
  * Without `switching` the workloads are the engine's own user and nothing needs traversal: the
  * same entries are private and the data dir stays 0700. What it changed shows in
@@ -74,13 +74,16 @@ export function secureDataDir(dataDir: string, switching: boolean): void {
   };
   if (!shared) set(dataDir, traverse);
   const data = join(dataDir, "data");
-  if (switching && !existsSync(data)) mkdirSync(data, { mode: TRAVERSE });
+  // services/ holds the shim's logs and exit records and the build logs: the engine's alone.
+  const services = join(dataDir, "services");
+  // Both are made here, before any launch, so that spreadServiceTrees can mark them.
+  if (!existsSync(data)) mkdirSync(data, { mode: traverse });
+  if (!existsSync(services)) mkdirSync(services, { mode: PRIVATE_DIR });
   set(data, traverse);
   for (const entry of readdirSync(dataDir)) {
     if (ENGINE_ENTRIES.has(entry) || ENGINE_PREFIXES.some((prefix) => entry.startsWith(prefix))) privatize(join(dataDir, entry));
   }
-  // services/ holds the shim's logs and exit records and the build logs: the engine's alone.
-  set(join(dataDir, "services"), PRIVATE_DIR);
+  set(services, PRIVATE_DIR);
   set(join(data, ".builds"), traverse);
 }
 
@@ -88,32 +91,27 @@ export function secureDataDir(dataDir: string, switching: boolean): void {
 const FS_TOPDIR_FL = 0x00020000;
 
 /**
- * spreadServiceTrees makes data/ and services/ (with the modes secureDataDir gives them) and
- * marks both as tops of directory hierarchies (chattr +T), so that ext4 places each service's
- * own directories (`services/<id>`, `data/<name>`) in a block group of their own choosing, as
- * it does home directories, instead of beside their parent's. Every file and directory a run
- * makes then lands in a group the last deletions did not crowd: ext4 without a journal checks
- * each inode a create could take against the deletions of the last seconds to minutes, so
- * creates beside many deleted services' trees cost the launcher ~0.3 ms each (decisions 473,
- * 520). Other file systems have no such flag: nothing is marked there, and nothing fails.
- * Answers the directories marked.
+ * spreadServiceTrees marks data/ and services/ (secureDataDir made them) as tops of directory
+ * hierarchies (chattr +T), so that ext4 places each service's own directories
+ * (`services/<id>`, `data/<name>`) in a block group of their own choosing, as it does home
+ * directories, instead of beside their parent's. Every file and directory a run makes then
+ * lands in a group the last deletions did not crowd: ext4 without a journal checks each inode a
+ * create could take against the deletions of the last seconds to minutes, so creates beside
+ * many deleted services' trees cost the launcher ~0.3 ms each (decisions 473, 520). Other file
+ * systems have no such flag: nothing is marked there, and nothing fails. Answers the
+ * directories marked.
  */
-export function spreadServiceTrees(dataDir: string, switching: boolean): string[] {
+export function spreadServiceTrees(dataDir: string): string[] {
   const lib = libc();
+  if (!lib) return [];
   const marked: string[] = [];
-  for (const [name, mode] of [
-    ["data", switching ? TRAVERSE : PRIVATE_DIR],
-    ["services", PRIVATE_DIR],
-  ] as const) {
-    const dir = join(dataDir, name);
+  for (const dir of [join(dataDir, "data"), join(dataDir, "services")]) {
     let fd: number | undefined;
     try {
-      if (!existsSync(dir)) mkdirSync(dir, { mode });
-      if (!lib) continue;
       fd = openSync(dir, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
       if (lib.addInodeFlags(fd, FS_TOPDIR_FL)) marked.push(dir);
     } catch {
-      // made by the first launch instead, unmarked: only where it is placed changes
+      // not there, or not a directory of ours: left as it is, only where its children go changes
     } finally {
       if (fd !== undefined) closeSync(fd);
     }

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
-import { canSwitchUsers, spreadServiceTrees } from "../../../src/engine/users";
+import { canSwitchUsers, secureDataDir, spreadServiceTrees } from "../../../src/engine/users";
 import { startTestEngine, tempDir } from "../../helpers";
 
 const made: string[] = [];
@@ -34,11 +34,12 @@ function topDirFlagWorks(parent: string): boolean {
   }
 }
 
-describe("spreadServiceTrees", () => {
+describe("secureDataDir and spreadServiceTrees", () => {
   test("makes data/ and services/ with the layout's modes and marks them as tops of hierarchies where the file system has the flag", () => {
     const dataDir = tempDir("engine-layout-");
     made.push(dataDir);
-    const marked = spreadServiceTrees(dataDir, true);
+    secureDataDir(dataDir, true);
+    const marked = spreadServiceTrees(dataDir);
     expect(statSync(join(dataDir, "data")).mode & 0o777).toBe(0o711);
     expect(statSync(join(dataDir, "services")).mode & 0o777).toBe(0o700);
     const flags = [join(dataDir, "data"), join(dataDir, "services")].map(topDirFlag);
@@ -51,10 +52,12 @@ describe("spreadServiceTrees", () => {
       expect(marked).toEqual([]);
     }
     // Once more: nothing to make, the flag kept, and an unprivileged layout's data/ is private.
-    expect(spreadServiceTrees(dataDir, true)).toEqual(marked);
+    secureDataDir(dataDir, true);
+    expect(spreadServiceTrees(dataDir)).toEqual(marked);
     const own = tempDir("engine-layout-");
     made.push(own);
-    spreadServiceTrees(own, false);
+    secureDataDir(own, false);
+    spreadServiceTrees(own);
     expect(statSync(join(own, "data")).mode & 0o777).toBe(0o700);
   });
 
@@ -62,7 +65,8 @@ describe("spreadServiceTrees", () => {
     const dir = join("/dev/shm", `engine-layout-${process.pid}`);
     mkdirSync(dir, { mode: 0o700 });
     made.push(dir);
-    expect(spreadServiceTrees(dir, false)).toEqual([]);
+    secureDataDir(dir, false);
+    expect(spreadServiceTrees(dir)).toEqual([]);
     expect(statSync(join(dir, "services")).isDirectory()).toBe(true);
     // tmpfs keeps a few flags since Linux 6.0 (lsattr reads them), never this one.
     expect(topDirFlag(join(dir, "services"))).not.toBe(true);
