@@ -267,11 +267,19 @@ function selfCpuMs(): number {
   return (usage.user + usage.system) / 1000;
 }
 
-/** cpuMs is a process's user + system CPU time so far in ms (/proc/PID/stat fields 14 and 15, in clock ticks of 10 ms). */
-function cpuMs(pid: number): number {
+/**
+ * cpuTimesMs is a process's user + system CPU time so far in ms, its own (/proc/PID/stat fields
+ * 14 and 15) and its reaped children's (16 and 17), in clock ticks of 10 ms.
+ */
+function cpuTimesMs(pid: number): { own: number; reaped: number } {
   const text = readFileSync(`/proc/${pid}/stat`, "utf8");
   const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) * 10;
+  return { own: (Number(fields[11]) + Number(fields[12])) * 10, reaped: (Number(fields[13]) + Number(fields[14])) * 10 };
+}
+
+/** cpuMs is a process's own user + system CPU time so far in ms. */
+function cpuMs(pid: number): number {
+  return cpuTimesMs(pid).own;
 }
 
 /**
@@ -291,10 +299,9 @@ function launcherCpuMs(daemonPid: number): { own: number; workloads: number } {
   for (const pid of children) {
     try {
       if (!readFileSync(`/proc/${pid}/comm`, "utf8").startsWith("engine-shim")) continue;
-      const text = readFileSync(`/proc/${pid}/stat`, "utf8");
-      const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
-      total.own += (Number(fields[11]) + Number(fields[12])) * 10;
-      total.workloads += (Number(fields[13]) + Number(fields[14])) * 10;
+      const { own, reaped } = cpuTimesMs(Number(pid));
+      total.own += own;
+      total.workloads += reaped;
     } catch {
       // ended meanwhile
     }

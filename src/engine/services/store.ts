@@ -137,7 +137,7 @@ function revived<T extends object>(text: string, previous: T | null | undefined,
 }
 
 /** cachedService is a row as the cache keeps it, from what the store holds: the values of `previous`, its cached row, that did not change are kept. */
-function cachedService(raw: Raw<ServiceRow>, previous: ServiceRow | undefined): ServiceRow {
+function cachedService(raw: Raw<ServiceRow>, previous?: ServiceRow): ServiceRow {
   return {
     ...(raw as unknown as ServiceRow),
     owner: revived(raw.owner as string, previous?.owner),
@@ -326,7 +326,7 @@ export class ServiceStore {
     const cached = this.rows.get(id);
     if (cached) return cached;
     const raw = this.db.query<Raw<ServiceRow>, [string]>("SELECT * FROM services WHERE id = ?").get(id);
-    return raw ? this.cache(cachedService(raw, undefined)) : null;
+    return raw ? this.cache(cachedService(raw)) : null;
   }
 
   findService(ident: string): ServiceRow | null {
@@ -335,7 +335,7 @@ export class ServiceStore {
     if (cached) return cached;
     if (this.absent.has(ident)) return null;
     const raw = this.db.query<Raw<ServiceRow>, [string, string]>("SELECT * FROM services WHERE name = ? OR id = ?").get(ident, ident);
-    if (raw) return this.cache(cachedService(raw, undefined));
+    if (raw) return this.cache(cachedService(raw));
     if (this.absent.size >= CACHED_ROWS) this.absent.clear();
     this.absent.add(ident);
     return null;
@@ -353,7 +353,7 @@ export class ServiceStore {
       .run(params);
     this.absent.delete(row.id);
     this.absent.delete(row.name);
-    this.cache(cachedService(params, undefined));
+    this.cache(cachedService(params));
     this.runCounts.set(row.id, 0);
   }
 
