@@ -32,8 +32,12 @@
  * proxy's processes' memory is printed: resident and anonymous (the heap and the allocator's
  * pages, what a process adds beyond the shared binary).
  *
+ * The engine pins each proxy process's event loop to a CPU of its own by default (decision 521);
+ * `--no-cpu-affinity` runs it with ENGINE_PROXY_CPU_AFFINITY=off, and `--nginx-cpu-affinity`
+ * gives nginx the same (`worker_cpu_affinity auto`, which its default leaves off).
+ *
  * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
- *          [--wrk-threads 2] [--upstream-processes 1] [--compiled]
+ *          [--wrk-threads 2] [--upstream-processes 1] [--compiled] [--no-cpu-affinity] [--nginx-cpu-affinity]
  */
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
@@ -50,6 +54,9 @@ const CONNECTIONS = numericArg("--connections", 32);
 const PROXY_PROCESSES = numericArg("--proxy-processes", 0);
 const WRK_THREADS = numericArg("--wrk-threads", 2);
 const UPSTREAM_PROCESSES = numericArg("--upstream-processes", 1);
+/** NO_CPU_AFFINITY leaves the engine's proxy processes unpinned; NGINX_CPU_AFFINITY pins nginx's workers (decision 521). */
+const NO_CPU_AFFINITY = process.argv.includes("--no-cpu-affinity");
+const NGINX_CPU_AFFINITY = process.argv.includes("--nginx-cpu-affinity");
 /** COMPILED is the built binary, run instead of the source with --compiled. */
 const COMPILED = process.argv.includes("--compiled") ? join(import.meta.dir, "..", "dist", "engine") : null;
 if (COMPILED && !existsSync(COMPILED)) {
@@ -319,6 +326,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
         ENGINE_MDNS: "off",
         ENGINE_HOSTNAME: "bench",
         ...(PROXY_PROCESSES > 0 ? { ENGINE_PROXY_PROCESSES: String(PROXY_PROCESSES) } : {}),
+        ...(NO_CPU_AFFINITY ? { ENGINE_PROXY_CPU_AFFINITY: "off" } : {}),
       },
     });
     const base = engine.url;
@@ -338,7 +346,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
     interface Status {
       https_port?: number;
       tls?: { http_port?: number };
-      respawn?: { processes?: number; pids?: number[] };
+      respawn?: { processes?: number; pids?: number[]; cpus?: (number | null)[] };
       routes?: { items?: { host: string; state: string }[] };
     }
     const status = async (): Promise<Status> => {
@@ -357,6 +365,10 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
     await until(`the proxy over HTTP (${http})`, () => answers(http));
     await until(`the proxy over HTTPS (${https})`, () => answers(https));
     const processes = current.respawn?.processes ?? 0;
+    const cpus = current.respawn?.cpus ?? [];
+    const pinned = cpus.some((cpu) => cpu !== null)
+      ? `event loops pinned to CPUs ${cpus.map((cpu) => cpu ?? "none").join(" / ")}`
+      : `not pinned${NO_CPU_AFFINITY ? " (--no-cpu-affinity)" : ""}`;
     const purge = (() => {
       try {
         const environ = readFileSync(`/proc/${current.respawn?.pids?.[0]}/environ`, "utf8").split("\0");
@@ -370,7 +382,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
       config:
         `${COMPILED ? "the compiled dist/engine" : "from source"}, ` +
         `${processes} proxy process${processes === 1 ? "" : "es"} (${PROXY_PROCESSES > 0 ? "--proxy-processes" : "the default: one per core"}), ` +
-        `${purge}, SO_REUSEPORT, keep-alive pool to the upstream (256 idle connections at most), X-Forwarded-For/-Proto/-Host, X-Real-IP`,
+        `${pinned}, ${purge}, SO_REUSEPORT, keep-alive pool to the upstream (256 idle connections at most), X-Forwarded-For/-Proto/-Host, X-Real-IP`,
       http,
       https,
       pids: () => current.respawn?.pids ?? [],
@@ -409,7 +421,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
       writeFileSync(
         join(workDir, "nginx.conf"),
         `worker_processes auto;
-daemon off;
+${NGINX_CPU_AFFINITY ? "worker_cpu_affinity auto;\n" : ""}daemon off;
 pid ${join(workDir, "nginx.pid")};
 error_log ${join(workDir, "nginx-error.log")} warn;
 events { worker_connections 4096; }
@@ -442,7 +454,7 @@ http {
       nginxTarget = {
         name: "nginx",
         config:
-          `nginx ${programVersion(["nginx", "-v"])}: worker_processes auto (${workers} workers), access_log off, ssl_protocols TLSv1.3, ` +
+          `nginx ${programVersion(["nginx", "-v"])}: worker_processes auto (${workers} workers)${NGINX_CPU_AFFINITY ? ", worker_cpu_affinity auto" : ""}, access_log off, ssl_protocols TLSv1.3, ` +
           "upstream keepalive 64 over HTTP/1.1, X-Forwarded-For/-Proto, Host",
         ...urls,
         pids: () => withChildren(nginx.pid),

@@ -7,6 +7,8 @@ const GOLDEN_DIR = join(import.meta.dir, "golden");
 /** normalize replaces values that change from run to run (ids, secrets, times) with placeholders. */
 export function normalize(value: unknown, key = ""): unknown {
   if (key === "pids" && Array.isArray(value)) return `<${value.length} pids>`;
+  // A proxy process's CPU depends on the machine's cores (decision 521).
+  if (key === "cpus" && Array.isArray(value)) return `<${value.length} cpus>`;
   if (Array.isArray(value)) return value.map((item) => normalize(item));
   if (value !== null && typeof value === "object") {
     return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, normalize(v, k)]));

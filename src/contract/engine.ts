@@ -157,6 +157,9 @@ export const ProxyRespawn = t.Object(
     last_at: NullableDateTime,
     last_reason: NullableString,
     retired_on_start: t.Integer({ description: "Processes of the previous daemon retired after this one bound (restart in place)" }),
+    cpus: t.Array(t.Union([SafeInteger, t.Null()]), {
+      description: "Beside each of pids, the CPU its event loop is pinned to (ENGINE_PROXY_CPU_AFFINITY=auto), or null where it is not",
+    }),
   },
   { description: "Proxy process restarts" },
 );

@@ -55,6 +55,8 @@ export interface ProxyConfig {
   httpPort: number | null;
   /** processes is how many proxy processes share the ports with SO_REUSEPORT. */
   processes: number;
+  /** cpuAffinity "auto" pins each proxy process's event loop to one of the daemon's CPUs, in turn; "off" leaves them to the scheduler. */
+  cpuAffinity: "auto" | "off";
   /** maxBodyBytes bounds a request body; larger ones answer 413. */
   maxBodyBytes: number;
   /** hostname is the machine's short name, used for `<service>-<hostname>.local`. */
@@ -98,6 +100,7 @@ export interface ConfigInput {
   httpsPort?: string | number;
   httpPort?: string | number;
   proxyProcesses?: string | number;
+  proxyCpuAffinity?: string;
   proxyMaxBodyMb?: string | number;
   hostname?: string;
   mdns?: string;
@@ -238,6 +241,7 @@ export function configFromEnv(env: Record<string, string | undefined> = process.
     httpsPort: env.ENGINE_HTTPS_PORT || undefined,
     httpPort: env.ENGINE_HTTP_PORT || undefined,
     proxyProcesses: env.ENGINE_PROXY_PROCESSES || undefined,
+    proxyCpuAffinity: env.ENGINE_PROXY_CPU_AFFINITY || undefined,
     proxyMaxBodyMb: env.ENGINE_PROXY_MAX_BODY_MB || undefined,
     hostname: env.ENGINE_HOSTNAME || undefined,
     mdns: env.ENGINE_MDNS || undefined,
@@ -270,6 +274,8 @@ function resolveProxy(merged: ConfigInput): ProxyConfig {
     throw invalid("hostname", "must be one DNS label: lower-case letters, digits and hyphens", merged.hostname);
   }
   const mdns = merged.mdns ?? "auto";
+  const cpuAffinity = merged.proxyCpuAffinity ?? "auto";
+  if (cpuAffinity !== "auto" && cpuAffinity !== "off") throw invalid("proxy_cpu_affinity", "must be auto or off", cpuAffinity);
   if (!["auto", "bonjour", "avahi", "off"].includes(mdns)) throw invalid("mdns", "must be auto, bonjour, avahi or off", mdns);
   const proxyHost = merged.proxyHost ?? "0.0.0.0";
   if (!/^[A-Za-z0-9.:[\]-]+$/.test(proxyHost)) throw invalid("proxy_host", "must be a host name or an IP address", proxyHost);
@@ -295,6 +301,8 @@ function resolveProxy(merged: ConfigInput): ProxyConfig {
     httpPort: optionalPort("http_port", merged.httpPort),
     // One proxy process per core, like nginx's `worker_processes auto` (docs/decisions.md 430).
     processes: positiveInteger("proxy_processes", merged.proxyProcesses ?? Math.min(64, Math.max(1, availableParallelism())), 1, 64),
+    // Each process's event loop on a CPU of its own, like nginx's `worker_cpu_affinity auto` (decision 521).
+    cpuAffinity,
     maxBodyBytes: positiveInteger("proxy_max_body_mb", merged.proxyMaxBodyMb ?? 1024, 1, 1024 * 1024) * 1024 * 1024,
     hostname,
     mdns: mdns as ProxyConfig["mdns"],

@@ -80,6 +80,12 @@ describe("config", () => {
     ]);
   });
 
+  test("ENGINE_PROXY_CPU_AFFINITY pins the proxy's processes unless it says off; anything else is refused by name", () => {
+    expect(resolveConfig({}, {}).proxy.cpuAffinity).toBe("auto");
+    expect(resolveConfig({}, { proxyCpuAffinity: "off" }).proxy.cpuAffinity).toBe("off");
+    expect(() => resolveConfig({}, { proxyCpuAffinity: "0-3" })).toThrow("proxy_cpu_affinity: must be auto or off");
+  });
+
   test("a bad ENGINE_ADMIN_TOKEN is refused without echoing it", () => {
     try {
       resolveConfig({}, { adminToken: "tiny secret" });

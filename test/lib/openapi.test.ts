@@ -221,7 +221,7 @@ function typed(value: unknown): unknown {
   if (value === "<number>") return 1;
   if (value === "<port>") return 8443;
   if (value === "<trust>") return false;
-  if (typeof value === "string" && /^<\d+ pids>$/.test(value)) return [];
+  if (typeof value === "string" && /^<\d+ (?:pids|cpus)>$/.test(value)) return [];
   return value;
 }
 

@@ -2,6 +2,7 @@ import type { Database } from "bun:sqlite";
 import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ProxyStatus, ServiceRecord } from "../../contract/engine";
+import { allowedCpus } from "../../lib/affinity";
 import { type Clock, iso } from "../../lib/clock";
 import { AppError, isAppError } from "../../lib/errors";
 import { writePrivateFile } from "../../lib/files";
@@ -149,6 +150,7 @@ export class ProxyController {
           log: o.log,
           binDir: join(o.dataDir, "bin"),
           command: o.command,
+          cpus: o.config.cpuAffinity === "auto" ? allowedCpus() : null,
         })
       : null;
     if (!o.config.enabled) this.state = "disabled";
@@ -604,7 +606,7 @@ export class ProxyController {
       },
       ca: { ...ca },
       apex: { host: apex, routed: running, upstream: `http://127.0.0.1:${this.o.apiPort}`, url: this.urlOf(apex) },
-      respawn: processes ?? { processes: 0, pids: [], count: 0, last_at: null, last_reason: null, retired_on_start: 0 },
+      respawn: processes ?? { processes: 0, pids: [], count: 0, last_at: null, last_reason: null, retired_on_start: 0, cpus: [] },
       routes: {
         count: routes.length,
         items: routes.map((route) => ({

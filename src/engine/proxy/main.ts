@@ -1,5 +1,6 @@
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { pinCallingThread } from "../../lib/affinity";
 import { readProcessStat } from "../supervisor";
 import { ProxyListener } from "./listener";
 import type { FromProxy, ProxyPidRecord, ToProxy } from "./snapshot";
@@ -61,7 +62,10 @@ export function runProxyProcess(): void {
           http_port: listener.httpPort,
         };
         writeFileSync(pidFile, `${JSON.stringify(record)}\n`);
-        send({ type: "ready", httpsPort: listener.httpsPort, httpPort: listener.httpPort, generation: listener.generation });
+        // Pinned once bound: a process that could not bind ends anyway. The runtime's threads that
+        // run already (its collector's helpers) keep every CPU (docs/decisions.md 521).
+        const cpu = typeof message.cpu === "number" && pinCallingThread(message.cpu) ? message.cpu : null;
+        send({ type: "ready", httpsPort: listener.httpsPort, httpPort: listener.httpPort, generation: listener.generation, cpu });
       } catch (error) {
         const err = error as NodeJS.ErrnoException;
         send({ type: "error", code: err.code ?? "proxy_failed", message: err.message });

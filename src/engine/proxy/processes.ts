@@ -2,6 +2,7 @@ import { dlopen, FFIType } from "bun:ffi";
 import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { cpuOfSlot } from "../../lib/affinity";
 import type { Logger } from "../../lib/logger";
 import { lowerWhileStarting, restorePriority } from "../../lib/priority";
 import { installByHash, isSameProcess } from "../supervisor";
@@ -72,6 +73,8 @@ export interface ProcessesStatus {
   last_at: string | null;
   last_reason: string | null;
   retired_on_start: number;
+  /** cpus is, beside each of `pids`, the CPU its event loop is pinned to, or null where it is not pinned. */
+  cpus: (number | null)[];
 }
 
 interface Member {
@@ -80,6 +83,10 @@ interface Member {
   stopping: boolean;
   /** applied is the newest snapshot generation the process serves. */
   applied: number;
+  /** slot numbers the processes of one generation (0, 1, ...); a respawned process takes the slot of the one it replaces. */
+  slot: number;
+  /** cpu is the CPU the process pinned its event loop to, once it says so (null: not pinned). */
+  cpu: number | null;
 }
 
 let libc: { waitpid: (pid: number, status: null, options: number) => number } | null = null;
@@ -113,7 +120,20 @@ export class ProxyProcesses {
   private appliedWaiters: { generation: number; resolve: () => void }[] = [];
   private readonly counts = new ProxyTotals();
 
-  constructor(private readonly options: { config: ListenerConfig; count: number; log: Logger; binDir: string; command?: string[] }) {}
+  /**
+   * `cpus` are the CPUs the processes' event loops are pinned to, slot by slot in turn (null:
+   * none pinned; docs/decisions.md 521).
+   */
+  constructor(
+    private readonly options: {
+      config: ListenerConfig;
+      count: number;
+      log: Logger;
+      binDir: string;
+      command?: string[];
+      cpus?: readonly number[] | null;
+    },
+  ) {}
 
   /** previous lists the proxy processes a previous daemon left serving, from their pid files. */
   previous(): ProxyPidRecord[] {
@@ -189,7 +209,9 @@ export class ProxyProcesses {
   private spawn(config: ListenerConfig): Promise<{ httpsPort: number; httpPort: number }> {
     return new Promise((resolve, reject) => {
       let settled = false;
-      const member: Member = { proc: undefined as unknown as Subprocess, ready: false, stopping: false, applied: -1 };
+      const slot = this.freeSlot();
+      const cpu = this.options.cpus ? cpuOfSlot(this.options.cpus, slot) : null;
+      const member: Member = { proc: undefined as unknown as Subprocess, ready: false, stopping: false, applied: -1, slot, cpu: null };
       let restoreTo: number | null = null;
       // Asked at each start: a bundle file removed meanwhile is written again.
       const command = this.options.command ? { argv: this.options.command, env: {} } : proxyCommand(this.options.binDir);
@@ -206,6 +228,7 @@ export class ProxyProcesses {
             if (restoreTo !== null) restorePriority(member.proc.pid, restoreTo);
             member.ready = true;
             member.applied = message.generation;
+            member.cpu = message.cpu ?? null;
             this.notifyApplied();
             if (!settled) {
               settled = true;
@@ -244,8 +267,16 @@ export class ProxyProcesses {
       // It starts beside an engine that serves: at a lower priority until it is ready (decision 368).
       restoreTo = lowerWhileStarting(member.proc.pid);
       this.members.push(member);
-      this.send(member, { type: "start", config, snapshot: this.snapshot as ProxySnapshot });
+      this.send(member, { type: "start", config, snapshot: this.snapshot as ProxySnapshot, cpu });
     });
+  }
+
+  /** freeSlot is the lowest slot no live process of this generation holds. */
+  private freeSlot(): number {
+    const taken = new Set(this.members.filter((member) => !member.stopping).map((member) => member.slot));
+    let slot = 0;
+    while (taken.has(slot)) slot++;
+    return slot;
   }
 
   private respawnLater(reason: string): void {
@@ -349,6 +380,7 @@ export class ProxyProcesses {
       last_at: this.lastRespawnAt,
       last_reason: this.lastReason,
       retired_on_start: this.retired,
+      cpus: this.members.map((member) => member.cpu),
     };
   }
 }

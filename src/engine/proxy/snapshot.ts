@@ -54,7 +54,8 @@ export interface ListenerConfig {
 
 /** Messages from the daemon to a proxy process. */
 export type ToProxy =
-  | { type: "start"; config: ListenerConfig; snapshot: ProxySnapshot }
+  /** start binds and serves; `cpu` is the CPU to pin the process's event loop to (null or absent: none). */
+  | { type: "start"; config: ListenerConfig; snapshot: ProxySnapshot; cpu?: number | null }
   | { type: "snapshot"; snapshot: ProxySnapshot }
   /** unsteer spreads the ports' new connections by hash again, once the retired generation is gone. */
   | { type: "unsteer" }
@@ -62,7 +63,8 @@ export type ToProxy =
 
 /** Messages from a proxy process to the daemon. */
 export type FromProxy =
-  | { type: "ready"; httpsPort: number; httpPort: number; generation: number }
+  /** ready: bound and serving; `cpu` is the CPU its event loop is pinned to, null where the pin was not asked or was refused. */
+  | { type: "ready"; httpsPort: number; httpPort: number; generation: number; cpu?: number | null }
   | { type: "applied"; generation: number; rebinds: number }
   | { type: "error"; code: string; message: string }
   /** counts are the process's cumulative request counts, sent every few seconds (docs/decisions.md 335). */
