@@ -1008,6 +1008,10 @@ static int prepare(void) {
 /* on_request is told of the request channel's events: 0 once it is closed. */
 typedef int (*request_handler)(void);
 
+/* requests_waiting is set while whole requests wait in the buffer, read but not yet started:
+   the loop then turns without sleeping, and has on_request start the next batch of them. */
+static int requests_waiting = 0;
+
 /*
  * serve watches the runs (and the requests, where `requests` is a descriptor) until the
  * requests have ended and no run is held. Each turn: output pumped into the logs, signals
@@ -1024,7 +1028,7 @@ static void serve(int requests, request_handler on_request) {
     if (!reading && run_count == 0) return;
     finish_setup();
     struct epoll_event events[64];
-    int n = epoll_wait(epoll_fd, events, 64, wait);
+    int n = epoll_wait(epoll_fd, events, 64, requests_waiting ? 0 : wait);
     if (n < 0 && errno != EINTR) return;
     for (int i = 0; i < n; i++) {
       void *tag = events[i].data.ptr;
@@ -1042,6 +1046,13 @@ static void serve(int requests, request_handler on_request) {
         struct stream *s = tag;
         if (s->fd >= 0 && !pump(s)) close_stream(s);
       }
+    }
+    /* Requests read in an earlier turn and not started yet: the next batch of them. */
+    int read_now = 0;
+    for (int i = 0; i < n; i++) read_now |= events[i].data.ptr == &requests;
+    if (reading && requests_waiting && !read_now && !on_request()) {
+      epoll_ctl(epoll_fd, EPOLL_CTL_DEL, requests, NULL);
+      reading = 0;
     }
     finish_setup();
     reap();
@@ -1168,36 +1179,70 @@ static void launch_one(char *fields, size_t len) {
   if (r) run_begin(r);
 }
 
-/* serve_buffered starts the whole requests buffered; -1 on a request that is not the daemon's framing. */
+/* LAUNCH_BATCH is how many requests one turn of the loop starts at most. Between two batches the
+   loop reaps and settles what ended, so that a flood of launches (hundreds of batch jobs read
+   at once) does not hold back every exit, and the daemon's work on them, until the last launch
+   of the flood: the daemon settles the exits while this process starts the next batch. */
+#define LAUNCH_BATCH 8
+
+/* serve_buffered starts up to LAUNCH_BATCH of the whole requests buffered (requests_waiting
+   says whether more wait); -1 on a request that is not the daemon's framing. */
 static int serve_buffered(void) {
-  for (;;) {
-    char *newline = memchr(request_buffer, '\n', request_have);
-    if (!newline) return 0;
-    size_t header = (size_t)(newline - request_buffer) + 1;
-    size_t len = (size_t)atol(request_buffer);
-    if (len > REQUEST_MAX) return -1;
-    if (request_have < header + len) return 0;
-    char *fields = request_buffer + header;
+  requests_waiting = 0;
+  size_t used = 0;
+  int answer = 0;
+  for (int started = 0;; started++) {
+    char *at = request_buffer + used;
+    size_t have = request_have - used;
+    char *newline = memchr(at, '\n', have);
+    if (!newline) break;
+    size_t header = (size_t)(newline - at) + 1;
+    size_t len = (size_t)atol(at);
+    if (len > REQUEST_MAX) {
+      answer = -1;
+      break;
+    }
+    if (have < header + len) break;
+    if (started == LAUNCH_BATCH) {
+      requests_waiting = 1;
+      break;
+    }
+    char *fields = at + header;
     char saved = fields[len];
     fields[len] = 0;
     launch_one(fields, len);
     fields[len] = saved;
-    memmove(request_buffer, request_buffer + header + len, request_have - header - len);
-    request_have -= header + len;
+    used += header + len;
   }
+  /* What was started leaves the buffer in one move, not one per request. */
+  if (used > 0) {
+    memmove(request_buffer, request_buffer + used, request_have - used);
+    request_have -= used;
+  }
+  return answer;
 }
 
-/* on_requests reads what the daemon sent and starts the whole requests; 0 once stdin has ended
-   (or spoke something else than the daemon's framing), when stdout is closed too. */
+/* on_requests reads what the daemon sent and starts the whole requests, a batch at a time; 0
+   once stdin has ended (or spoke something else than the daemon's framing), when stdout is
+   closed too. */
 static int on_requests(void) {
-  ssize_t k = read(0, request_buffer + request_have, sizeof request_buffer - 1 - request_have);
-  if (k < 0 && (errno == EINTR || errno == EAGAIN)) return 1;
-  if (k > 0) {
-    request_have += (size_t)k;
-    /* Not the daemon's framing: stop rather than guess. */
-    if (serve_buffered() == 0 && request_have < sizeof request_buffer - 1) return 1;
+  if (requests_waiting) {
+    /* Whole requests read earlier wait: the next batch of them, before anything more is read. */
+    if (serve_buffered() == 0) return 1;
+  } else {
+    ssize_t k = read(0, request_buffer + request_have, sizeof request_buffer - 1 - request_have);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) return 1;
+    if (k > 0) {
+      request_have += (size_t)k;
+      /* Not the daemon's framing: stop rather than guess. */
+      if (serve_buffered() == 0 && (request_have < sizeof request_buffer - 1 || requests_waiting)) return 1;
+    }
   }
-  /* The daemon is gone (or spoke nonsense): no more requests. The runs are held on. */
+  /* The daemon is gone (or spoke nonsense): no more requests, once those it sent whole are
+     started, as they were before it left. The runs are held on. */
+  while (requests_waiting && serve_buffered() == 0) {
+  }
+  requests_waiting = 0;
   if (devnull_fd >= 0) dup2(devnull_fd, 1);
   reply_fd = -1;
   notice_fd = -1;

@@ -222,6 +222,71 @@ describe("ShimLauncher", () => {
     expect(readProcessStat(workload)).not.toBeNull(); // the first run's workload outlived both launchers
   });
 
+  /**
+   * rawLauncher starts `engine-shim --launcher` without ShimLauncher, so that a test can write a
+   * flood of requests in one write (one read on the launcher's side) and read every line it says.
+   */
+  async function rawLauncher() {
+    const proc = Bun.spawn([testShim(), "--launcher"], { stdin: "pipe", stdout: "pipe", stderr: "ignore", cwd: "/" });
+    const lines: string[] = [];
+    void (async () => {
+      let buffer = "";
+      for await (const chunk of proc.stdout) {
+        buffer += new TextDecoder().decode(chunk);
+        for (let newline = buffer.indexOf("\n"); newline >= 0; newline = buffer.indexOf("\n")) {
+          lines.push(buffer.slice(0, newline));
+          buffer = buffer.slice(newline + 1);
+        }
+      }
+    })();
+    await eventually(() => lines[0] === "ready");
+    /** request frames one launch as the daemon does: `LEN\n`, then NUL-terminated fields. */
+    const request = (id: number, argv: string[]) => {
+      const fields = [String(id), dir, String(argv.length), ...argv, "1", "PATH=/usr/bin:/bin"];
+      const payload = Buffer.from(`${fields.join("\0")}\0`);
+      return Buffer.concat([Buffer.from(`${payload.length}\n`), payload]);
+    };
+    return { proc, lines, request };
+  }
+
+  test("a flood of requests read at once does not hold back the exits of the runs it started first", async () => {
+    const { proc, lines, request } = await rawLauncher();
+    try {
+      // Told on the launcher's stdout (the socket is never needed while that pipe has room).
+      const notify = join(dir, "flood.sock");
+      const runs = Array.from({ length: 120 }, (_, i) => shimArgv(testShim(), `flood-${i}`, ["true"], notify));
+      // One write, well under the pipe's 64 KiB: the launcher reads the whole flood at once.
+      const flood = Buffer.concat(runs.map((run, i) => request(i + 1, run.argv)));
+      expect(flood.length).toBeLessThan(60_000);
+      proc.stdin.write(flood);
+      proc.stdin.flush();
+      await eventually(() => lines.filter((line) => line.startsWith("exit ")).length === runs.length, { timeoutMs: 30_000 });
+      const reports = lines.filter((line) => /^\d+ /.test(line));
+      expect(reports).toHaveLength(runs.length);
+      expect(reports.every((line) => /^\d+ ok \d+ \d+ \d+$/.test(line))).toBe(true);
+      // The first run's `true` ended while the launcher was still starting the rest of the
+      // flood: its end is told before the last report, not after all of them.
+      const firstExit = lines.indexOf(`exit ${runs[0]?.runDir}`);
+      const lastReport = lines.indexOf(reports.at(-1) ?? "");
+      expect(firstExit).toBeGreaterThan(0);
+      expect(firstExit).toBeLessThan(lastReport);
+      for (const run of runs) expect(JSON.parse(readFileSync(join(run.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
+    } finally {
+      proc.kill("SIGKILL");
+      await proc.exited;
+    }
+  });
+
+  test("the requests the daemon sent whole before it went are all started, however many came at once", async () => {
+    const { proc, request } = await rawLauncher();
+    const runs = Array.from({ length: 40 }, (_, i) => shimArgv(testShim(), `last-words-${i}`, ["true"]));
+    proc.stdin.write(Buffer.concat(runs.map((run, i) => request(i + 1, run.argv))));
+    proc.stdin.end();
+    // Its stdin ended: it starts what it had read, holds the runs to their end, and exits.
+    expect(await proc.exited).toBe(0);
+    for (const run of runs) expect(JSON.parse(readFileSync(join(run.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
+  });
+
   test("a shim with no launcher mode makes launch answer undefined: the caller spawns it itself", async () => {
     const old = join(dir, "old-shim");
     writeFileSync(old, "#!/bin/sh\necho 'usage: engine-shim RUN_DIR ...' >&2\nexit 2\n");
