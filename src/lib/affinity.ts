@@ -1,5 +1,6 @@
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import { FFIType, ptr } from "bun:ffi";
 import { readFileSync } from "node:fs";
+import { openLibc } from "./libc";
 
 /**
  * CPU affinity for the proxy's processes (docs/decisions.md 521): the daemon reads the CPUs it
@@ -56,16 +57,8 @@ let setAffinity: ((tid: number, size: number, mask: unknown) => number) | null |
 export function pinCallingThread(cpu: number): boolean {
   if (!Number.isInteger(cpu) || cpu < 0 || cpu >= MAX_CPUS) return false;
   if (setAffinity === undefined) {
-    setAffinity = null;
-    if (process.platform === "linux") {
-      try {
-        setAffinity = dlopen("libc.so.6", {
-          sched_setaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-        }).symbols.sched_setaffinity as unknown as typeof setAffinity;
-      } catch {
-        setAffinity = null;
-      }
-    }
+    const symbols = openLibc({ sched_setaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 } });
+    setAffinity = symbols ? (symbols.sched_setaffinity as unknown as typeof setAffinity) : null;
   }
   if (!setAffinity) return false;
   // A cpu_set_t of whole 64-bit words, as glibc's CPU_ALLOC_SIZE makes it.

@@ -1,6 +1,7 @@
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import { FFIType, ptr } from "bun:ffi";
 import { readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
+import { openLibc } from "./libc";
 
 /**
  * The listening sockets of a drain restart change hands without a moment where nothing
@@ -30,15 +31,11 @@ let libc: Libc | null | undefined;
 
 function loadLibc(): Libc | null {
   if (libc !== undefined) return libc;
-  try {
-    libc = dlopen("libc.so.6", {
-      getsockname: { args: [FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
-      getsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
-      setsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
-    }).symbols as unknown as Libc;
-  } catch {
-    libc = null;
-  }
+  libc = openLibc({
+    getsockname: { args: [FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
+    getsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
+    setsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
+  }) as unknown as Libc | null;
   return libc;
 }
 

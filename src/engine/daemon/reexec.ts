@@ -1,5 +1,6 @@
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import { FFIType, ptr } from "bun:ffi";
 import { readFileSync } from "node:fs";
+import { openLibc, reapNoHang } from "../../lib/libc";
 
 function cStrings(values: string[]): { pointers: BigUint64Array; keep: Buffer[] } {
   const keep = values.map((value) => Buffer.from(`${value}\0`, "utf8"));
@@ -35,19 +36,18 @@ export function reexecSelf(env: Record<string, string | undefined> = process.env
     const envp = Object.entries(env)
       .filter((entry): entry is [string, string] => entry[1] !== undefined)
       .map(([key, value]) => `${key}=${value}`);
-    const libc = dlopen("libc.so.6", { execve: { args: [FFIType.cstring, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 } });
+    const libc = openLibc({ execve: { args: [FFIType.cstring, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 } });
+    if (!libc) return new Error("execve is not available: the C library cannot be loaded here");
     const file = Buffer.from(`${path}\0`);
     const args = cStrings(argv);
     const environment = cStrings(envp);
-    libc.symbols.execve(ptr(file), ptr(args.pointers), ptr(environment.pointers));
+    libc.execve(ptr(file), ptr(args.pointers), ptr(environment.pointers));
     // Reaching this line means execve failed; the buffers above stayed alive until here.
     return new Error(`execve(${path}) failed (kept ${args.keep.length} args, ${environment.keep.length} env)`);
   } catch (error) {
     return error as Error;
   }
 }
-
-let waitpid: ((pid: number, status: null, options: number) => number) | null | undefined;
 
 /** awaiting are the pids reapWhenGone waits for now: a later restart in place passes them on. */
 const awaiting = new Set<number>();
@@ -65,19 +65,11 @@ export function pidsAwaitingReap(): number[] {
  * is (decision 508). It looks every 50 ms at first, then less often, up to once a second.
  */
 export async function reapWhenGone(pid: number): Promise<void> {
-  if (waitpid === undefined) {
-    try {
-      waitpid = dlopen("libc.so.6", { waitpid: { args: [FFIType.i32, FFIType.ptr, FFIType.i32], returns: FFIType.i32 } }).symbols
-        .waitpid as never;
-    } catch {
-      waitpid = null;
-    }
-  }
   awaiting.add(pid);
   try {
     for (let interval = 50; ; interval = Math.min(interval * 2, 1000)) {
       // WNOHANG: the pid once it has exited, 0 while it runs, -1 when it is not a child (gone).
-      const reaped = waitpid?.(pid, null, 1) ?? -1;
+      const reaped = reapNoHang(pid);
       if (reaped !== 0) return;
       await Bun.sleep(interval);
     }

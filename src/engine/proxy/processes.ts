@@ -1,8 +1,8 @@
-import { dlopen, FFIType } from "bun:ffi";
 import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { cpuOfSlot } from "../../lib/affinity";
+import { reapNoHang } from "../../lib/libc";
 import type { Logger } from "../../lib/logger";
 import { lowerWhileStarting, restorePriority } from "../../lib/priority";
 import { installByHash, isSameProcess } from "../supervisor";
@@ -87,17 +87,6 @@ interface Member {
   slot: number;
   /** cpu is the CPU the process pinned its event loop to, once it says so (null: not pinned). */
   cpu: number | null;
-}
-
-let libc: { waitpid: (pid: number, status: null, options: number) => number } | null = null;
-/** reap collects the exit status of a process this pid started before it re-executed itself, so no zombie stays. */
-function reap(pid: number): void {
-  try {
-    libc ??= dlopen("libc.so.6", { waitpid: { args: [FFIType.i32, FFIType.ptr, FFIType.i32], returns: FFIType.i32 } }).symbols as never;
-    libc?.waitpid(pid, null, 1 /* WNOHANG */);
-  } catch {
-    // not our child, or already reaped
-  }
 }
 
 /**
@@ -192,7 +181,7 @@ export class ProxyProcesses {
 
   private async reapWhenGone(pid: number): Promise<void> {
     for (let i = 0; i < 600; i++) {
-      reap(pid);
+      reapNoHang(pid); // a process from before this pid re-executed itself: no zombie stays
       try {
         process.kill(pid, 0);
       } catch {

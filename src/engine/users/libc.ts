@@ -1,4 +1,5 @@
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import { FFIType, ptr } from "bun:ffi";
+import { openLibc } from "../../lib/libc";
 
 /**
  * Libc is the few C library calls the engine makes in-process: an advisory fcntl lock (the
@@ -35,39 +36,37 @@ let loaded: Libc | null | undefined;
 export function libc(): Libc | null {
   if (loaded !== undefined) return loaded;
   loaded = null;
-  if (process.platform !== "linux" || (process.arch !== "x64" && process.arch !== "arm64")) return null;
-  try {
-    const { symbols } = dlopen("libc.so.6", {
-      fcntl: { args: [FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
-      getpwnam: { args: [FFIType.cstring], returns: FFIType.ptr },
-      getpwuid: { args: [FFIType.u32], returns: FFIType.ptr },
-      getgrnam: { args: [FFIType.cstring], returns: FFIType.ptr },
-      getgrgid: { args: [FFIType.u32], returns: FFIType.ptr },
-      ioctl: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-    });
-    const cstring = (text: string) => ptr(Buffer.from(`${text}\0`, "utf8"));
-    loaded = {
-      tryWriteLock(fd) {
-        const flock = new Uint8Array(FLOCK_SIZE);
-        new DataView(flock.buffer).setInt16(0, F_WRLCK, true); // l_whence, l_start, l_len 0: SEEK_SET, the whole file
-        return symbols.fcntl(fd, F_SETLK, ptr(flock)) === 0;
-      },
-      userExists(key) {
-        return (typeof key === "number" ? symbols.getpwuid(key) : symbols.getpwnam(cstring(key))) !== null;
-      },
-      groupExists(key) {
-        return (typeof key === "number" ? symbols.getgrgid(key) : symbols.getgrnam(cstring(key))) !== null;
-      },
-      addInodeFlags(fd, flags) {
-        const value = new Int32Array(2); // room for a long, as the request's size says
-        if (symbols.ioctl(fd, FS_IOC_GETFLAGS, ptr(value)) !== 0) return false;
-        if (((value[0] ?? 0) & flags) === flags) return true;
-        value[0] = (value[0] ?? 0) | flags;
-        return symbols.ioctl(fd, FS_IOC_SETFLAGS, ptr(value)) === 0;
-      },
-    };
-  } catch {
-    loaded = null;
-  }
+  // The structures below are laid out as on 64-bit Linux.
+  if (process.arch !== "x64" && process.arch !== "arm64") return null;
+  const symbols = openLibc({
+    fcntl: { args: [FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
+    getpwnam: { args: [FFIType.cstring], returns: FFIType.ptr },
+    getpwuid: { args: [FFIType.u32], returns: FFIType.ptr },
+    getgrnam: { args: [FFIType.cstring], returns: FFIType.ptr },
+    getgrgid: { args: [FFIType.u32], returns: FFIType.ptr },
+    ioctl: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  });
+  if (!symbols) return null;
+  const cstring = (text: string) => ptr(Buffer.from(`${text}\0`, "utf8"));
+  loaded = {
+    tryWriteLock(fd) {
+      const flock = new Uint8Array(FLOCK_SIZE);
+      new DataView(flock.buffer).setInt16(0, F_WRLCK, true); // l_whence, l_start, l_len 0: SEEK_SET, the whole file
+      return symbols.fcntl(fd, F_SETLK, ptr(flock)) === 0;
+    },
+    userExists(key) {
+      return (typeof key === "number" ? symbols.getpwuid(key) : symbols.getpwnam(cstring(key))) !== null;
+    },
+    groupExists(key) {
+      return (typeof key === "number" ? symbols.getgrgid(key) : symbols.getgrnam(cstring(key))) !== null;
+    },
+    addInodeFlags(fd, flags) {
+      const value = new Int32Array(2); // room for a long, as the request's size says
+      if (symbols.ioctl(fd, FS_IOC_GETFLAGS, ptr(value)) !== 0) return false;
+      if (((value[0] ?? 0) & flags) === flags) return true;
+      value[0] = (value[0] ?? 0) | flags;
+      return symbols.ioctl(fd, FS_IOC_SETFLAGS, ptr(value)) === 0;
+    },
+  };
   return loaded;
 }

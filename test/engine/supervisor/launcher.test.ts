@@ -231,8 +231,9 @@ describe("ShimLauncher", () => {
     const lines: string[] = [];
     void (async () => {
       let buffer = "";
-      for await (const chunk of proc.stdout) {
-        buffer += new TextDecoder().decode(chunk);
+      const reader = proc.stdout.getReader();
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+        buffer += new TextDecoder().decode(chunk.value);
         for (let newline = buffer.indexOf("\n"); newline >= 0; newline = buffer.indexOf("\n")) {
           lines.push(buffer.slice(0, newline));
           buffer = buffer.slice(newline + 1);
