@@ -1271,6 +1271,9 @@ export class ServiceManager implements ServiceDirectory {
       this.unsettled.delete(runId);
       this.exitProcesses.delete(runId);
     }
+    // The exits are on disk a moment later, off the event loop: the launcher left their
+    // records unsynced, since it told this daemon of them (decision 524).
+    if (recorded.length > 0) void this.o.store.syncSoon();
     for (const { follow } of recorded) follow();
     if (failed && !this.settleFailing) {
       this.settleFailing = true;

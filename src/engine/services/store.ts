@@ -1,4 +1,5 @@
 import type { Database } from "bun:sqlite";
+import { open } from "node:fs/promises";
 import type { LastDump } from "../databases";
 import type { ExitRecord, RunHandle } from "../supervisor";
 import type { RecordedUser } from "../users";
@@ -205,6 +206,9 @@ export class ServiceStore {
   private readonly runCounts = new Map<string, number>();
   /** soon are the writes asked for in this turn of the event loop, to be committed together (writeSoon). */
   private soon: { writes: (() => void)[]; committed: PromiseWithResolvers<void> } | null = null;
+  /** syncing is the WAL's sync under way (syncSoon), and syncAgain the one asked for meanwhile. */
+  private syncing: Promise<void> | null = null;
+  private syncAgain: PromiseWithResolvers<void> | null = null;
   /** handedOver is true once the store is the next daemon's (handOver). */
   private handedOver = false;
   /** transact runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
@@ -235,6 +239,42 @@ export class ServiceStore {
       this.dropRows(); // what the transaction wrote is not in the store
       throw error;
     }
+  }
+
+  /**
+   * syncSoon puts what the store committed so far on disk, off the event loop: an fdatasync of
+   * the WAL on a thread of the pool, where the store's commits otherwise reach the disk at the
+   * next checkpoint (synchronous=NORMAL: a power loss may take the last of them). A checkpoint
+   * syncs what it copies into the database first, so a WAL restarted since takes nothing with
+   * it. Calls made while one runs share the next. The runs' exits ask for it, which is what
+   * lets the launcher leave the exit records it told the daemon of unsynced: one sync for a
+   * batch of exits instead of one for each (docs/decisions.md 524). It resolves once synced,
+   * or once the sync failed (the next checkpoint's then).
+   */
+  syncSoon(): Promise<void> {
+    if (this.syncing) {
+      this.syncAgain ??= Promise.withResolvers<void>();
+      return this.syncAgain.promise;
+    }
+    const path = `${this.db.filename}-wal`;
+    this.syncing = (async () => {
+      try {
+        const handle = await open(path, "r");
+        try {
+          await handle.datasync();
+        } finally {
+          await handle.close();
+        }
+      } catch {
+        // no WAL (an in-memory store), or the disk refused: the next checkpoint syncs
+      }
+    })().finally(() => {
+      this.syncing = null;
+      const again = this.syncAgain;
+      this.syncAgain = null;
+      if (again) void this.syncSoon().then(again.resolve);
+    });
+    return this.syncing;
   }
 
   /**

@@ -475,27 +475,29 @@ static int write_exit(struct run *r, int status, int exec_errno, const char *sta
 
 /* notify tells the daemon the run ended; a daemon that is away finds exit.json later. It never
    waits (a launcher's other runs would wait with it): a daemon whose socket's backlog is full
-   misses the notice, and its sweep finds the run's workload gone within a second. */
-static void notify(const struct run *r) {
-  if (strcmp(r->notify_path, "-") == 0) return;
+   misses the notice, and its sweep finds the run's workload gone within a second. It answers
+   1 when the notice went on the launcher's stdout, to the daemon that reads it. */
+static int notify(const struct run *r) {
+  if (strcmp(r->notify_path, "-") == 0) return 0;
   char msg[PATH_MAX + 16];
   int len = snprintf(msg, sizeof msg, "exit %s\n", r->run_dir);
-  if (len <= 0 || len >= (int)sizeof msg) return;
+  if (len <= 0 || len >= (int)sizeof msg) return 0;
   /* On the pipe, one write of at most PIPE_BUF bytes is whole or refused (EAGAIN: the daemon
      reads no more for now), never cut: refused, the notice goes to the socket. */
   if (notice_fd >= 0 && len <= PIPE_BUF) {
     ssize_t n;
     do n = write(notice_fd, msg, (size_t)len);
     while (n < 0 && errno == EINTR);
-    if (n == len) return;
+    if (n == len) return 1;
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return;
+  if (fd < 0) return 0;
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   strncpy(addr.sun_path, r->notify_path, sizeof addr.sun_path - 1);
   /* A fresh connection's buffer takes the line at once; where it would not, it is dropped, not waited for. */
   if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) (void)!send(fd, msg, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
   close(fd);
+  return 0;
 }
 
 /* parse_credentials reads "UID:GID:G1,G2,..."; returns 0 when well formed. */
@@ -925,9 +927,12 @@ static int settle(struct run *r) {
   }
   /* Told first, synced after: the daemon reads exit.json and the log from the page cache, so a
      restart need not wait for the disk; a power loss in between leaves a record the next daemon
-     cannot read, and the run is settled as lost, as it would be without exit.json at all. */
-  notify(r);
-  sync_later(exit_record, 1);
+     cannot read, and the run is settled as lost, as it would be without exit.json at all.
+     An exit told on the launcher's stdout is not synced here at all: the daemon reading it
+     records it in its store and syncs the store's WAL after each batch of exits, one sync for
+     many (decision 524). One told on the socket, or to no one, is synced here. */
+  int told = notify(r);
+  sync_later(exit_record, !told);
   /* A run that printed nothing has nothing of its own to sync: an fsync of the log it only
      opened would write the new file's inode, a disk write and a sleep per silent batch job. */
   sync_later(r->log_fd, r->log_wrote);

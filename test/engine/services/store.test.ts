@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, test } from "bun:test";
-import { rmSync } from "node:fs";
+import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { EMPTY_RESTART_STATE } from "../../../src/engine/services/restart-policy";
 import {
@@ -335,5 +335,30 @@ describe("ServiceStore.pruneRuns", () => {
     ]);
     expect(stored("found")).toHaveLength(RUNS_KEPT);
     expect(next.pruneRuns("svc_found")).toEqual([]);
+  });
+});
+
+describe("ServiceStore.syncSoon", () => {
+  test("the calls made while a sync of the WAL runs share one more, which starts after it; a call after that starts its own", async () => {
+    store.transaction(() => store.insertService(row("synced", "pending")));
+    expect(existsSync(join(dir, "engine.db-wal"))).toBe(true);
+    const first = store.syncSoon();
+    const second = store.syncSoon();
+    const third = store.syncSoon();
+    expect(third).toBe(second);
+    expect(second).not.toBe(first);
+    const order: string[] = [];
+    await Promise.all([second.then(() => order.push("second")), first.then(() => order.push("first"))]);
+    expect(order).toEqual(["first", "second"]);
+    const fourth = store.syncSoon();
+    expect(fourth).not.toBe(second);
+    await fourth;
+    // A store without a WAL file (in memory) has nothing to sync, and says so by resolving.
+    const memory = openStore(":memory:");
+    try {
+      await new ServiceStore(memory).syncSoon();
+    } finally {
+      memory.close();
+    }
   });
 });

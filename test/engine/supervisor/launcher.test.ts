@@ -226,8 +226,8 @@ describe("ShimLauncher", () => {
    * rawLauncher starts `engine-shim --launcher` without ShimLauncher, so that a test can write a
    * flood of requests in one write (one read on the launcher's side) and read every line it says.
    */
-  async function rawLauncher() {
-    const proc = Bun.spawn([testShim(), "--launcher"], { stdin: "pipe", stdout: "pipe", stderr: "ignore", cwd: "/" });
+  async function rawLauncher(prefix: string[] = []) {
+    const proc = Bun.spawn([...prefix, testShim(), "--launcher"], { stdin: "pipe", stdout: "pipe", stderr: "ignore", cwd: "/" });
     const lines: string[] = [];
     void (async () => {
       let buffer = "";
@@ -287,6 +287,39 @@ describe("ShimLauncher", () => {
     expect(await proc.exited).toBe(0);
     for (const run of runs) expect(JSON.parse(readFileSync(join(run.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
   });
+
+  // strace counts the launcher's syncs; .ci/run installs it.
+  test.skipIf(!Bun.which("strace"))(
+    "an exit told on stdout leaves its record to the daemon's store; one told on the socket, once stdin closed, is synced",
+    async () => {
+      const trace = join(dir, "launcher.strace");
+      const { proc, lines, request } = await rawLauncher(["strace", "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync", "-o", trace]);
+      const notify = join(dir, "synced.sock");
+      const told = shimArgv(testShim(), "synced-told", ["true"], notify);
+      const held = shimArgv(testShim(), "synced-held", ["sleep", "30"], notify);
+      proc.stdin.write(request(1, told.argv));
+      proc.stdin.flush();
+      await eventually(() => lines.includes(`exit ${told.runDir}`));
+      proc.stdin.write(request(2, held.argv));
+      proc.stdin.flush();
+      const report = await eventually(() => lines.find((line) => line.startsWith("2 ok ")));
+      const [launcherPid, heldPid] = [Number(report.split(" ")[2]), Number(report.split(" ")[3])];
+      started.push(heldPid);
+      proc.stdin.end();
+      // Stopped (its stdout is /dev/null by now), it tells of the held run's end on the socket,
+      // where no daemon listens: that record is the one a daemon that comes back will read.
+      await eventually(() => readlinkSync(`/proc/${launcherPid}/fd/1`) === "/dev/null");
+      process.kill(-heldPid, "SIGKILL");
+      expect(await proc.exited).toBe(0); // strace, once the launcher held no more runs and exited
+      const synced = readFileSync(trace, "utf8")
+        .split("\n")
+        .map((line) => /\bf(?:data)?sync\(\d+<([^>]*)>\)\s+= 0$/.exec(line)?.[1])
+        .filter((path) => path !== undefined);
+      expect(synced).toEqual([join(held.runDir, "exit.json")]);
+      expect(JSON.parse(readFileSync(join(held.runDir, "exit.json"), "utf8"))).toMatchObject({ signal: "SIGKILL" });
+      expect(JSON.parse(readFileSync(join(told.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
+    },
+  );
 
   test("a shim with no launcher mode makes launch answer undefined: the caller spawns it itself", async () => {
     const old = join(dir, "old-shim");
