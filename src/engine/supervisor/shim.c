@@ -833,18 +833,21 @@ static void run_begin(struct run *r) {
   runs[run_count++] = r; /* start_run made room */
 }
 
-/* finish_setup makes the files of the runs started since it last ran: the spare for each one's
-   next run and its log. It runs once the requests that came together are all answered, so a
-   burst of starts is reported first (a launcher starts them one after the other). */
+/* setup_run makes a started run's files, once: the spare for its service's next run and its log. */
+static void setup_run(struct run *r) {
+  if (!r->setup_pending) return;
+  r->setup_pending = 0;
+  setups_pending--;
+  if (r->spare) make_spare(r);
+  if (r->log_fd < 0) open_log(r);
+}
+
+/* finish_setup makes the files of the runs started since it last ran. It runs once the
+   requests that came together are all answered (the loop calls it only while no whole request
+   waits), so a burst of starts is reported first (a launcher starts them one after the other);
+   a run that ends before it gets them at its settling. */
 static void finish_setup(void) {
-  for (int i = 0; i < run_count && setups_pending > 0; i++) {
-    struct run *r = runs[i];
-    if (!r->setup_pending) continue;
-    r->setup_pending = 0;
-    setups_pending--;
-    if (r->spare) make_spare(r);
-    if (r->log_fd < 0) open_log(r);
-  }
+  for (int i = 0; i < run_count && setups_pending > 0; i++) setup_run(runs[i]);
 }
 
 static void close_stream(struct stream *s) {
@@ -913,6 +916,7 @@ static void stop_sync_thread(void) {
  * daemon sees the holder alive and the run not yet ended meanwhile).
  */
 static int settle(struct run *r) {
+  setup_run(r);
   for (int i = 0; i < 2; i++) close_stream(&r->streams[i]);
   int exit_record = -1;
   if (write_exit(r, r->status, 0, NULL, &exit_record) != 0) {
@@ -1031,7 +1035,7 @@ static void serve(int requests, request_handler on_request) {
   int wait = -1;
   for (;;) {
     if (!reading && run_count == 0) return;
-    finish_setup();
+    if (!requests_waiting) finish_setup();
     struct epoll_event events[64];
     int n = epoll_wait(epoll_fd, events, 64, requests_waiting ? 0 : wait);
     if (n < 0 && errno != EINTR) return;
@@ -1059,7 +1063,7 @@ static void serve(int requests, request_handler on_request) {
       epoll_ctl(epoll_fd, EPOLL_CTL_DEL, requests, NULL);
       reading = 0;
     }
-    finish_setup();
+    if (!requests_waiting) finish_setup();
     reap();
     wait = settle_due();
   }

@@ -272,6 +272,9 @@ describe("ShimLauncher", () => {
       expect(firstExit).toBeGreaterThan(0);
       expect(firstExit).toBeLessThan(lastReport);
       for (const run of runs) expect(JSON.parse(readFileSync(join(run.runDir, "exit.json"), "utf8"))).toMatchObject({ exit_code: 0 });
+      // A run's files are made once the flood's reports are out, or at its end if it ended
+      // before that: each run has its log, however early it ended.
+      for (const run of runs) expect(existsSync(join(run.runDir, "out.log"))).toBe(true);
     } finally {
       proc.kill("SIGKILL");
       await proc.exited;
