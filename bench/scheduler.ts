@@ -35,7 +35,7 @@
  * ext4 without a journal (decision 473), a journaled ext4 as installers make it is one loop mount
  * away (`truncate -s 2G img && mkfs.ext4 -q img && mount -o loop img DIR && chmod 1777 DIR`).
  */
-import { existsSync, mkdirSync, readFileSync, realpathSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
@@ -235,6 +235,9 @@ interface JobFigures {
   /** mainRan and mainWaited are the shares of the round's wall time the daemon's main thread ran, and waited on a run queue for a core (schedstat). */
   mainRan: number;
   mainWaited: number;
+  /** jitCpuMs and collectorCpuMs are the daemon's JIT compiler threads' and collector threads' CPU time per job (runtimeThreadsMs). */
+  jitCpuMs: number;
+  collectorCpuMs: number;
   completed: number;
   failed: number;
 }
@@ -259,6 +262,32 @@ function schedNs(pid: number, tid = pid): { ran: number; waited: number } {
   } catch {
     return { ran: 0, waited: 0 };
   }
+}
+
+/**
+ * runtimeThreadsMs is the CPU time so far, in ms, of the daemon's runtime threads by what they
+ * do, from each thread's schedstat (ns): JavaScriptCore's JIT compiler threads (JITWorker) and
+ * its collector's (HeapHelper, the concurrent marker). A daemon's first flood pays for
+ * compiling its batch-job path; the rounds after it much less (decision 525).
+ */
+function runtimeThreadsMs(pid: number): { jit: number; collector: number } {
+  const total = { jit: 0, collector: 0 };
+  let tids: string[] = [];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return total;
+  }
+  for (const tid of tids) {
+    try {
+      const comm = readFileSync(`/proc/${pid}/task/${tid}/comm`, "utf8").trim();
+      const kind = comm.startsWith("JITWorker") ? "jit" : comm.startsWith("HeapHelper") ? "collector" : null;
+      if (kind) total[kind] += schedNs(pid, Number(tid)).ran / 1e6;
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return total;
 }
 
 /** selfCpuMs is this bench process's own CPU time so far, in ms. */
@@ -654,6 +683,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const cpuBefore = cpuMs(daemonPid);
       const launcherBefore = launcherCpuMs(daemonPid);
       const schedBefore = schedNs(daemonPid);
+      const runtimeBefore = runtimeThreadsMs(daemonPid);
       const machineBefore = machineBusyMs();
       const countsBefore = systemCounts();
       const clientBefore = selfCpuMs();
@@ -715,6 +745,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
       const counts = systemCounts();
       const clientCpuMs = (selfCpuMs() - clientBefore) / count;
       const schedAfter = schedNs(daemonPid);
+      const runtimeAfter = runtimeThreadsMs(daemonPid);
       const completed = [...settled.values()].filter((s) => s === "completed").length;
       jobs.set(count, {
         enginePerS: (count / jobsMs) * 1000,
@@ -732,6 +763,8 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
         bunSwitches: (bunCounts.switches - bunCountsBefore.switches) / count,
         mainRan: (schedAfter.ran - schedBefore.ran) / 1e6 / jobsMs,
         mainWaited: (schedAfter.waited - schedBefore.waited) / 1e6 / jobsMs,
+        jitCpuMs: (runtimeAfter.jit - runtimeBefore.jit) / count,
+        collectorCpuMs: (runtimeAfter.collector - runtimeBefore.collector) / count,
         completed,
         failed: count - completed,
       });
@@ -845,8 +878,10 @@ for (const count of JOBS) {
     "≥ 0.5×",
   ]);
   ratioRows.push([
-    `   (the daemon's CPU time per job, ms)`,
-    spread(of((f) => job(f)?.daemonCpuMs ?? Number.NaN)),
+    `   (the daemon's CPU time per job, ms; of which its JIT compiler's threads / its collector's)`,
+    `${spread(of((f) => job(f)?.daemonCpuMs ?? Number.NaN))}; ${spread(of((f) => job(f)?.jitCpuMs ?? Number.NaN))} / ${spread(
+      of((f) => job(f)?.collectorCpuMs ?? Number.NaN),
+    )}`,
     `Bun.spawn loop ${spread(of((f) => 1000 / (job(f)?.bunPerS ?? Number.NaN)))} ms a job`,
     "",
     "",
