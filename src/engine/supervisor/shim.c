@@ -1039,6 +1039,7 @@ static void serve(int requests, request_handler on_request) {
     struct epoll_event events[64];
     int n = epoll_wait(epoll_fd, events, 64, requests_waiting ? 0 : wait);
     if (n < 0 && errno != EINTR) return;
+    int readable = 0;
     for (int i = 0; i < n; i++) {
       void *tag = events[i].data.ptr;
       if (tag == sig_pipe) {
@@ -1047,19 +1048,14 @@ static void serve(int requests, request_handler on_request) {
         for (ssize_t j = 0; j < k; j++)
           if (sigs[j] == SIGTERM || sigs[j] == SIGINT) forward(sigs[j]);
       } else if (tag == &requests) {
-        if (!on_request()) {
-          epoll_ctl(epoll_fd, EPOLL_CTL_DEL, requests, NULL);
-          reading = 0;
-        }
+        readable = 1;
       } else {
         struct stream *s = tag;
         if (s->fd >= 0 && !pump(s)) close_stream(s);
       }
     }
-    /* Requests read in an earlier turn and not started yet: the next batch of them. */
-    int read_now = 0;
-    for (int i = 0; i < n; i++) read_now |= events[i].data.ptr == &requests;
-    if (reading && requests_waiting && !read_now && !on_request()) {
+    /* New requests, or those read in an earlier turn and not started yet: one batch a turn. */
+    if (reading && (readable || requests_waiting) && !on_request()) {
       epoll_ctl(epoll_fd, EPOLL_CTL_DEL, requests, NULL);
       reading = 0;
     }
