@@ -2,6 +2,7 @@ import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { cpuOfSlot } from "../../lib/affinity";
+import { keepFreedPages } from "../../lib/allocator";
 import { reapNoHang } from "../../lib/libc";
 import type { Logger } from "../../lib/logger";
 import { lowerWhileStarting, restorePriority } from "../../lib/priority";
@@ -50,19 +51,6 @@ export function proxyCommand(binDir: string): ProxyCommand {
     }
   }
   return { argv: [process.execPath, "__proxy"], env: {} };
-}
-
-/**
- * proxyEnvironment is the environment of a proxy process: the daemon's, with Bun's allocator
- * (mimalloc) told never to hand freed pages back to the kernel (`MIMALLOC_PURGE_DELAY=-1`)
- * unless the operator set it. A proxy frees the buffers and strings of thousands of requests a
- * second; with purging on, a process under load made one madvise call every 11–20 requests
- * (strace, wrk -c32) and faulted the pages in again at once, against none with it off. The cost
- * is a process that keeps its peak of freed memory (53.8 against 48.6 MB after a burst of 256
- * TLS connections). docs/decisions.md 431.
- */
-export function proxyEnvironment(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
-  return { ...env, MIMALLOC_PURGE_DELAY: env.MIMALLOC_PURGE_DELAY ?? "-1" };
 }
 
 /** ProcessesStatus is the `respawn` object of the proxy's status. */
@@ -209,7 +197,9 @@ export class ProxyProcesses {
         stdin: "ignore",
         stdout: "inherit",
         stderr: "inherit",
-        env: { ...proxyEnvironment(process.env), ...command.env },
+        // Its allocator keeps the pages it frees: with purging on, a process under load made one
+        // madvise call every 11–20 requests and faulted the pages in again at once (decision 431).
+        env: { ...keepFreedPages(process.env), ...command.env },
         serialization: "json",
         ipc: (raw) => {
           const message = raw as FromProxy;
