@@ -14,6 +14,9 @@ if (import.meta.main && process.argv[2] === "__proxy") {
   const { runProxyProcess } = await import("../src/engine/proxy/main");
   runProxyProcess();
 } else if (import.meta.main) {
+  // The daemon's allocator keeps the pages it frees, a setting read when the process starts: a
+  // daemon started without it starts itself again, once, with it, as the same pid (decision 526).
+  if (process.argv.includes("serve")) (await import("../src/engine/daemon/reexec")).startWithAllocatorSettings();
   const { main } = await import("./program");
   const code = await main(process.argv);
   // `serve` keeps running on its own; every other command ends here.

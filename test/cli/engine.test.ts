@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { rmSync } from "node:fs";
+import { readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { STORE_MIGRATIONS } from "../../src/engine/store";
 import { VERSION } from "../../src/lib/version";
-import { REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { eventually, REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 
 let engine: SpawnedEngine;
 let dataDir: string;
@@ -149,6 +149,39 @@ describe("the engine binary's entry", () => {
     // The shebang line is for the shell; the transpiler reads the module after it.
     const transpiled = new Bun.Transpiler({ loader: "ts" }).scanImports(source.replace(/^#!.*\n/, ""));
     expect(transpiled.filter((entry) => entry.kind === "import-statement")).toEqual([]);
-    expect(transpiled.map((entry) => entry.path).sort()).toEqual(["../src/engine/proxy/main", "./program"]);
+    expect(transpiled.map((entry) => entry.path).sort()).toEqual(["../src/engine/daemon/reexec", "../src/engine/proxy/main", "./program"]);
+  });
+});
+
+describe("the daemon's allocator (decision 526)", () => {
+  const environ = (pid: number) => readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
+
+  test("a daemon started without the setting runs, as the pid that was started, with its allocator keeping freed pages", () => {
+    // spawnEngine starts `engine serve` with PATH and HOME only, as a shell would without the variable.
+    expect(environ(engine.proc.pid)).toContain("MIMALLOC_PURGE_DELAY=-1");
+  });
+
+  test("the operator's own purge delay is kept", async () => {
+    const otherDir = tempDir();
+    const other = await spawnEngine(otherDir, { env: { MIMALLOC_PURGE_DELAY: "25" } });
+    try {
+      expect(environ(other.proc.pid)).toContain("MIMALLOC_PURGE_DELAY=25");
+      expect(environ(other.proc.pid)).not.toContain("MIMALLOC_PURGE_DELAY=-1");
+    } finally {
+      await other.stop();
+      rmSync(otherDir, { recursive: true, force: true });
+    }
+  });
+
+  test("workloads do not inherit the daemon's allocator setting", async () => {
+    const name = "allocator-env";
+    const script = "echo purge=$" + "{MIMALLOC_PURGE_DELAY:-unset}"; // the shell's expansion, not the test's
+    const deployed = await cli("services", "deploy", name, "--kind", "batch", "--wait", "30", "--command", script);
+    expect(deployed.code).toBe(0);
+    const logs = await eventually(async () => {
+      const { stdout } = await cli("logs", "--raw", name);
+      return stdout.includes("purge=") ? stdout : null;
+    });
+    expect(logs).toContain("purge=unset");
   });
 });

@@ -1,5 +1,6 @@
 import { FFIType, ptr } from "bun:ffi";
 import { readFileSync } from "node:fs";
+import { allocatorSettled, keepFreedPages } from "../../lib/allocator";
 import { openLibc, reapNoHang } from "../../lib/libc";
 
 function cStrings(values: string[]): { pointers: BigUint64Array; keep: Buffer[] } {
@@ -47,6 +48,18 @@ export function reexecSelf(env: Record<string, string | undefined> = process.env
   } catch (error) {
     return error as Error;
   }
+}
+
+/**
+ * startWithAllocatorSettings starts this process again, with the same argv and pid, when it
+ * started without the allocator's setting (keepFreedPages): mimalloc reads it only at a
+ * process's start (decision 526). A daemon's restarts and upgrades pass it on in their
+ * environment, so only the first start pays for the second one (~30 ms from source, ~110 ms
+ * for the compiled binary, which parses its whole bundle first). Where execve fails, it
+ * returns, and the process goes on with the allocator's defaults.
+ */
+export function startWithAllocatorSettings(env: Record<string, string | undefined> = process.env): void {
+  if (!allocatorSettled(env)) reexecSelf(keepFreedPages(env));
 }
 
 /** awaiting are the pids reapWhenGone waits for now: a later restart in place passes them on. */
