@@ -57,6 +57,9 @@ Type=simple
 StateDirectory=${stateDirectory}
 StateDirectoryMode=0711
 Environment=ENGINE_DATA_DIR=%S/${stateDirectory}
+# Bun's allocator keeps the memory it frees (a setting read at start; set here, the daemon
+# does not start itself again to set it). A drop-in may set a delay in ms instead.
+Environment=MIMALLOC_PURGE_DELAY=-1
 ExecStart=${execLine([...command, "serve"])}
 # systemctl reload: a drain-and-restart. Requests in flight finish, then the daemon re-executes
 # itself in place (the same pid, so systemd keeps watching it) and adopts the running workloads.

@@ -53,6 +53,7 @@ describe("the unit", () => {
       "StateDirectory=engine",
       "StateDirectoryMode=0711",
       "Environment=ENGINE_DATA_DIR=%S/engine",
+      "Environment=MIMALLOC_PURGE_DELAY=-1",
       `ExecStart=${EXEC} serve`,
       `ExecReload=${EXEC} restart`,
       "Restart=on-failure",
