@@ -330,3 +330,16 @@ export function systemCounts(): { faults: number; switches: number } {
     return { faults: 0, switches: 0 };
   }
 }
+
+/**
+ * allocatorSettingOf is the allocator setting a process runs with (`MIMALLOC_PURGE_DELAY=…` from
+ * its environment, decision 526), as a bench prints it beside its figures.
+ */
+export function allocatorSettingOf(pid: number | undefined): string {
+  try {
+    const environ = readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
+    return environ.find((entry) => entry.startsWith("MIMALLOC_PURGE_DELAY=")) ?? "MIMALLOC_PURGE_DELAY unset";
+  } catch {
+    return "environment unreadable";
+  }
+}

@@ -44,7 +44,7 @@ import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { readTcpSockets, socketInodes } from "../src/engine/services/diagnose/ports";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
-import { fmt, freePort, median, numericArg, printRows } from "./lib";
+import { allocatorSettingOf, fmt, freePort, median, numericArg, printRows } from "./lib";
 
 const DURATION_S = numericArg("--duration-s", 5);
 const RUNS = numericArg("--runs", 5);
@@ -369,14 +369,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
     const pinned = cpus.some((cpu) => cpu !== null)
       ? `event loops pinned to CPUs ${cpus.map((cpu) => cpu ?? "none").join(" / ")}`
       : `not pinned${NO_CPU_AFFINITY ? " (--no-cpu-affinity)" : ""}`;
-    const purge = (() => {
-      try {
-        const environ = readFileSync(`/proc/${current.respawn?.pids?.[0]}/environ`, "utf8").split("\0");
-        return environ.find((entry) => entry.startsWith("MIMALLOC_PURGE_DELAY=")) ?? "MIMALLOC_PURGE_DELAY unset";
-      } catch {
-        return "environment unreadable";
-      }
-    })();
+    const purge = allocatorSettingOf(current.respawn?.pids?.[0]);
     engineTarget = {
       name: "engine",
       config:

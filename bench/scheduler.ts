@@ -40,7 +40,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir, testShim } from "../test/helpers";
-import { fileSystemOf, fmt, machineOf, numericArg, printRows, spawnBesideBusyCore, systemCounts } from "./lib";
+import { allocatorSettingOf, fileSystemOf, fmt, machineOf, numericArg, printRows, spawnBesideBusyCore, systemCounts } from "./lib";
 
 const RUNS = numericArg("--runs", 5);
 const SERVICES = numericArg("--services", 50);
@@ -182,6 +182,8 @@ function killShimRun(run: { shim: number; child: number }): void {
 /** Figures are one run's measures, each with the anchor it is compared to. */
 interface Figures {
   load: number[];
+  /** allocator is the daemon's allocator setting, from its environment (decision 526). */
+  allocator: string;
   singleP50: number;
   /** singleExistingUserP50 is submit → running with an existing user, where the engine makes each service a user of its own (root); NaN elsewhere. */
   singleExistingUserP50: number;
@@ -773,6 +775,7 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     }
     return {
       load,
+      allocator: allocatorSettingOf(daemonPid),
       singleP50: median(singleMs),
       singleExistingUserP50: median(singleExistingUserMs),
       singleSpawnP50: median(singleSpawnMs),
@@ -849,7 +852,7 @@ try {
       )
       .join(", ");
     console.log(
-      `run ${run}: ${fmt((performance.now() - t) / 1000, 1)} s, load ${figures.load.map((l) => fmt(l, 1)).join(" → ")}; ` +
+      `run ${run}: ${fmt((performance.now() - t) / 1000, 1)} s, load ${figures.load.map((l) => fmt(l, 1)).join(" → ")}, daemon ${figures.allocator}; ` +
         `submit→running p50 one at a time ${fmt(figures.singleP50)} ms, ${SERVICES} at once ${fmt(figures.servicesP50)} ms; kill→restarted p50 ${fmt(figures.restartP50)} ms p99 ${fmt(figures.restartP99)} ms; ${jobLine}`,
     );
   }
