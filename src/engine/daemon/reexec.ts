@@ -1,5 +1,5 @@
 import { FFIType, ptr } from "bun:ffi";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeSync } from "node:fs";
 import { allocatorSettled, keepFreedPages } from "../../lib/allocator";
 import { openLibc, reapNoHang } from "../../lib/libc";
 
@@ -59,7 +59,13 @@ export function reexecSelf(env: Record<string, string | undefined> = process.env
  * returns, and the process goes on with the allocator's defaults.
  */
 export function startWithAllocatorSettings(env: Record<string, string | undefined> = process.env): void {
-  if (!allocatorSettled(env)) reexecSelf(keepFreedPages(env));
+  if (allocatorSettled(env)) return;
+  const error = reexecSelf(keepFreedPages(env));
+  try {
+    writeSync(2, `engine: runs with the allocator's defaults: ${error.message}\n`);
+  } catch {
+    // no stderr: the daemon runs all the same
+  }
 }
 
 /** awaiting are the pids reapWhenGone waits for now: a later restart in place passes them on. */
