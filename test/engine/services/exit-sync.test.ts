@@ -16,6 +16,25 @@ function syncs(trace: string): { call: string; path: string }[] {
     .map((match) => ({ call: match[1] ?? "", path: match[2] ?? "" }));
 }
 
+/** tracedChild is the process strace (`pid`) started: the daemon. */
+function tracedChild(pid: number): number | null {
+  try {
+    const first = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim().split(/\s+/)[0];
+    return first ? Number(first) : null;
+  } catch {
+    return null;
+  }
+}
+
+function running(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 describe("a run's exit on disk", () => {
   // strace sees the syncs of the daemon, its launcher and their threads; .ci/run installs it.
   test.skipIf(!Bun.which("strace"))(
@@ -52,6 +71,13 @@ describe("a run's exit on disk", () => {
         // records (the daemon's WAL holds them), nor their empty logs.
         expect(syncs(trace).filter((sync) => sync.path.includes(`${join(dataDir, "services")}/`))).toEqual([]);
       } finally {
+        // engine.proc is strace: stopping it would leave the daemon it started running. The
+        // daemon is stopped first, as a user's would be, then strace ends with its tracees.
+        const daemon = tracedChild(engine.proc.pid);
+        if (daemon !== null) {
+          process.kill(daemon, "SIGTERM");
+          await eventually(() => !running(daemon), { timeoutMs: 30_000 });
+        }
         await engine.stop();
       }
     },
