@@ -3,7 +3,7 @@ import { readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { STORE_MIGRATIONS } from "../../src/engine/store";
 import { VERSION } from "../../src/lib/version";
-import { eventually, REPO_ROOT, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
+import { eventually, REPO_ROOT, reapWorkloads, runCli, type SpawnedEngine, spawnEngine, tempDir } from "../helpers";
 
 let engine: SpawnedEngine;
 let dataDir: string;
@@ -13,6 +13,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await engine.stop();
+  reapWorkloads(dataDir); // and the users a root engine made for the services deployed here
   rmSync(dataDir, { recursive: true, force: true });
 });
 

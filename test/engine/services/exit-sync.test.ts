@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { ENGINE_ENTRY, eventually, spawnEngine, tempDir } from "../../helpers";
+import { ENGINE_ENTRY, eventually, reapWorkloads, spawnEngine, tempDir } from "../../helpers";
 
 const dir = tempDir("engine-exit-sync-");
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -79,6 +79,7 @@ describe("a run's exit on disk", () => {
           await eventually(() => !running(daemon), { timeoutMs: 30_000 });
         }
         await engine.stop();
+        reapWorkloads(dataDir); // and the users a root engine made for the jobs
       }
     },
     90_000,
