@@ -4,6 +4,7 @@
  */
 import { readdirSync, readFileSync } from "node:fs";
 import { type MountEntry, parseMountInfo } from "../src/engine/supervisor/cgroup";
+import { PURGE_DELAY_VAR } from "../src/lib/allocator";
 import { freePort } from "../test/helpers";
 export interface LoadResult {
   requests: number;
@@ -338,7 +339,7 @@ export function systemCounts(): { faults: number; switches: number } {
 export function allocatorSettingOf(pid: number | undefined): string {
   try {
     const environ = readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
-    return environ.find((entry) => entry.startsWith("MIMALLOC_PURGE_DELAY=")) ?? "MIMALLOC_PURGE_DELAY unset";
+    return environ.find((entry) => entry.startsWith(`${PURGE_DELAY_VAR}=`)) ?? `${PURGE_DELAY_VAR} unset`;
   } catch {
     return "environment unreadable";
   }

@@ -79,6 +79,16 @@ export function removeServiceUsers(dataDir: string, only?: string[]): void {
   removeServiceUsersOf(dataDir, { only, waitMs: 2000 });
 }
 
+/** alive says whether a process of that pid exists (a zombie still does, until it is reaped). */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** stopGently ends a spawned process with SIGTERM, and SIGKILL if it is still there 10 s later. */
 export async function stopGently(proc: Bun.Subprocess): Promise<number> {
   if (proc.exitCode === null) proc.kill("SIGTERM");

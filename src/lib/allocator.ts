@@ -21,6 +21,6 @@ export function keepFreedPages<T extends Record<string, string | undefined>>(env
 }
 
 /** allocatorSettled says whether this process started with the allocator's setting chosen (by keepFreedPages or the operator). */
-export function allocatorSettled(env: Record<string, string | undefined> = process.env): boolean {
+export function allocatorSettled(env: Record<string, string | undefined>): boolean {
   return env[PURGE_DELAY_VAR] !== undefined;
 }

@@ -1,7 +1,7 @@
 import { afterAll, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
-import { eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
+import { alive, eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
 const cleanups: (() => unknown)[] = [];
 afterAll(async () => {
@@ -13,15 +13,6 @@ interface Status {
   tls: { http_port: number };
   respawn: { pids: number[]; retired_on_start: number };
   routes: { items: { host: string; state: string }[] };
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 test("the proxy keeps serving through a drain restart: the new daemon binds before the old proxy processes are retired", async () => {

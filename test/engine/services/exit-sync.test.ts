@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { ENGINE_ENTRY, eventually, reapWorkloads, spawnEngine, tempDir } from "../../helpers";
+import { alive, ENGINE_ENTRY, eventually, reapWorkloads, spawnEngine, tempDir } from "../../helpers";
 
 const dir = tempDir("engine-exit-sync-");
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -23,15 +23,6 @@ function tracedChild(pid: number): number | null {
     return first ? Number(first) : null;
   } catch {
     return null;
-  }
-}
-
-function running(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
   }
 }
 
@@ -76,7 +67,7 @@ describe("a run's exit on disk", () => {
         const daemon = tracedChild(engine.proc.pid);
         if (daemon !== null) {
           process.kill(daemon, "SIGTERM");
-          await eventually(() => !running(daemon), { timeoutMs: 30_000 });
+          await eventually(() => !alive(daemon), { timeoutMs: 30_000 });
         }
         await engine.stop();
         reapWorkloads(dataDir); // and the users a root engine made for the jobs
