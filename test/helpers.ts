@@ -5,6 +5,7 @@ import {
   existsSync,
   mkdirSync,
   mkdtempSync,
+  readdirSync,
   readFileSync,
   renameSync,
   rmdirSync,
@@ -77,6 +78,14 @@ export function reapWorkloads(dataDir: string): void {
 export function removeServiceUsers(dataDir: string, only?: string[]): void {
   // The SIGKILLs of reapWorkloads take a moment (up to 2 s) to end the users' processes.
   removeServiceUsersOf(dataDir, { only, waitMs: 2000 });
+}
+
+/** nices are the nice values of every thread of `pid`, from /proc (field 19 of each task's stat). */
+export function nices(pid: number): number[] {
+  return readdirSync(`/proc/${pid}/task`).map((tid) => {
+    const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[16]);
+  });
 }
 
 /** alive says whether a process of that pid exists (a zombie still does, until it is reaped). */

@@ -2,6 +2,7 @@ import { chmodSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Socket, TCPSocketListener, UnixSocketListener } from "bun";
 import type { Logger } from "../../lib/logger";
+import { raised, raiseWhileHandingOver, restorePriority } from "../../lib/priority";
 
 /**
  * A hand-over moves the daemon's work from one process (the predecessor) to the next (the
@@ -327,12 +328,23 @@ export async function handOver(
     throw new HandoverError((error as Error).message, "switched");
   }
   const phases = new Phases();
-  await side.retire(options.deadline);
-  phases.mark("retire");
-  const modules = await side.release();
-  phases.mark("release");
-  channel.send({ type: "released" });
-  side.log.info({ successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules }, "released the work to the new process");
+  // New requests wait on the successor until this process has released its work: it runs
+  // above its priority meanwhile (decision 527), and as before once it has.
+  const own = raiseWhileHandingOver(0);
+  let modules: Record<string, number>;
+  try {
+    await side.retire(options.deadline);
+    phases.mark("retire");
+    modules = await side.release();
+    phases.mark("release");
+    channel.send({ type: "released" });
+  } finally {
+    if (own !== null) restorePriority(0, own);
+  }
+  side.log.info(
+    { successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules, raised_priority: own === null ? undefined : raised(own) },
+    "released the work to the new process",
+  );
   try {
     const active = await channel.next("active", ACTIVE_TIMEOUT_MS);
     return { hello, active };

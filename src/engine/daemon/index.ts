@@ -4,7 +4,7 @@ import { dirname, join } from "node:path";
 import { type Clock, systemClock } from "../../lib/clock";
 import { AppError } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
-import { lowerWhileStarting, restorePriority } from "../../lib/priority";
+import { lowerWhileStarting, raised, restorePriority } from "../../lib/priority";
 import { removeStaleNames, warmSocketCalls } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
 import type { DaemonControl, UpgradeAccepted } from "../api";
@@ -410,16 +410,18 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
   try {
     order = await channel.next("switch", HELLO_TIMEOUT_MS);
   } catch (error) {
+    if (role.priority !== null) restorePriority(0, role.priority);
     channel.close();
     throw new AppError("config_invalid", `the engine to take over from did not hand over: ${(error as Error).message}`);
-  } finally {
-    // The predecessor started this process at a lower priority (decision 368): it is given back
-    // now, as requests wait for this process from the switch on.
-    if (role.priority !== null) restorePriority(0, role.priority);
   }
+  // The predecessor started this process at a lower priority (decision 368). Requests wait for
+  // this process from the switch on: it runs above the priority it was lowered from until it has
+  // answered them (decision 527), and firstAnswerModule gives the priority back then.
+  if (role.priority !== null) restorePriority(0, raised(role.priority));
   try {
     return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order, phases: new Phases() });
   } catch (error) {
+    if (role.priority !== null) restorePriority(0, role.priority);
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
     throw error;
@@ -880,10 +882,16 @@ function firstAnswerModule(taking: Taking): Module {
     async start({ log, bus }) {
       const listeners = bus.get("listeners");
       taking.phases.mark("api");
+      const priority = taking.role.priority;
       void Promise.race([listeners.firstAnswer(), Bun.sleep(10_000)]).then(() => {
         taking.phases.mark("first_answer");
         log.info(
-          { standin: taking.role.standin, phases_ms: taking.phases.ms, window_ms: taking.phases.since("bind") },
+          {
+            standin: taking.role.standin,
+            phases_ms: taking.phases.ms,
+            window_ms: taking.phases.since("bind"),
+            raised_priority: priority === null ? undefined : raised(priority),
+          },
           "took the work over",
         );
       });
@@ -892,6 +900,8 @@ function firstAnswerModule(taking: Taking): Module {
       // The first answer is one request's: the first metrics sample took the event loop for
       // 5-25 ms right after it, while the others held since the switch still waited (decision 511).
       while (listeners.inFlight() > 0 && performance.now() < until) await Bun.sleep(1);
+      // What waited is answered: the raise since the switch is given back (decision 527).
+      if (priority !== null) restorePriority(0, priority);
     },
     stop() {},
   } satisfies Module;

@@ -7,7 +7,8 @@
 import { describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { ENGINE_ENTRY, engineScratch, eventually, runCli, type SpawnedEngine } from "../../helpers";
+import { raised } from "../../../src/lib/priority";
+import { ENGINE_ENTRY, engineScratch, eventually, nices, runCli, type SpawnedEngine } from "../../helpers";
 
 const { defer, scratch, started } = engineScratch("engine-handover-");
 
@@ -316,6 +317,7 @@ describe("drain restart with no gap", () => {
   test("a successor builds and warms its API before it takes the ports, and logs where its take-over's time went", async () => {
     const dataDir = scratch();
     const engine = await started(dataDir);
+    const [priority] = nices(engine.proc.pid);
     await restartAndWait(engine, dataDir);
     const records = () =>
       engine
@@ -330,6 +332,7 @@ describe("drain restart with no gap", () => {
               phases_ms: Record<string, number>;
               modules_ms?: Record<string, number>;
               window_ms?: number;
+              raised_priority?: number;
             },
         );
     // The re-executed pid answered the health check above: its take-over is logged once answered.
@@ -346,6 +349,11 @@ describe("drain restart with no gap", () => {
       ["retire", "release"],
       ["retire", "release"],
     ]);
+    // As root, each side ran raised while new requests waited on it (decision 527); as a user, at its own priority.
+    const raisedTo = process.getuid?.() === 0 ? raised(priority ?? 0) : undefined;
+    expect([taken?.raised_priority, ...released.map((record) => record.raised_priority)]).toEqual([raisedTo, raisedTo, raisedTo]);
+    // And the raise was given back: every thread of the engine's pid runs at its priority of before.
+    await eventually(() => nices(engine.proc.pid).every((nice) => nice === priority), { timeoutMs: 10_000 });
     // And how long each module's stop took in the release, the log's flush last (it started first).
     for (const record of released) {
       const modules = Object.keys(record.modules_ms ?? {});
