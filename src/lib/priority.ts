@@ -1,5 +1,7 @@
+import { FFIType, ptr } from "bun:ffi";
 import { readdirSync } from "node:fs";
 import { getPriority, setPriority } from "node:os";
+import { openLibc } from "./libc";
 
 /**
  * STARTING_NICE is how much lower the CPU priority of a process is while it starts beside an
@@ -11,10 +13,10 @@ export const STARTING_NICE = 10;
 
 /**
  * HANDOVER_BOOST is how much higher the CPU priority of each side of a hand-over is while new
- * requests wait on it: the successor from the switch until it has answered what waited, the
+ * requests wait on it: the successor from its bind until it has answered what waited, the
  * predecessor from the switch until it has released its work (docs/decisions.md 527). Beside
- * busy workloads and proxy processes on two cores, a daemon at the same priority as they got a
- * third of a core for the steps that end the wait.
+ * busy workloads and proxy processes on two cores, a daemon at their priority got a third of a
+ * core for the steps that end the wait.
  */
 export const HANDOVER_BOOST = 5;
 
@@ -25,7 +27,7 @@ export const HANDOVER_BOOST = 5;
  * thread's: every thread the process has is lowered, and the threads it starts later inherit it.
  */
 export function lowerWhileStarting(pid: number): number | null {
-  return shiftPriority(pid, 0, lowered);
+  return shiftPriority(pid, lowered);
 }
 
 /** lowered is the priority a process starts at beside an engine that serves: STARTING_NICE below `own`. */
@@ -33,28 +35,55 @@ function lowered(own: number): number {
   return Math.min(19, own + STARTING_NICE);
 }
 
-/** raised is the priority a side of a hand-over runs at while requests wait on it: HANDOVER_BOOST above `own`. */
-export function raised(own: number): number {
-  return Math.max(-20, own - HANDOVER_BOOST);
+/**
+ * raiseWhileHandingOver raises this process, every thread of it, to -HANDOVER_BOOST while new
+ * requests wait on it, and answers the priority to give back (0); null when nothing was changed.
+ * Only a daemon at the default priority is raised (one an operator set otherwise keeps it), only
+ * by root, and only where each thread can be marked SCHED_RESET_ON_FORK: a process it starts
+ * meanwhile (a shim launcher, a probe, a build) then starts at 0, not raised.
+ */
+export function raiseWhileHandingOver(): number | null {
+  if (process.getuid?.() !== 0 || getPriority(0) !== 0) return null;
+  if (!setResetOnFork(0, true)) return null;
+  const own = shiftPriority(0, () => -HANDOVER_BOOST);
+  if (own === null) setResetOnFork(0, false);
+  return own;
 }
 
-/**
- * raiseWhileHandingOver raises the priority of `pid` (0: this process), every thread of it,
- * by HANDOVER_BOOST and answers the priority to give back, its own; null when nothing was
- * changed (only root may raise a priority).
- */
-export function raiseWhileHandingOver(pid: number): number | null {
-  return shiftPriority(pid, pid, raised);
+/** givePriorityBack ends raiseWhileHandingOver: every thread back at `own`, the reset-on-fork mark taken off. */
+export function givePriorityBack(own: number): void {
+  restorePriority(0, own);
+  setResetOnFork(0, false);
 }
 
+const SCHED_OTHER = 0;
+const SCHED_RESET_ON_FORK = 0x40000000;
+let setScheduler: ((tid: number, policy: number, param: unknown) => number) | null | undefined;
+
 /**
- * shiftPriority sets every thread of `pid` to `to(own)`, `own` being the priority of `ownPid`
- * (0: this process), and answers `own`; null when not root or not permitted.
+ * setResetOnFork marks every thread of `pid` (0: this process) SCHED_RESET_ON_FORK, or takes
+ * the mark off, keeping the normal policy (sched_setscheduler(2), which keeps the nice value):
+ * a marked thread at a negative nice value starts its children, and its new threads, at 0.
+ * False where the C library or the kernel refuses for the process itself.
  */
-function shiftPriority(pid: number, ownPid: number, to: (own: number) => number): number | null {
+function setResetOnFork(pid: number, on: boolean): boolean {
+  if (setScheduler === undefined) {
+    const symbols = openLibc({ sched_setscheduler: { args: [FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 } });
+    setScheduler = symbols ? (symbols.sched_setscheduler as unknown as typeof setScheduler) : null;
+  }
+  if (!setScheduler) return false;
+  const param = new Int32Array(1); // struct sched_param { int sched_priority; }: 0 for SCHED_OTHER
+  const policy = SCHED_OTHER | (on ? SCHED_RESET_ON_FORK : 0);
+  if (setScheduler(pid, policy, ptr(param)) !== 0) return false;
+  for (const thread of threadsOf(pid)) setScheduler(thread, policy, ptr(param)); // a thread that ended meanwhile is no matter
+  return true;
+}
+
+/** shiftPriority sets every thread of `pid` to `to(own)`, `own` being this process's priority, and answers `own`; null when not root or not permitted. */
+function shiftPriority(pid: number, to: (own: number) => number): number | null {
   if (process.getuid?.() !== 0) return null;
   try {
-    const own = getPriority(ownPid);
+    const own = getPriority(0);
     setThreadsPriority(pid, to(own));
     return own;
   } catch {
@@ -80,17 +109,20 @@ export function restorePriority(pid: number, priority: number): void {
 /** setThreadsPriority sets the priority of each thread of `pid` (0: this process); throws where the process itself cannot be set. */
 function setThreadsPriority(pid: number, priority: number): void {
   setPriority(pid, priority);
-  let threads: string[];
-  try {
-    threads = readdirSync(`/proc/${pid === 0 ? "self" : pid}/task`);
-  } catch {
-    return; // no /proc: the process's first thread is all that could be set
-  }
-  for (const thread of threads) {
+  for (const thread of threadsOf(pid)) {
     try {
-      setPriority(Number(thread), priority);
+      setPriority(thread, priority);
     } catch {
       // the thread ended meanwhile
     }
+  }
+}
+
+/** threadsOf lists the threads of `pid` (0: this process); none where /proc cannot say (the first thread is then all that is set). */
+function threadsOf(pid: number): number[] {
+  try {
+    return readdirSync(`/proc/${pid === 0 ? "self" : pid}/task`).map(Number);
+  } catch {
+    return [];
   }
 }

@@ -1,6 +1,8 @@
 import { expect, test } from "bun:test";
-import { readdirSync } from "node:fs";
-import { HANDOVER_BOOST, lowerWhileStarting, raised, raiseWhileHandingOver, restorePriority, STARTING_NICE } from "../../src/lib/priority";
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { HANDOVER_BOOST, lowerWhileStarting, raiseWhileHandingOver, restorePriority, STARTING_NICE } from "../../src/lib/priority";
 import { eventually, nices } from "../helpers";
 
 /** withThreadedChild runs `check` on a Bun process that has threads besides its first, as the engine has (its I/O pool, GC and JIT helpers). */
@@ -27,27 +29,51 @@ test.skipIf(process.getuid?.() !== 0)("a process lowered while it starts is lowe
   });
 });
 
-test.skipIf(process.getuid?.() !== 0)("a side of a hand-over is raised on every thread it has, and given back", async () => {
-  await withThreadedChild((pid) => {
-    const before = nices(pid);
-    const own = raiseWhileHandingOver(pid);
-    expect(own).not.toBeNull();
-    expect(new Set(before)).toEqual(new Set([own ?? 0]));
-    expect(new Set(nices(pid))).toEqual(new Set([Math.max(-20, (own ?? 0) - HANDOVER_BOOST)]));
-    restorePriority(pid, own ?? 0);
-    expect(nices(pid)).toEqual(before);
-  });
-});
+/** RAISE_PROBE raises its own process as a side of a hand-over, starts a process meanwhile, gives the raise back and says what it saw. */
+const RAISE_PROBE = `
+import { givePriorityBack, raiseWhileHandingOver } from ${JSON.stringify(join(import.meta.dir, "../../src/lib/priority"))};
+import { nices } from ${JSON.stringify(join(import.meta.dir, "../helpers"))};
+await require("node:fs/promises").readFile("/proc/self/stat"); // Bun's I/O pool: threads besides the first
+const before = nices(process.pid);
+const own = raiseWhileHandingOver();
+const during = nices(process.pid);
+const child = Bun.spawn(["sleep", "30"]);
+const childNice = nices(child.pid);
+child.kill();
+if (own !== null) givePriorityBack(own);
+console.log(JSON.stringify({ before, own, during, childNice, after: nices(process.pid) }));
+`;
 
-test("a raise stays within the kernel's range", () => {
-  expect(raised(0)).toBe(-HANDOVER_BOOST);
-  expect(raised(-18)).toBe(-20);
-});
+test.skipIf(process.getuid?.() !== 0)(
+  "a side of a hand-over is raised on every thread, what it starts meanwhile is not, and the raise is given back",
+  async () => {
+    const dir = mkdtempSync(join(tmpdir(), "engine-priority-"));
+    try {
+      writeFileSync(join(dir, "probe.ts"), RAISE_PROBE);
+      const probe = Bun.spawn([process.execPath, join(dir, "probe.ts")], { stdout: "pipe", stderr: "pipe" });
+      const [out, err] = await Promise.all([new Response(probe.stdout).text(), new Response(probe.stderr).text(), probe.exited]);
+      const seen = JSON.parse(out || err) as {
+        before: number[];
+        own: number | null;
+        during: number[];
+        childNice: number[];
+        after: number[];
+      };
+      expect(new Set(seen.before)).toEqual(new Set([0]));
+      expect(seen.own).toBe(0);
+      expect(seen.during.length).toBeGreaterThan(1);
+      expect(new Set(seen.during)).toEqual(new Set([-HANDOVER_BOOST]));
+      // SCHED_RESET_ON_FORK: a process started while raised starts at 0, as it would have without the raise.
+      expect(seen.childNice).toEqual([0]);
+      expect(seen.after).toEqual(seen.before);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  },
+);
 
-test.skipIf(process.getuid?.() === 0)("as a user nothing is raised: only root could give the priority back", async () => {
-  await withThreadedChild((pid) => {
-    const before = nices(pid);
-    expect(raiseWhileHandingOver(pid)).toBeNull();
-    expect(nices(pid)).toEqual(before);
-  });
+test.skipIf(process.getuid?.() === 0)("as a user nothing is raised: only root could give the priority back", () => {
+  const before = nices(process.pid);
+  expect(raiseWhileHandingOver()).toBeNull();
+  expect(nices(process.pid)).toEqual(before);
 });

@@ -2,7 +2,7 @@ import { chmodSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Socket, TCPSocketListener, UnixSocketListener } from "bun";
 import type { Logger } from "../../lib/logger";
-import { raised, raiseWhileHandingOver, restorePriority } from "../../lib/priority";
+import { givePriorityBack, HANDOVER_BOOST, raiseWhileHandingOver } from "../../lib/priority";
 
 /**
  * A hand-over moves the daemon's work from one process (the predecessor) to the next (the
@@ -330,7 +330,7 @@ export async function handOver(
   const phases = new Phases();
   // New requests wait on the successor until this process has released its work: it runs
   // above its priority meanwhile (decision 527), and as before once it has.
-  const own = raiseWhileHandingOver(0);
+  const own = raiseWhileHandingOver();
   let modules: Record<string, number>;
   try {
     await side.retire(options.deadline);
@@ -339,10 +339,10 @@ export async function handOver(
     phases.mark("release");
     channel.send({ type: "released" });
   } finally {
-    if (own !== null) restorePriority(0, own);
+    if (own !== null) givePriorityBack(own);
   }
   side.log.info(
-    { successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules, raised_priority: own === null ? undefined : raised(own) },
+    { successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules, raised_priority: own === null ? undefined : -HANDOVER_BOOST },
     "released the work to the new process",
   );
   try {

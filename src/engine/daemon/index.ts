@@ -4,7 +4,7 @@ import { dirname, join } from "node:path";
 import { type Clock, systemClock } from "../../lib/clock";
 import { AppError } from "../../lib/errors";
 import { createLogger, type Logger } from "../../lib/logger";
-import { lowerWhileStarting, raised, restorePriority } from "../../lib/priority";
+import { givePriorityBack, HANDOVER_BOOST, lowerWhileStarting, raiseWhileHandingOver, restorePriority } from "../../lib/priority";
 import { removeStaleNames, warmSocketCalls } from "../../lib/sockets";
 import { VERSION } from "../../lib/version";
 import type { DaemonControl, UpgradeAccepted } from "../api";
@@ -386,6 +386,8 @@ interface Taking {
   order: Extract<ToSuccessor, { type: "switch" }>;
   /** phases time the successor's steps from the switch on (decision 440). */
   phases: Phases;
+  /** raisedFrom is the priority to give back once what waited is answered; null while not raised (decision 527). */
+  raisedFrom: number | null;
 }
 
 /**
@@ -410,18 +412,18 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
   try {
     order = await channel.next("switch", HELLO_TIMEOUT_MS);
   } catch (error) {
-    if (role.priority !== null) restorePriority(0, role.priority);
     channel.close();
     throw new AppError("config_invalid", `the engine to take over from did not hand over: ${(error as Error).message}`);
-  }
-  // The predecessor started this process at a lower priority (decision 368). Requests wait for
-  // this process from the switch on: it runs above the priority it was lowered from until it has
-  // answered them (decision 527), and firstAnswerModule gives the priority back then.
-  if (role.priority !== null) restorePriority(0, raised(role.priority));
-  try {
-    return await startIn(config, options, asRoot, prepared.modesBefore, { role, channel, order, phases: new Phases() });
-  } catch (error) {
+  } finally {
+    // The predecessor started this process at a lower priority (decision 368): it is given back
+    // now, as requests wait for this process from the switch on.
     if (role.priority !== null) restorePriority(0, role.priority);
+  }
+  const taking: Taking = { role, channel, order, phases: new Phases(), raisedFrom: null };
+  try {
+    return await startIn(config, options, asRoot, prepared.modesBefore, taking);
+  } catch (error) {
+    if (taking.raisedFrom !== null) givePriorityBack(taking.raisedFrom);
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
     throw error;
@@ -829,6 +831,8 @@ function takeOverModule(taking: Taking): Module {
     },
     async start({ config, log, bus }) {
       taking.phases.mark("prepare");
+      // New requests wait for this process from its bind on: it runs raised until it has answered them (decision 527).
+      taking.raisedFrom = raiseWhileHandingOver();
       listeners = bus.provide("listeners", bindAsSuccessor(taking, config, bus.get("supervisor"), log));
       await awaitRelease(taking, log);
       taking.phases.mark("wait_release");
@@ -881,8 +885,8 @@ function firstAnswerModule(taking: Taking): Module {
     name: "first-answer",
     async start({ log, bus }) {
       const listeners = bus.get("listeners");
+      const raisedFrom = taking.raisedFrom;
       taking.phases.mark("api");
-      const priority = taking.role.priority;
       void Promise.race([listeners.firstAnswer(), Bun.sleep(10_000)]).then(() => {
         taking.phases.mark("first_answer");
         log.info(
@@ -890,7 +894,7 @@ function firstAnswerModule(taking: Taking): Module {
             standin: taking.role.standin,
             phases_ms: taking.phases.ms,
             window_ms: taking.phases.since("bind"),
-            raised_priority: priority === null ? undefined : raised(priority),
+            raised_priority: raisedFrom === null ? undefined : -HANDOVER_BOOST,
           },
           "took the work over",
         );
@@ -900,8 +904,9 @@ function firstAnswerModule(taking: Taking): Module {
       // The first answer is one request's: the first metrics sample took the event loop for
       // 5-25 ms right after it, while the others held since the switch still waited (decision 511).
       while (listeners.inFlight() > 0 && performance.now() < until) await Bun.sleep(1);
-      // What waited is answered: the raise since the switch is given back (decision 527).
-      if (priority !== null) restorePriority(0, priority);
+      // What waited is answered: the raise since the bind is given back (decision 527).
+      if (raisedFrom !== null) givePriorityBack(raisedFrom);
+      taking.raisedFrom = null;
     },
     stop() {},
   } satisfies Module;

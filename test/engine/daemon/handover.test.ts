@@ -7,7 +7,7 @@
 import { describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { raised } from "../../../src/lib/priority";
+import { HANDOVER_BOOST } from "../../../src/lib/priority";
 import { ENGINE_ENTRY, engineScratch, eventually, nices, runCli, type SpawnedEngine } from "../../helpers";
 
 const { defer, scratch, started } = engineScratch("engine-handover-");
@@ -350,7 +350,7 @@ describe("drain restart with no gap", () => {
       ["retire", "release"],
     ]);
     // As root, each side ran raised while new requests waited on it (decision 527); as a user, at its own priority.
-    const raisedTo = process.getuid?.() === 0 ? raised(priority ?? 0) : undefined;
+    const raisedTo = process.getuid?.() === 0 && priority === 0 ? -HANDOVER_BOOST : undefined;
     expect([taken?.raised_priority, ...released.map((record) => record.raised_priority)]).toEqual([raisedTo, raisedTo, raisedTo]);
     // And the raise was given back: every thread of the engine's pid runs at its priority of before.
     await eventually(() => nices(engine.proc.pid).every((nice) => nice === priority), { timeoutMs: 10_000 });
