@@ -44,16 +44,16 @@ function lowered(own: number): number {
  */
 export function raiseWhileHandingOver(): number | null {
   if (process.getuid?.() !== 0 || getPriority(0) !== 0) return null;
-  if (!setResetOnFork(0, true)) return null;
+  if (!setResetOnFork(true)) return null;
   const own = shiftPriority(0, () => -HANDOVER_BOOST);
-  if (own === null) setResetOnFork(0, false);
+  if (own === null) setResetOnFork(false);
   return own;
 }
 
 /** givePriorityBack ends raiseWhileHandingOver: every thread back at `own`, the reset-on-fork mark taken off. */
 export function givePriorityBack(own: number): void {
   restorePriority(0, own);
-  setResetOnFork(0, false);
+  setResetOnFork(false);
 }
 
 const SCHED_OTHER = 0;
@@ -61,12 +61,12 @@ const SCHED_RESET_ON_FORK = 0x40000000;
 let setScheduler: ((tid: number, policy: number, param: unknown) => number) | null | undefined;
 
 /**
- * setResetOnFork marks every thread of `pid` (0: this process) SCHED_RESET_ON_FORK, or takes
- * the mark off, keeping the normal policy (sched_setscheduler(2), which keeps the nice value):
- * a marked thread at a negative nice value starts its children, and its new threads, at 0.
- * False where the C library or the kernel refuses for the process itself.
+ * setResetOnFork marks every thread of this process SCHED_RESET_ON_FORK, or takes the mark
+ * off, keeping the normal policy (sched_setscheduler(2), which keeps the nice value): a marked
+ * thread at a negative nice value starts its children, and its new threads, at 0. False where
+ * the C library or the kernel refuses for the calling thread.
  */
-function setResetOnFork(pid: number, on: boolean): boolean {
+function setResetOnFork(on: boolean): boolean {
   if (setScheduler === undefined) {
     const symbols = openLibc({ sched_setscheduler: { args: [FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 } });
     setScheduler = symbols ? (symbols.sched_setscheduler as unknown as typeof setScheduler) : null;
@@ -74,8 +74,8 @@ function setResetOnFork(pid: number, on: boolean): boolean {
   if (!setScheduler) return false;
   const param = new Int32Array(1); // struct sched_param { int sched_priority; }: 0 for SCHED_OTHER
   const policy = SCHED_OTHER | (on ? SCHED_RESET_ON_FORK : 0);
-  if (setScheduler(pid, policy, ptr(param)) !== 0) return false;
-  for (const thread of threadsOf(pid)) setScheduler(thread, policy, ptr(param)); // a thread that ended meanwhile is no matter
+  if (setScheduler(0, policy, ptr(param)) !== 0) return false;
+  for (const thread of threadsOf(0)) setScheduler(thread, policy, ptr(param)); // a thread that ended meanwhile is no matter
   return true;
 }
 
