@@ -27,7 +27,7 @@
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
  *   --verbose prints each silence over `--silences-over` ms among the hand-overs' logged moments (printTimeline).
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os, { tmpdir } from "node:os";
 import { join } from "node:path";
 import { reapWorkloads, workloadBun, workloadPath } from "../test/helpers";
@@ -64,24 +64,59 @@ interface WrkCount {
   detail: string;
 }
 
+/**
+ * FAILED_ANSWERS_SCRIPT has wrk note each answer it counts as failed (status above 399) in the
+ * file named by its first script argument: the status and the start of the body (the proxy's
+ * error pages name their cause), so that a failure says what it was.
+ */
+const FAILED_ANSWERS_SCRIPT = `
+local path
+function init(args) path = args[1] end
+function response(status, headers, body)
+  if status > 399 then
+    local file = io.open(path, "a")
+    if file then
+      file:write(status, " ", (body or ""):sub(1, 160):gsub("%s+", " "), "\\n")
+      file:close()
+    end
+  end
+end
+`;
+
 /** startWrk loads `url` (Host: web.localhost) until the returned stop() is called, which interrupts wrk and reads its counts. */
 function startWrk(url: string): () => Promise<WrkCount> {
-  const proc = Bun.spawn([wrk as string, "-t2", `-c${WRK_CONNECTIONS}`, "-d3600s", "--timeout", "5s", "-H", "Host: web.localhost", url], {
-    stdout: "pipe",
-    stderr: "pipe",
-  });
+  const dir = mkdtempSync(join(tmpdir(), "engine-bench-wrk-"));
+  const script = join(dir, "failed-answers.lua");
+  const failedAnswers = join(dir, "failed-answers");
+  writeFileSync(script, FAILED_ANSWERS_SCRIPT);
+  const argv = [wrk as string, "-t2", `-c${WRK_CONNECTIONS}`, "-d3600s", "--timeout", "5s", "-s", script, "-H", "Host: web.localhost"];
+  const proc = Bun.spawn([...argv, url, "--", failedAnswers], { stdout: "pipe", stderr: "pipe" });
   return async () => {
     proc.kill("SIGINT");
     const killer = setTimeout(() => proc.kill("SIGKILL"), 10_000);
     const [out] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
     clearTimeout(killer);
+    const answers = existsSync(failedAnswers) ? readFileSync(failedAnswers, "utf8") : "";
+    rmSync(dir, { recursive: true, force: true });
     const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? Number.NaN);
     const socket = /Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/.exec(out);
     const non2xx = Number(/Non-2xx or 3xx responses: (\d+)/.exec(out)?.[1] ?? 0);
     const failed = non2xx + (socket ? socket.slice(1).reduce((sum, count) => sum + Number(count), 0) : 0);
     if (!Number.isFinite(requests)) throw new Error(`wrk printed no count: ${out.slice(0, 300)}`);
-    return { requests, failed, detail: socket ? `${socket[0]}; non-2xx ${non2xx}` : `non-2xx ${non2xx}` };
+    const counts = `${socket ? `${socket[0]}; ` : ""}non-2xx ${non2xx}`;
+    return { requests, failed, detail: non2xx > 0 ? `${counts}: ${summarizeAnswers(answers)}` : counts };
   };
+}
+
+/** summarizeAnswers counts the failed answers wrk noted by status and body, most frequent first: `2 × 502 <!doctype html>…`. */
+function summarizeAnswers(text: string): string {
+  const counts = new Map<string, number>();
+  for (const line of text.split("\n")) if (line.trim()) counts.set(line.trim(), (counts.get(line.trim()) ?? 0) + 1);
+  if (counts.size === 0) return "not noted";
+  return [...counts]
+    .sort((a, b) => b[1] - a[1])
+    .map(([answer, count]) => `${count} × ${answer}`)
+    .join("; ");
 }
 
 const binary = join(root, "dist", "engine");
