@@ -111,7 +111,7 @@ function startWrk(url: string): () => Promise<WrkCount> {
 /** summarizeAnswers counts the failed answers wrk noted by status and body, most frequent first: `2 × 502 <!doctype html>…`. */
 function summarizeAnswers(text: string): string {
   const counts = new Map<string, number>();
-  for (const line of text.split("\n")) if (line.trim()) counts.set(line.trim(), (counts.get(line.trim()) ?? 0) + 1);
+  for (const answer of text.split("\n").map((line) => line.trim())) if (answer) counts.set(answer, (counts.get(answer) ?? 0) + 1);
   if (counts.size === 0) return "not noted";
   return [...counts]
     .sort((a, b) => b[1] - a[1])

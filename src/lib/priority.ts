@@ -36,23 +36,26 @@ function lowered(own: number): number {
 }
 
 /**
- * raiseWhileHandingOver raises this process, every thread of it, to -HANDOVER_BOOST while new
- * requests wait on it, and answers the priority to give back (0); null when nothing was changed.
- * Only a daemon at the default priority is raised (one an operator set otherwise keeps it), only
- * by root, and only where each thread can be marked SCHED_RESET_ON_FORK: a process it starts
- * meanwhile (a shim launcher, a probe, a build) then starts at 0, not raised.
+ * raiseWhileHandingOver raises this process, every thread of it, from 0 to -HANDOVER_BOOST
+ * while new requests wait on it, and says whether it did. Only a daemon at the default priority
+ * is raised (one an operator set otherwise keeps it), only by root, and only where each thread
+ * can be marked SCHED_RESET_ON_FORK: a process it starts meanwhile (a shim launcher, a probe,
+ * a build) then starts at 0, not raised.
  */
-export function raiseWhileHandingOver(): number | null {
-  if (process.getuid?.() !== 0 || getPriority(0) !== 0) return null;
-  if (!setResetOnFork(true)) return null;
-  const own = shiftPriority(0, () => -HANDOVER_BOOST);
-  if (own === null) setResetOnFork(false);
-  return own;
+export function raiseWhileHandingOver(): boolean {
+  if (process.getuid?.() !== 0 || getPriority(0) !== 0 || !setResetOnFork(true)) return false;
+  try {
+    setThreadsPriority(0, -HANDOVER_BOOST);
+    return true;
+  } catch {
+    setResetOnFork(false);
+    return false;
+  }
 }
 
-/** givePriorityBack ends raiseWhileHandingOver: every thread back at `own`, the reset-on-fork mark taken off. */
-export function givePriorityBack(own: number): void {
-  restorePriority(0, own);
+/** givePriorityBack ends a raise of raiseWhileHandingOver: every thread back at 0, the reset-on-fork mark taken off. */
+export function givePriorityBack(): void {
+  restorePriority(0, 0);
   setResetOnFork(false);
 }
 

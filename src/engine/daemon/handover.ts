@@ -330,7 +330,7 @@ export async function handOver(
   const phases = new Phases();
   // New requests wait on the successor until this process has released its work: it runs
   // above its priority meanwhile (decision 527), and as before once it has.
-  const own = raiseWhileHandingOver();
+  const raised = raiseWhileHandingOver();
   let modules: Record<string, number>;
   try {
     await side.retire(options.deadline);
@@ -339,10 +339,10 @@ export async function handOver(
     phases.mark("release");
     channel.send({ type: "released" });
   } finally {
-    if (own !== null) givePriorityBack(own);
+    if (raised) givePriorityBack();
   }
   side.log.info(
-    { successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules, raised_priority: own === null ? undefined : -HANDOVER_BOOST },
+    { successor_pid: hello.pid, phases_ms: phases.ms, modules_ms: modules, raised_priority: raised ? -HANDOVER_BOOST : undefined },
     "released the work to the new process",
   );
   try {

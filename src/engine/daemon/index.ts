@@ -386,8 +386,8 @@ interface Taking {
   order: Extract<ToSuccessor, { type: "switch" }>;
   /** phases time the successor's steps from the switch on (decision 440). */
   phases: Phases;
-  /** raisedFrom is the priority to give back once what waited is answered; null while not raised (decision 527). */
-  raisedFrom: number | null;
+  /** raised says the process runs raised until what waited is answered (decision 527). */
+  raised: boolean;
 }
 
 /**
@@ -419,11 +419,11 @@ async function startSuccessor(config: EngineConfig, options: DaemonOptions, role
     // now, as requests wait for this process from the switch on.
     if (role.priority !== null) restorePriority(0, role.priority);
   }
-  const taking: Taking = { role, channel, order, phases: new Phases(), raisedFrom: null };
+  const taking: Taking = { role, channel, order, phases: new Phases(), raised: false };
   try {
     return await startIn(config, options, asRoot, prepared.modesBefore, taking);
   } catch (error) {
-    if (taking.raisedFrom !== null) givePriorityBack(taking.raisedFrom);
+    if (taking.raised) givePriorityBack();
     channel.send({ type: "failed", message: (error as Error).message });
     channel.close();
     throw error;
@@ -832,7 +832,7 @@ function takeOverModule(taking: Taking): Module {
     async start({ config, log, bus }) {
       taking.phases.mark("prepare");
       // New requests wait for this process from its bind on: it runs raised until it has answered them (decision 527).
-      taking.raisedFrom = raiseWhileHandingOver();
+      taking.raised = raiseWhileHandingOver();
       listeners = bus.provide("listeners", bindAsSuccessor(taking, config, bus.get("supervisor"), log));
       await awaitRelease(taking, log);
       taking.phases.mark("wait_release");
@@ -885,7 +885,7 @@ function firstAnswerModule(taking: Taking): Module {
     name: "first-answer",
     async start({ log, bus }) {
       const listeners = bus.get("listeners");
-      const raisedFrom = taking.raisedFrom;
+      const raised = taking.raised;
       taking.phases.mark("api");
       void Promise.race([listeners.firstAnswer(), Bun.sleep(10_000)]).then(() => {
         taking.phases.mark("first_answer");
@@ -894,7 +894,7 @@ function firstAnswerModule(taking: Taking): Module {
             standin: taking.role.standin,
             phases_ms: taking.phases.ms,
             window_ms: taking.phases.since("bind"),
-            raised_priority: raisedFrom === null ? undefined : -HANDOVER_BOOST,
+            raised_priority: raised ? -HANDOVER_BOOST : undefined,
           },
           "took the work over",
         );
@@ -905,8 +905,8 @@ function firstAnswerModule(taking: Taking): Module {
       // 5-25 ms right after it, while the others held since the switch still waited (decision 511).
       while (listeners.inFlight() > 0 && performance.now() < until) await Bun.sleep(1);
       // What waited is answered: the raise since the bind is given back (decision 527).
-      if (raisedFrom !== null) givePriorityBack(raisedFrom);
-      taking.raisedFrom = null;
+      if (raised) givePriorityBack();
+      taking.raised = false;
     },
     stop() {},
   } satisfies Module;
