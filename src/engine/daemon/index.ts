@@ -462,6 +462,20 @@ async function startIn(
   /** closing ends the API's event streams when this daemon hands over: their clients reconnect to the successor. */
   const closing = new AbortController();
   let restarting: Promise<void> | undefined;
+  /**
+   * started resolves once every module has started, the proxy's processes last. The API answers,
+   * and takes a restart, before that: a restart begun meanwhile waits for it, as a hand-over in
+   * the middle of the proxy's start would leave the generation of processes being started
+   * without retiring the one before, serving on beside every later one (decision 528).
+   */
+  const started = Promise.withResolvers<void>();
+  let startedAll = false;
+  /** afterStart waits for the start of every module (until `deadline` at most), saying so when it has to. */
+  const afterStart = async (deadline: number): Promise<void> => {
+    if (startedAll) return;
+    log.info("the restart waits for this engine to finish starting (its proxy processes start last)");
+    await untilDeadline(started.promise, deadline);
+  };
   // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
   if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
 
@@ -507,6 +521,7 @@ async function startIn(
     // Let the 202 reach the client first.
     await Bun.sleep(10);
     const deadline = Date.now() + target.drainTimeoutS * 1000;
+    await afterStart(deadline);
     await bus.get("services").drain(deadline);
     const upgrade = target.upgrade;
     let control: ControlSocket | null = null;
@@ -649,7 +664,9 @@ async function startIn(
   /** legacyRestart is the restart of a daemon run inside a test process (options.restart): drain, stop, call it. */
   const legacyRestart = async (drainTimeoutS: number, restart: () => Error | undefined): Promise<void> => {
     await Bun.sleep(10);
-    await bus.get("services").drain(Date.now() + drainTimeoutS * 1000);
+    const deadline = Date.now() + drainTimeoutS * 1000;
+    await afterStart(deadline);
+    await bus.get("services").drain(deadline);
     handingOver = true;
     await running.stop();
     exitIfFailed(restart());
@@ -763,6 +780,8 @@ async function startIn(
     ],
     { provisionFirst },
   );
+  startedAll = true;
+  started.resolve();
 
   const port = bus.get("listeners").port;
   const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
@@ -910,4 +929,14 @@ function firstAnswerModule(taking: Taking): Module {
     },
     stop() {},
   } satisfies Module;
+}
+
+/** untilDeadline waits for `promise` until `deadline` (ms since the epoch) at most. */
+async function untilDeadline(promise: Promise<unknown>, deadline: number): Promise<void> {
+  let timer: Timer | undefined;
+  const expired = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, Math.max(0, deadline - Date.now()));
+  });
+  await Promise.race([promise, expired]);
+  clearTimeout(timer);
 }

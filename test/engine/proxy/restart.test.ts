@@ -1,5 +1,5 @@
 import { afterAll, expect, test } from "bun:test";
-import { rmSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { alive, eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
@@ -88,4 +88,86 @@ test("the proxy keeps serving through a drain restart: the new daemon binds befo
   console.log(`proxy across a drain restart: ${ok} requests answered, ${failed} failed`);
   // Measured here: 0 failures in ~6000 requests. A connection reset while the old processes close is the one way to lose one.
   expect(failed).toBeLessThanOrEqual(Math.ceil(ok * 0.01));
+});
+
+/** proxyChildren are the proxy processes (run from source) whose parent is `pid`. */
+function proxyChildren(pid: number): number[] {
+  const found: number[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) !== pid) continue;
+      if (readFileSync(`/proc/${entry}/cmdline`, "utf8").includes(join("proxy", "main.ts"))) found.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return found;
+}
+
+test("a restart asked while the proxy processes still start waits for them: each generation retires the one before it", async () => {
+  const dir = tempDir();
+  const engine = await spawnEngine(dir, {
+    env: { ENGINE_PROXY: "on", ENGINE_HTTPS_PORT: "0", ENGINE_HTTP_PORT: "0", ENGINE_MDNS: "off", ENGINE_PROXY_PROCESSES: "2" },
+  });
+  const stopped = new Set<number>();
+  cleanups.push(async () => {
+    for (const pid of stopped) process.kill(pid, "SIGCONT");
+    await engine.stop();
+    reapWorkloads(dir);
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const token = (await Bun.file(join(dir, "admin.token")).text()).trim();
+  const auth = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const api = (path: string, init: RequestInit = {}) =>
+    fetch(`${engine.url}${path}`, { ...init, headers: { ...auth, ...(init.headers ?? {}) } });
+  const status = async () => (await (await api("/api/proxy/status")).json()) as Status;
+  const restart = () => api("/api/daemon/restart", { method: "POST", body: JSON.stringify({ drain_timeout_s: 10 }) });
+  const first = await eventually(async () => {
+    const now = await status();
+    return now.respawn.pids.length === 2 ? now : null;
+  });
+  const listenings = () => engine.output().split('"msg":"listening"').length - 1;
+
+  expect((await restart()).status).toBe(202);
+  // The re-executed daemon answers, then starts its proxy processes: one caught before it is
+  // ready (its pid file is written just before it says so) and stopped holds that start.
+  const pidFile = (pid: number) => join(dir, "proxy", `${pid}.pid`);
+  await eventually(
+    () => {
+      for (const pid of proxyChildren(engine.proc.pid)) {
+        if (first.respawn.pids.includes(pid) || stopped.has(pid)) continue;
+        process.kill(pid, "SIGSTOP");
+        if (existsSync(pidFile(pid))) process.kill(pid, "SIGCONT");
+        else stopped.add(pid);
+      }
+      return stopped.size > 0;
+    },
+    { timeoutMs: 30_000, intervalMs: 1 },
+  );
+  // Asked now, the restart waits for the start instead of handing over in its middle.
+  expect((await restart()).status).toBe(202);
+  await eventually(() => engine.output().includes("the restart waits for this engine to finish starting"), { timeoutMs: 10_000 });
+  // For as long as the start is held, the restart goes no further: no stand-in starts (one
+  // would, from source, within a second or two).
+  const heldAt = listenings();
+  for (const until = Date.now() + 3000; Date.now() < until; await Bun.sleep(50)) expect(listenings()).toBe(heldAt);
+  const second = proxyChildren(engine.proc.pid).filter((pid) => !first.respawn.pids.includes(pid));
+  for (const pid of stopped) process.kill(pid, "SIGCONT");
+  stopped.clear();
+
+  // Two restarts are four starts: the stand-ins' and the engine's own pid's after each execve.
+  await eventually(() => listenings() >= 5, { timeoutMs: 60_000 });
+  const last = await eventually(
+    async () => {
+      const now = await status();
+      return now.respawn.retired_on_start > 0 && now.respawn.pids.length === 2 ? now : null;
+    },
+    { timeoutMs: 15_000 },
+  );
+  // The last generation retired the second one only: the second had retired the first before its daemon handed over.
+  expect(last.respawn.retired_on_start).toBe(2);
+  expect(last.respawn.pids.some((pid) => first.respawn.pids.includes(pid) || second.includes(pid))).toBe(false);
+  await eventually(() => [...first.respawn.pids, ...second].every((pid) => !alive(pid)), { timeoutMs: 15_000 });
 });
