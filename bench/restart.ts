@@ -23,7 +23,10 @@
  * ratio to it. This machine is small and shared, so the ratios and the zero counts say more
  * than the ms.
  *
- * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--proxied-loops 8] [--verbose] [--silences-over 40]
+ * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--wrk-close] [--proxied-loops 8] [--verbose] [--silences-over 40]
+ *   --wrk-close has wrk send `Connection: close`, so that every request opens a connection (and a
+ *   TLS handshake) through the proxy generations' hand-over: the connects and handshakes a restart
+ *   could refuse, hundreds of times more often than kept-alive load makes them.
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
  *   --verbose prints each silence over `--silences-over` ms among the hand-overs' logged moments (printTimeline).
  */
@@ -55,6 +58,8 @@ const proxiedLoopCount = process.argv.includes("--proxied-loops") ? Number(proce
 /** WRK is the issue's proxied load: `wrk -t2 -c32` over HTTPS, kept-alive, for the whole run; `--no-wrk` leaves it out (the API alone). */
 const WRK_CONNECTIONS = 32;
 const wrk = process.argv.includes("--no-wrk") ? null : Bun.which("wrk");
+/** WRK_CLOSE: wrk opens a connection per request (`--wrk-close`). */
+const WRK_CLOSE = process.argv.includes("--wrk-close");
 if (!wrk && !process.argv.includes("--no-wrk")) console.error("wrk is not installed: no HTTPS load (apt-get install wrk)");
 
 /** WrkCount is what wrk answered when stopped: requests, and failures (socket errors and non-2xx answers). */
@@ -90,6 +95,7 @@ function startWrk(url: string): () => Promise<WrkCount> {
   const failedAnswers = join(dir, "failed-answers");
   writeFileSync(script, FAILED_ANSWERS_SCRIPT);
   const argv = [wrk as string, "-t2", `-c${WRK_CONNECTIONS}`, "-d3600s", "--timeout", "5s", "-s", script, "-H", "Host: web.localhost"];
+  if (WRK_CLOSE) argv.push("-H", "Connection: close");
   const proc = Bun.spawn([...argv, url, "--", failedAnswers], { stdout: "pipe", stderr: "pipe" });
   return async () => {
     proc.kill("SIGINT");
@@ -276,7 +282,7 @@ class Loop {
           if (response.ok && this.check(body)) {
             this.answered += 1;
             this.onAnswer(performance.now(), sentAt, this.name);
-          } else this.fail(`${response.status}`);
+          } else this.fail(`${response.status} ${body.slice(0, 120).replace(/\s+/g, " ")}`);
         } catch (error) {
           this.fail((error as Error).message.slice(0, 60));
         }
@@ -592,7 +598,7 @@ const RESTART_COLUMNS = [
 const rows = [...(await measureBinary("this build", binary)), ...(baseline ? await measureBinary("baseline", baseline) : [])];
 const anchorMs = median(anchorWindows);
 printRows(
-  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; proxied load: ${wrk ? `wrk -t2 -c${WRK_CONNECTIONS} over HTTPS` : "no wrk"}${proxiedLoopCount > 0 ? ` and ${proxiedLoopCount} in-process clients over HTTP` : ""}; load average before ${loadBefore}, after ${os
+  `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; proxied load: ${wrk ? `wrk -t2 -c${WRK_CONNECTIONS} over HTTPS${WRK_CLOSE ? ", a connection per request" : ""}` : "no wrk"}${proxiedLoopCount > 0 ? ` and ${proxiedLoopCount} in-process clients over HTTP` : ""}; load average before ${loadBefore}, after ${os
     .loadavg()
     .map((load) => fmt(load, 1))
     .join(" ")}`,
