@@ -25,6 +25,10 @@ interface Libc {
   getsockname(fd: number, addr: unknown, len: unknown): number;
   getsockopt(fd: number, level: number, name: number, value: unknown, len: unknown): number;
   setsockopt(fd: number, level: number, name: number, value: unknown, len: number): number;
+  socket(domain: number, type: number, protocol: number): number;
+  sendto(fd: number, buffer: unknown, length: number, flags: number, address: unknown, addressLength: number): number;
+  recv(fd: number, buffer: unknown, length: number, flags: number): number;
+  close(fd: number): number;
 }
 
 let libc: Libc | null | undefined;
@@ -35,6 +39,11 @@ function loadLibc(): Libc | null {
     getsockname: { args: [FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
     getsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
     setsockopt: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
+    socket: { args: [FFIType.i32, FFIType.i32, FFIType.i32], returns: FFIType.i32 },
+    // ssize_t results read as i32: the lengths here are far below 2^31, and -1 stays -1.
+    sendto: { args: [FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
+    recv: { args: [FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
+    close: { args: [FFIType.i32], returns: FFIType.i32 },
   }) as unknown as Libc | null;
   return libc;
 }
@@ -147,11 +156,88 @@ export function acceptQueueLength(fd: number): number | null {
 export const UNSTEERED = 0xffff_ffff;
 
 /**
- * listenersOnPort counts the listening TCP sockets on `port` in this network namespace
- * (/proc/net/tcp and tcp6): the size of the port's reuseport group, the socket this process
- * bound last being its newest, at index count - 1 (the kernel appends a socket that joins).
+ * listenersOnPort counts the listening TCP sockets on `port` in this network namespace: the
+ * size of the port's reuseport group, the socket this process bound last being its newest, at
+ * index count - 1 (the kernel appends a socket that joins). It asks the kernel for the
+ * listening sockets only (sock_diag, as `ss -l` does); /proc/net/tcp lists every connection,
+ * and a proxy that closes many holds tens of thousands in TIME_WAIT, which took a new proxy
+ * process up to a second to read before it could steer (decision 528). /proc where the
+ * kernel refuses the netlink socket.
  */
 export function listenersOnPort(port: number): number {
+  return listenersFromDiag(port) ?? listenersFromProc(port);
+}
+
+const AF_NETLINK = 16;
+const SOCK_DGRAM = 2;
+const SOCK_CLOEXEC = 0o2000000;
+const NETLINK_SOCK_DIAG = 4;
+const SOCK_DIAG_BY_FAMILY = 20;
+const NLM_F_REQUEST = 0x1;
+const NLM_F_DUMP = 0x300;
+const NLMSG_ERROR = 2;
+const NLMSG_DONE = 3;
+const TCP_LISTEN = 10;
+/** NLMSG_HEADER is the size of struct nlmsghdr; DIAG_REQUEST that of struct inet_diag_req_v2 (8 bytes, then inet_diag_sockid's 48). */
+const NLMSG_HEADER = 16;
+const DIAG_REQUEST = 56;
+
+/**
+ * listenersFromDiag counts the listening TCP sockets on `port` over NETLINK_SOCK_DIAG: one dump
+ * of the listening sockets (states = LISTEN) for each address family, their source ports
+ * compared here. Null when the netlink socket cannot be opened or a dump fails.
+ */
+export function listenersFromDiag(port: number): number | null {
+  const c = loadLibc();
+  if (!c) return null;
+  const fd = c.socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return null;
+  try {
+    let count = 0;
+    for (const family of [AF_INET, AF_INET6]) {
+      const found = dumpListeners(c, fd, family, port);
+      if (found === null) return null;
+      count += found;
+    }
+    return count;
+  } finally {
+    c.close(fd);
+  }
+}
+
+/** diagBuffer receives the dumps: a datagram holds as many messages as fit (ss reads 32 KiB at a time). */
+const diagBuffer = Buffer.alloc(32 * 1024);
+
+function dumpListeners(c: Libc, fd: number, family: number, port: number): number | null {
+  const request = Buffer.alloc(NLMSG_HEADER + DIAG_REQUEST);
+  request.writeUInt32LE(request.length, 0);
+  request.writeUInt16LE(SOCK_DIAG_BY_FAMILY, 4);
+  request.writeUInt16LE(NLM_F_REQUEST | NLM_F_DUMP, 6);
+  request.writeUInt8(family, NLMSG_HEADER);
+  request.writeUInt8(IPPROTO_TCP, NLMSG_HEADER + 1);
+  request.writeUInt32LE(1 << TCP_LISTEN, NLMSG_HEADER + 4);
+  // sockaddr_nl of the kernel: family, then pid 0 and groups 0.
+  const kernel = Buffer.alloc(12);
+  kernel.writeUInt16LE(AF_NETLINK, 0);
+  if (c.sendto(fd, ptr(request), request.length, 0, ptr(kernel), kernel.length) !== request.length) return null;
+  let count = 0;
+  for (;;) {
+    const received = c.recv(fd, ptr(diagBuffer), diagBuffer.length, 0);
+    if (received <= 0) return null;
+    for (let offset = 0; offset + NLMSG_HEADER <= received; ) {
+      const length = diagBuffer.readUInt32LE(offset);
+      const type = diagBuffer.readUInt16LE(offset + 4);
+      if (type === NLMSG_DONE) return count;
+      if (type === NLMSG_ERROR || length < NLMSG_HEADER) return null;
+      // struct inet_diag_msg: family, state, timer, retrans, then inet_diag_sockid (its source port first, big-endian).
+      if (type === SOCK_DIAG_BY_FAMILY && diagBuffer.readUInt16BE(offset + NLMSG_HEADER + 4) === port) count += 1;
+      offset += (length + 3) & ~3;
+    }
+  }
+}
+
+/** listenersFromProc counts the listening TCP sockets on `port` in /proc/net/tcp and tcp6, which list every socket. */
+export function listenersFromProc(port: number): number {
   const hexPort = `:${port.toString(16).toUpperCase().padStart(4, "0")}`;
   let count = 0;
   for (const file of ["/proc/net/tcp", "/proc/net/tcp6"]) {

@@ -7,6 +7,8 @@ import {
   acceptQueueLength,
   bindUnixAt,
   bindUnixPrivately,
+  listenersFromDiag,
+  listenersFromProc,
   listenersOnPort,
   listeningTcpFd,
   ownsPath,
@@ -88,6 +90,33 @@ test("steerTo sends every new connection to the group's socket at an index, and 
     first.stop(true);
     second.stop(true);
   }
+});
+
+test("listenersOnPort asks the kernel for the listening sockets only: IPv4 and IPv6, as they join and leave, not the connections", async () => {
+  const first = countingListener(0, [], 0);
+  const port = first.port;
+  const listeners = [first, countingListener(port, [], 1)];
+  const v6 = Bun.listen({ hostname: "::1", port, reusePort: true, socket: { data() {} } } as TCPSocketListenOptions<unknown>);
+  // A connection to the port and one that closed (TIME_WAIT on one side) are not listeners.
+  const { promise: closed, resolve } = Promise.withResolvers<void>();
+  await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {}, close: () => resolve(), error: () => resolve() } });
+  await closed;
+  const held = await Bun.connect({ hostname: "::1", port, socket: { data() {} } });
+  try {
+    expect(listenersFromDiag(port)).toBe(3);
+    expect(listenersOnPort(port)).toBe(3);
+    expect(listenersFromProc(port)).toBe(3);
+    listeners.pop()?.stop(true);
+    expect(listenersOnPort(port)).toBe(2);
+    v6.stop(true);
+    expect(listenersOnPort(port)).toBe(1);
+    expect(listenersFromProc(port)).toBe(1);
+  } finally {
+    held.end();
+    for (const listener of listeners) listener.stop(true);
+    v6.stop(true);
+  }
+  expect(listenersOnPort(port)).toBe(0);
 });
 
 test("bindUnixPrivately binds where no client finds it; publish renames it over the path, which names the old socket until then", async () => {
