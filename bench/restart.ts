@@ -520,15 +520,26 @@ async function measureRun(engineBinary: string): Promise<RunResult> {
 
 const spread = (values: number[], digits = 0) => `${fmt(Math.min(...values), digits)}–${fmt(Math.max(...values), digits)}`;
 
-async function measureBinary(label: string, engineBinary: string): Promise<string[][]> {
-  const results: RunResult[] = [];
+/**
+ * measureBinaries runs each binary `runs` times, taking turns run by run (this build, the
+ * baseline, this build, ...), so that the machine's drift over the minutes of a set (its load,
+ * what earlier runs left in the file system) falls on both alike; a table row each.
+ */
+async function measureBinaries(binaries: [label: string, engineBinary: string][]): Promise<string[][]> {
+  const results = binaries.map((): RunResult[] => []);
   for (let index = 0; index < runs; index++) {
-    const result = await measureRun(engineBinary);
-    console.error(
-      `${label} run ${index + 1}: proxied failed ${result.proxiedFailed}/${result.proxiedAnswered + result.proxiedFailed}, API failed ${result.apiFailed}, longest silence ${fmt(result.longestSilenceMs, 1)} ms (per restart: ${result.perRestartMs.map((ms) => fmt(ms, 0)).join(" ")}), restart ${fmt(median(result.restartSeconds), 2)} s`,
-    );
-    results.push(result);
+    for (const [which, [label, engineBinary]] of binaries.entries()) {
+      const result = await measureRun(engineBinary);
+      console.error(
+        `${label} run ${index + 1}: proxied failed ${result.proxiedFailed}/${result.proxiedAnswered + result.proxiedFailed}, API failed ${result.apiFailed}, longest silence ${fmt(result.longestSilenceMs, 1)} ms (per restart: ${result.perRestartMs.map((ms) => fmt(ms, 0)).join(" ")}), restart ${fmt(median(result.restartSeconds), 2)} s`,
+      );
+      results[which]?.push(result);
+    }
   }
+  return binaries.map(([label], which) => summarizeBinary(label, results[which] ?? []));
+}
+
+function summarizeBinary(label: string, results: RunResult[]): string[] {
   const proxiedFailed = results.map((result) => result.proxiedFailed);
   const apiFailed = results.map((result) => result.apiFailed);
   const silences = results.map((result) => result.longestSilenceMs);
@@ -538,18 +549,16 @@ async function measureBinary(label: string, engineBinary: string): Promise<strin
   const startMs = results.map((result) => result.startMs);
   phaseSummaries.push(...summarizePhases(label, results));
   return [
-    [
-      label,
-      `${median(proxiedFailed)} (${spread(proxiedFailed)}) of ~${Math.round(median(results.map((r) => r.proxiedAnswered)))}`,
-      `${median(apiFailed)} (${spread(apiFailed)})`,
-      `${fmt(median(silences), 1)} (${spread(silences, 1)})`,
-      `${fmt(median(perRestart), 1)} (${spread(perRestart, 1)})`,
-      `${fmt(median(quiet), 1)} (${spread(quiet, 1)})`,
-      results.every((result) => result.pidsKept) ? "kept" : "CHANGED",
-      results.every((result) => result.enginePidKept) ? "kept" : "changed",
-      `${fmt(median(restartS), 2)} (${spread(restartS, 2)})`,
-      `${fmt(median(startMs), 0)} (${spread(startMs)}), ${fmt(median(startMs) / median(anchorWindows), 1)}× the anchor's`,
-    ],
+    label,
+    `${median(proxiedFailed)} (${spread(proxiedFailed)}) of ~${Math.round(median(results.map((r) => r.proxiedAnswered)))}`,
+    `${median(apiFailed)} (${spread(apiFailed)})`,
+    `${fmt(median(silences), 1)} (${spread(silences, 1)})`,
+    `${fmt(median(perRestart), 1)} (${spread(perRestart, 1)})`,
+    `${fmt(median(quiet), 1)} (${spread(quiet, 1)})`,
+    results.every((result) => result.pidsKept) ? "kept" : "CHANGED",
+    results.every((result) => result.enginePidKept) ? "kept" : "changed",
+    `${fmt(median(restartS), 2)} (${spread(restartS, 2)})`,
+    `${fmt(median(startMs), 0)} (${spread(startMs)}), ${fmt(median(startMs) / median(anchorWindows), 1)}× the anchor's`,
   ];
 }
 
@@ -595,7 +604,7 @@ const RESTART_COLUMNS = [
   "restart s",
   "start ms (spawn → first answer)",
 ];
-const rows = [...(await measureBinary("this build", binary)), ...(baseline ? await measureBinary("baseline", baseline) : [])];
+const rows = await measureBinaries([["this build", binary], ...(baseline ? [["baseline", baseline] as [string, string]] : [])]);
 const anchorMs = median(anchorWindows);
 printRows(
   `Drain restart of the compiled engine: ${restarts} restarts a run, median of ${runs} runs (spread); proxy 2 processes, 1 upstream + ${SLEEPERS} sleepers; API polled every 1 ms by 2 clients; proxied load: ${wrk ? `wrk -t2 -c${WRK_CONNECTIONS} over HTTPS${WRK_CLOSE ? ", a connection per request" : ""}` : "no wrk"}${proxiedLoopCount > 0 ? ` and ${proxiedLoopCount} in-process clients over HTTP` : ""}; load average before ${loadBefore}, after ${os
