@@ -50,6 +50,7 @@ function loadLibc(): Libc | null {
 
 const SOL_SOCKET = 1;
 const SO_ACCEPTCONN = 30;
+const SO_RCVTIMEO = 20;
 const SO_ATTACH_REUSEPORT_CBPF = 51;
 const AF_INET = 2;
 const AF_INET6 = 10;
@@ -192,6 +193,10 @@ export function listenersFromDiag(port: number): number | null {
   if (!c) return null;
   const fd = c.socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (fd < 0) return null;
+  // The kernel answers a dump at once; a receive timeout keeps a kernel that would not from holding the caller.
+  const timeout = Buffer.alloc(16);
+  timeout.writeBigInt64LE(1n, 0);
+  c.setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, ptr(timeout), timeout.length);
   try {
     let count = 0;
     for (const family of [AF_INET, AF_INET6]) {
