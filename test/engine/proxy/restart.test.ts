@@ -113,7 +113,13 @@ test("a restart asked while the proxy processes still start waits for them: each
   });
   const stopped = new Set<number>();
   cleanups.push(async () => {
-    for (const pid of stopped) process.kill(pid, "SIGCONT");
+    for (const pid of stopped) {
+      try {
+        process.kill(pid, "SIGCONT");
+      } catch {
+        // gone already
+      }
+    }
     await engine.stop();
     reapWorkloads(dir);
     rmSync(dir, { recursive: true, force: true });
