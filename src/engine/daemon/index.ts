@@ -474,7 +474,7 @@ async function startIn(
   const afterStart = async (deadline: number): Promise<void> => {
     if (startedAll) return;
     log.info("the restart waits for this engine to finish starting (its proxy processes start last)");
-    await untilDeadline(started.promise, deadline);
+    await Promise.race([started.promise, Bun.sleep(Math.max(0, deadline - Date.now()))]);
   };
   // A stand-in serves only until its parent, re-executed, takes over: it starts no restart of its own.
   if (taking?.role.standin) restarting = new Promise<void>(() => undefined);
@@ -929,14 +929,4 @@ function firstAnswerModule(taking: Taking): Module {
     },
     stop() {},
   } satisfies Module;
-}
-
-/** untilDeadline waits for `promise` until `deadline` (ms since the epoch) at most. */
-async function untilDeadline(promise: Promise<unknown>, deadline: number): Promise<void> {
-  let timer: Timer | undefined;
-  const expired = new Promise<void>((resolve) => {
-    timer = setTimeout(resolve, Math.max(0, deadline - Date.now()));
-  });
-  await Promise.race([promise, expired]);
-  clearTimeout(timer);
 }

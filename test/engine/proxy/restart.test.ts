@@ -1,6 +1,7 @@
 import { afterAll, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
+import { readProcessTable } from "../../../src/engine/supervisor/procfs";
 import { alive, eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
 const cleanups: (() => unknown)[] = [];
@@ -92,18 +93,14 @@ test("the proxy keeps serving through a drain restart: the new daemon binds befo
 
 /** proxyChildren are the proxy processes (run from source) whose parent is `pid`. */
 function proxyChildren(pid: number): number[] {
-  const found: number[] = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
+  return [...readProcessTable()].flatMap(([child, stat]) => {
+    if (stat.ppid !== pid) return [];
     try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) !== pid) continue;
-      if (readFileSync(`/proc/${entry}/cmdline`, "utf8").includes(join("proxy", "main.ts"))) found.push(Number(entry));
+      return readFileSync(`/proc/${child}/cmdline`, "utf8").includes(join("proxy", "main.ts")) ? [child] : [];
     } catch {
-      // gone meanwhile
+      return []; // gone meanwhile
     }
-  }
-  return found;
+  });
 }
 
 test("a restart asked while the proxy processes still start waits for them: each generation retires the one before it", async () => {
