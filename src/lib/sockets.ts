@@ -29,6 +29,7 @@ interface Libc {
   sendto(fd: number, buffer: unknown, length: number, flags: number, address: unknown, addressLength: number): number;
   recv(fd: number, buffer: unknown, length: number, flags: number): number;
   close(fd: number): number;
+  syscall(number: number, command: number, attr: unknown, size: number): number;
 }
 
 let libc: Libc | null | undefined;
@@ -44,6 +45,9 @@ function loadLibc(): Libc | null {
     sendto: { args: [FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
     recv: { args: [FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
     close: { args: [FFIType.i32], returns: FFIType.i32 },
+    // long syscall(long number, ...): the bpf(2) call, which the C library does not wrap. Its
+    // result, a descriptor or -1, reads as i32.
+    syscall: { args: [FFIType.i64, FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
   }) as unknown as Libc | null;
   return libc;
 }
@@ -75,18 +79,27 @@ export function warmSocketCalls(): void {
  * (Bun does not expose the descriptor of a server it opened). Null when none is found.
  */
 export function listeningTcpFd(port: number): number | null {
+  return listeningTcpFds(port)[0] ?? null;
+}
+
+/**
+ * listeningTcpFds lists this process's listening TCP sockets on `port`, in descriptor order
+ * (Bun does not expose the descriptor of a server it opened). Empty when none is found.
+ */
+export function listeningTcpFds(port: number): number[] {
   const c = loadLibc();
-  if (!c) return null;
+  if (!c) return [];
   let entries: string[];
   try {
     entries = readdirSync("/proc/self/fd");
   } catch {
-    return null;
+    return [];
   }
   const address = Buffer.alloc(128);
   const length = new Uint32Array(1);
   const value = new Int32Array(1);
   const valueLength = new Uint32Array(1);
+  const found: number[] = [];
   for (const entry of entries) {
     let target: string;
     try {
@@ -102,9 +115,9 @@ export function listeningTcpFd(port: number): number | null {
     if ((family !== AF_INET && family !== AF_INET6) || address.readUInt16BE(2) !== port) continue;
     valueLength[0] = 4;
     if (c.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, ptr(value), ptr(valueLength)) !== 0 || value[0] !== 1) continue;
-    return fd;
+    found.push(fd);
   }
-  return null;
+  return found.sort((a, b) => a - b);
 }
 
 /**
@@ -136,6 +149,92 @@ export function steerTo(fd: number, index: number): boolean {
   fprog.writeUInt16LE(1, 0);
   fprog.writeBigUInt64LE(BigInt(ptr(program)), 8);
   return c.setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, ptr(fprog), fprog.length) === 0;
+}
+
+/** SYS_BPF is bpf(2)'s number, per architecture; bpf(2) has no C library wrapper. */
+const SYS_BPF: Partial<Record<NodeJS.Architecture, number>> = { x64: 321, arm64: 280 };
+const BPF_MAP_CREATE = 0;
+const BPF_MAP_UPDATE_ELEM = 2;
+const BPF_PROG_LOAD = 5;
+const BPF_MAP_TYPE_REUSEPORT_SOCKARRAY = 20;
+const BPF_PROG_TYPE_SK_REUSEPORT = 21;
+const BPF_FUNC_SK_SELECT_REUSEPORT = 82;
+const BPF_PSEUDO_MAP_FD = 1;
+const SO_ATTACH_REUSEPORT_EBPF = 52;
+/** BPF_ATTR_BYTES is the size of the `union bpf_attr` passed: zeros past the fields set, which every kernel accepts. */
+const BPF_ATTR_BYTES = 128;
+const LICENSE = Buffer.from("GPL\0", "latin1");
+
+/** bpfInstruction encodes one `struct bpf_insn`: opcode, dst and src registers, offset, immediate. */
+function bpfInstruction(code: number, dst: number, src: number, offset: number, immediate: number): Buffer {
+  const insn = Buffer.alloc(8);
+  insn.writeUInt8(code, 0);
+  insn.writeUInt8(dst | (src << 4), 1);
+  insn.writeInt16LE(offset, 2);
+  insn.writeInt32LE(immediate, 4);
+  return insn;
+}
+
+/**
+ * steerToSocket sends every new connection of the reuseport group of the listening socket
+ * `fd` to that very socket, wherever it sits in the group, with an eBPF program
+ * (SK_REUSEPORT) that picks it from a one-slot REUSEPORT_SOCKARRAY map: unlike `steerTo`'s
+ * index, no close of another socket of the group moves it out of the program's reach (a
+ * generation smaller than the one it retires, or an old process rebinding its certificate:
+ * decision 529). Once the socket has closed, the map is empty and the kernel's hash picks. The
+ * program and the map belong to the group, which keeps them after their descriptors here are
+ * closed; `steerTo(fd, UNSTEERED)` replaces the program. Loading one needs CAP_BPF (root, as
+ * kernel.unprivileged_bpf_disabled is set by default): false where the kernel refuses, and the
+ * caller steers by index instead.
+ */
+export function steerToSocket(fd: number): boolean {
+  const c = loadLibc();
+  const number = SYS_BPF[process.arch];
+  if (!c || number === undefined) return false;
+  const bpf = (command: number, attr: Buffer) => c.syscall(number, command, ptr(attr), attr.length);
+  const map = Buffer.alloc(BPF_ATTR_BYTES);
+  map.writeUInt32LE(BPF_MAP_TYPE_REUSEPORT_SOCKARRAY, 0);
+  map.writeUInt32LE(4, 4); // key_size
+  map.writeUInt32LE(4, 8); // value_size: a socket's descriptor, as u32
+  map.writeUInt32LE(1, 12); // max_entries
+  const mapFd = bpf(BPF_MAP_CREATE, map);
+  if (mapFd < 0) return false;
+  let programFd = -1;
+  try {
+    const key = new Uint32Array([0]);
+    const value = new Uint32Array([fd]);
+    const update = Buffer.alloc(BPF_ATTR_BYTES);
+    update.writeUInt32LE(mapFd, 0);
+    update.writeBigUInt64LE(BigInt(ptr(key)), 8);
+    update.writeBigUInt64LE(BigInt(ptr(value)), 16);
+    if (bpf(BPF_MAP_UPDATE_ELEM, update) !== 0) return false;
+    // *(u32 *)(r10 - 4) = 0; r2 = map; r3 = r10 - 4; r4 = 0;
+    // bpf_sk_select_reuseport(ctx, map, &key, 0); return SK_PASS. A failed pick (the socket
+    // closed, so not in the map) passes too: the kernel then picks by its hash.
+    const instructions = Buffer.concat([
+      bpfInstruction(0x62, 10, 0, -4, 0), // BPF_ST | BPF_MEM | BPF_W
+      bpfInstruction(0x18, 2, BPF_PSEUDO_MAP_FD, 0, mapFd), // BPF_LD | BPF_IMM | BPF_DW, two slots
+      bpfInstruction(0, 0, 0, 0, 0),
+      bpfInstruction(0xbf, 3, 10, 0, 0), // BPF_ALU64 | BPF_MOV | BPF_X
+      bpfInstruction(0x07, 3, 0, 0, -4), // BPF_ALU64 | BPF_ADD | BPF_K
+      bpfInstruction(0xb7, 4, 0, 0, 0), // BPF_ALU64 | BPF_MOV | BPF_K
+      bpfInstruction(0x85, 0, 0, 0, BPF_FUNC_SK_SELECT_REUSEPORT), // BPF_JMP | BPF_CALL
+      bpfInstruction(0xb7, 0, 0, 0, 1), // r0 = SK_PASS
+      bpfInstruction(0x95, 0, 0, 0, 0), // BPF_JMP | BPF_EXIT
+    ]);
+    const load = Buffer.alloc(BPF_ATTR_BYTES);
+    load.writeUInt32LE(BPF_PROG_TYPE_SK_REUSEPORT, 0);
+    load.writeUInt32LE(instructions.length / 8, 4);
+    load.writeBigUInt64LE(BigInt(ptr(instructions)), 8);
+    load.writeBigUInt64LE(BigInt(ptr(LICENSE)), 16);
+    programFd = bpf(BPF_PROG_LOAD, load);
+    if (programFd < 0) return false;
+    const option = new Int32Array([programFd]);
+    return c.setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, ptr(option), 4) === 0;
+  } finally {
+    if (programFd >= 0) c.close(programFd);
+    c.close(mapFd);
+  }
 }
 
 /**

@@ -11,8 +11,10 @@ import {
   listenersFromProc,
   listenersOnPort,
   listeningTcpFd,
+  listeningTcpFds,
   ownsPath,
   steerTo,
+  steerToSocket,
   UNSTEERED,
   warmSocketCalls,
 } from "../../src/lib/sockets";
@@ -59,36 +61,100 @@ test("acceptQueueLength counts the connections a listener has not accepted yet, 
   }
 });
 
+/** connectAll opens `count` connections to `port` one after another, each waited for until the listener has ended it. */
+async function connectAll(port: number, count: number): Promise<void> {
+  for (let index = 0; index < count; index++) {
+    const { promise, resolve } = Promise.withResolvers<void>();
+    await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {}, close: () => resolve(), error: () => resolve() } });
+    await promise;
+  }
+}
+
 test("steerTo sends every new connection to the group's socket at an index, and UNSTEERED spreads them by hash again", async () => {
   const accepted = [0, 0];
   const first = countingListener(0, accepted, 0);
   const second = countingListener(first.port, accepted, 1);
-  const connectAll = async (count: number) => {
-    for (let index = 0; index < count; index++) {
-      const { promise, resolve } = Promise.withResolvers<void>();
-      await Bun.connect({ hostname: "127.0.0.1", port: first.port, socket: { data() {}, close: () => resolve(), error: () => resolve() } });
-      await promise;
-    }
-  };
   try {
     expect(listenersOnPort(first.port)).toBe(2);
     const fd = listeningTcpFd(first.port);
     expect(fd).not.toBeNull();
     // The second listener bound last: it is the group's socket 1.
     expect(steerTo(fd as number, 1)).toBe(true);
-    await connectAll(20);
+    await connectAll(first.port, 20);
     expect(accepted).toEqual([0, 20]);
     expect(steerTo(fd as number, 0)).toBe(true);
-    await connectAll(20);
+    await connectAll(first.port, 20);
     expect(accepted).toEqual([20, 20]);
     expect(steerTo(fd as number, UNSTEERED)).toBe(true);
-    await connectAll(60);
+    await connectAll(first.port, 60);
     // By hash of the client's port: both get some.
     expect(accepted[0]).toBeGreaterThan(20);
     expect(accepted[1]).toBeGreaterThan(20);
   } finally {
     first.stop(true);
     second.stop(true);
+  }
+});
+
+test("an index steers a group only until older sockets close: the newest moves into a closed one's slot (why steerToSocket exists)", async () => {
+  const accepted = [0, 0, 0];
+  const oldest = countingListener(0, accepted, 0);
+  const older = countingListener(oldest.port, accepted, 1);
+  const newest = countingListener(oldest.port, accepted, 2);
+  try {
+    const fd = listeningTcpFd(oldest.port) as number;
+    expect(steerTo(fd, 2)).toBe(true);
+    await connectAll(oldest.port, 10);
+    expect(accepted).toEqual([0, 0, 10]);
+    // The oldest closes: the group's last socket, the newest, takes its slot 0, so index 2 is out
+    // of range and the kernel's hash spreads over the newest and `older`, which is retiring too.
+    oldest.stop(true);
+    await connectAll(oldest.port, 40);
+    expect(accepted[1]).toBeGreaterThan(0);
+  } finally {
+    older.stop(true);
+    newest.stop(true);
+  }
+});
+
+test("steerToSocket sends every new connection to one socket while the others of its group close in any order; UNSTEERED spreads them again", async () => {
+  const accepted = [0, 0, 0, 0];
+  const first = countingListener(0, accepted, 0);
+  const port = first.port;
+  const second = countingListener(port, accepted, 1);
+  const third = countingListener(port, accepted, 2);
+  const steered = countingListener(port, accepted, 3);
+  const listeners = [first, second, third, steered];
+  try {
+    const fds = listeningTcpFds(port);
+    expect(fds).toHaveLength(4);
+    expect(listeningTcpFd(port)).toBe(fds[0] as number);
+    // The descriptors are in the order the listeners were opened: the last is `steered`'s.
+    // Root may load the program; a user may not (the kernel lets users load socket filters only), and steers by index.
+    const taken = steerToSocket(fds[3] as number);
+    expect(taken).toBe(process.getuid?.() === 0);
+    if (!taken) return;
+    await connectAll(port, 10);
+    expect(accepted).toEqual([0, 0, 0, 10]);
+    // Close the others from the middle out, the order an index cannot follow.
+    second.stop(true);
+    await connectAll(port, 10);
+    first.stop(true);
+    await connectAll(port, 10);
+    expect(accepted).toEqual([0, 0, 0, 30]);
+    // A socket that joins later gets nothing while the program picks `steered`.
+    const late = countingListener(port, accepted, 1);
+    listeners.push(late);
+    await connectAll(port, 10);
+    expect(accepted).toEqual([0, 0, 0, 40]);
+    expect(steerTo(fds[3] as number, UNSTEERED)).toBe(true);
+    await connectAll(port, 60);
+    // By hash of the client's port over `third`, `steered` and `late`: each gets some.
+    expect(accepted[1]).toBeGreaterThan(0);
+    expect(accepted[2]).toBeGreaterThan(0);
+    expect(accepted[3]).toBeGreaterThan(40);
+  } finally {
+    for (const listener of listeners) listener.stop(true);
   }
 });
 

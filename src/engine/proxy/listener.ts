@@ -1,6 +1,6 @@
 import { createSecureContext, type SecureContext } from "node:tls";
 import type { SocketHandler, TCPSocketListener, TCPSocketListenOptions } from "bun";
-import { acceptQueueLength, listenersOnPort, listeningTcpFd, steerTo, UNSTEERED } from "../../lib/sockets";
+import { acceptQueueLength, listenersOnPort, listeningTcpFd, steerTo, steerToSocket, UNSTEERED } from "../../lib/sockets";
 import { type ClientConnection, Forwarder, type ForwarderOptions } from "./forwarder";
 import type { ProxyMeter } from "./meter";
 import { Router } from "./router";
@@ -41,6 +41,8 @@ export class ProxyListener {
   private defaultCertificate: SnapshotCertificate | null = null;
   generation = -1;
   rebinds = 0;
+  /** steeredBy is how `steer` picked this process for every new connection: by its socket, by index, or null (not asked, or refused). */
+  steeredBy: "socket" | "index" | null = null;
   httpsPort = 0;
   httpPort = 0;
 
@@ -72,17 +74,20 @@ export class ProxyListener {
 
   /**
    * steer sends every new connection on both ports to this process while the processes of the
-   * generation it replaces retire (decision 443). It is the first of its generation, so its
-   * sockets are the newest of their reuseport groups, right after the old ones, and stay at that
-   * index while the old ones close (a closing socket's slot takes the group's last, a newer
-   * one). The old processes thus get no new connection and drain their accept queues before
-   * they close: the kernel resets what a closing listener still holds.
+   * generation it replaces retire (decisions 443, 529), so that they get no new connection and
+   * drain their accept queues before they close: the kernel resets what a closing listener
+   * still holds. Where the kernel loads the program (root), it picks this process's socket by
+   * reference, however the old ones close. Elsewhere it picks by index: this process is the
+   * first of its generation, so its sockets are the newest of their reuseport groups, right
+   * after the old ones, and stay at that index while the old ones close (a closing socket's slot
+   * takes the group's last, a newer one) as long as its generation is no smaller than theirs.
    */
   private steer(): void {
     for (const port of [this.httpsPort, this.httpPort]) {
       const fd = listeningTcpFd(port);
       const index = listenersOnPort(port) - 1;
-      if (fd !== null && index > 0) steerTo(fd, index);
+      if (fd === null || index <= 0) continue;
+      this.steeredBy = steerToSocket(fd) ? "socket" : steerTo(fd, index) ? "index" : null;
     }
   }
 

@@ -65,7 +65,14 @@ export function runProxyProcess(): void {
         // Pinned once bound: a process that could not bind ends anyway. The runtime's threads that
         // run already (its collector's helpers) keep every CPU (docs/decisions.md 521).
         const cpu = typeof message.cpu === "number" && pinCallingThread(message.cpu) ? message.cpu : null;
-        send({ type: "ready", httpsPort: listener.httpsPort, httpPort: listener.httpPort, generation: listener.generation, cpu });
+        send({
+          type: "ready",
+          httpsPort: listener.httpsPort,
+          httpPort: listener.httpPort,
+          generation: listener.generation,
+          cpu,
+          ...(message.config.steer ? { steered: listener.steeredBy } : {}),
+        });
       } catch (error) {
         const err = error as NodeJS.ErrnoException;
         send({ type: "error", code: err.code ?? "proxy_failed", message: err.message });

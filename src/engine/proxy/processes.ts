@@ -160,6 +160,10 @@ export class ProxyProcesses {
       }
     }
     if (retire.length > 0) {
+      this.options.log.info(
+        { retiring: retire.length, processes: this.options.count, steered_by: first.steered },
+        "the first new proxy process takes every new connection while the previous ones retire",
+      );
       void Promise.all(retire.map((record) => this.reapWhenGone(record.pid))).then(() => {
         for (const member of this.members) if (member.ready && !member.stopping) this.send(member, { type: "unsteer" });
       });
@@ -183,7 +187,7 @@ export class ProxyProcesses {
     return { ...this.options.config, httpsPort: this.httpsPort, httpPort: this.httpPort };
   }
 
-  private spawn(config: ListenerConfig): Promise<{ httpsPort: number; httpPort: number }> {
+  private spawn(config: ListenerConfig): Promise<{ httpsPort: number; httpPort: number; steered: "socket" | "index" | null }> {
     return new Promise((resolve, reject) => {
       let settled = false;
       const slot = this.freeSlot();
@@ -211,7 +215,7 @@ export class ProxyProcesses {
             this.notifyApplied();
             if (!settled) {
               settled = true;
-              resolve({ httpsPort: message.httpsPort, httpPort: message.httpPort });
+              resolve({ httpsPort: message.httpsPort, httpPort: message.httpPort, steered: message.steered ?? null });
             }
             // A snapshot may have changed while this process was starting.
             if (this.snapshot && this.snapshot.generation > message.generation)

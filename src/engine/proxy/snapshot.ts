@@ -64,7 +64,15 @@ export type ToProxy =
 /** Messages from a proxy process to the daemon. */
 export type FromProxy =
   /** ready: bound and serving; `cpu` is the CPU its event loop is pinned to, null where the pin was not asked or was refused. */
-  | { type: "ready"; httpsPort: number; httpPort: number; generation: number; cpu?: number | null }
+  | {
+      type: "ready";
+      httpsPort: number;
+      httpPort: number;
+      generation: number;
+      cpu?: number | null;
+      /** steered says how a process started with `steer` picks itself for new connections: by its socket (eBPF), by index, or not at all (decision 529). */
+      steered?: "socket" | "index" | null;
+    }
   | { type: "applied"; generation: number; rebinds: number }
   | { type: "error"; code: string; message: string }
   /** counts are the process's cumulative request counts, sent every few seconds (docs/decisions.md 335). */

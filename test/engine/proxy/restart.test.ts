@@ -82,6 +82,15 @@ test("the proxy keeps serving through a drain restart: the new daemon binds befo
   running = false;
   await load;
 
+  // The new generation's first process took the new connections by its socket (an eBPF program,
+  // which root may load) or, as a user, by its index in the ports' reuseport groups (decision 529).
+  const steering = engine
+    .output()
+    .split("\n")
+    .filter((line) => line.includes("the first new proxy process takes every new connection"))
+    .map((line) => JSON.parse(line) as { retiring: number; steered_by: string | null });
+  expect(steering.length).toBeGreaterThan(0);
+  for (const line of steering) expect(line).toMatchObject({ retiring: 2, steered_by: process.getuid?.() === 0 ? "socket" : "index" });
   expect(after.https_port).toBe(before.https_port);
   expect(after.tls.http_port).toBe(before.tls.http_port);
   expect(after.respawn.pids).not.toEqual(before.respawn.pids);
