@@ -162,7 +162,7 @@ export class ProxyProcesses {
     if (retire.length > 0) {
       this.options.log.info(
         { retiring: retire.length, processes: this.options.count, steered_by: first.steered },
-        "the first new proxy process takes every new connection while the previous ones retire",
+        "new proxy processes serve; the previous ones retire",
       );
       void Promise.all(retire.map((record) => this.reapWhenGone(record.pid))).then(() => {
         for (const member of this.members) if (member.ready && !member.stopping) this.send(member, { type: "unsteer" });

@@ -87,7 +87,7 @@ test("the proxy keeps serving through a drain restart: the new daemon binds befo
   const steering = engine
     .output()
     .split("\n")
-    .filter((line) => line.includes("the first new proxy process takes every new connection"))
+    .filter((line) => line.includes("new proxy processes serve; the previous ones retire"))
     .map((line) => JSON.parse(line) as { retiring: number; steered_by: string | null });
   expect(steering.length).toBeGreaterThan(0);
   for (const line of steering) expect(line).toMatchObject({ retiring: 2, steered_by: process.getuid?.() === 0 ? "socket" : "index" });
