@@ -3,6 +3,7 @@ import { existsSync, readFileSync, rmSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { readProcessTable } from "../../../src/engine/supervisor/procfs";
+import { allowedCpus } from "../../../src/lib/affinity";
 import { alive, eventually, reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../../helpers";
 
 const cleanups: (() => unknown)[] = [];
@@ -153,7 +154,8 @@ test.skipIf(availableParallelism() < 2)(
     expect(before.respawn.pids).toHaveLength(2);
     const loads = [steadyLoad(url), steadyLoad(url)];
     await eventually(() => loads.every((load) => load.counts.ok > 20));
-    expect(Bun.spawnSync(["taskset", "-a", "-p", "-c", "0", String(engine.proc.pid)]).exitCode).toBe(0);
+    const [cpu] = allowedCpus() ?? [0];
+    expect(Bun.spawnSync(["taskset", "-a", "-p", "-c", String(cpu), String(engine.proc.pid)]).exitCode).toBe(0);
     const { after } = await restartProxied(proxied, 2);
     const okAtRestart = loads.map((load) => load.counts.ok);
     await eventually(() => loads.every((load, index) => load.counts.ok > (okAtRestart[index] ?? 0) + 20));
