@@ -112,8 +112,7 @@ test("an index steers a group only until older sockets close: the newest moves i
     await connectAll(oldest.port, 40);
     expect(accepted[1]).toBeGreaterThan(0);
   } finally {
-    older.stop(true);
-    newest.stop(true);
+    for (const listener of [oldest, older, newest]) listener.stop(true);
   }
 });
 

@@ -85,9 +85,14 @@ export class ProxyListener {
   private steer(): void {
     for (const port of [this.httpsPort, this.httpPort]) {
       const fd = listeningTcpFd(port);
+      if (fd === null) continue;
+      if (steerToSocket(fd)) {
+        this.steeredBy = "socket"; // its own socket is the right pick however many others the group holds
+        continue;
+      }
+      // Only the index needs the group's size: one kernel dump a port, on this path alone.
       const index = listenersOnPort(port) - 1;
-      if (fd === null || index <= 0) continue;
-      this.steeredBy = steerToSocket(fd) ? "socket" : steerTo(fd, index) ? "index" : null;
+      this.steeredBy = index > 0 && steerTo(fd, index) ? "index" : null;
     }
   }
 
