@@ -78,6 +78,18 @@ export async function waitForHttp(url: string, timeoutMs = 20000): Promise<void>
 
 export { freePort };
 
+/**
+ * runtimeOptions are this process's `BUN_JSC_*` settings, which a bench passes on to the engine
+ * it starts (and the engine to its proxy processes), so that a run measures one of the runtime's
+ * options: `BUN_JSC_useFTLJIT=0 bun bench/scheduler.ts`. The engine's own environment is
+ * otherwise the test helpers' clean one.
+ */
+export function runtimeOptions(env: Record<string, string | undefined> = process.env): Record<string, string> {
+  const options: Record<string, string> = {};
+  for (const [name, value] of Object.entries(env)) if (name.startsWith("BUN_JSC_") && value !== undefined) options[name] = value;
+  return options;
+}
+
 /** numericArg reads `--name N` from the command line: a whole number of at least `min` (1 unless said), else the fallback. */
 export function numericArg(name: string, fallback: number, min = 1): number {
   const index = process.argv.indexOf(name);

@@ -36,6 +36,9 @@
  * `--no-cpu-affinity` runs it with ENGINE_PROXY_CPU_AFFINITY=off, and `--nginx-cpu-affinity`
  * gives nginx the same (`worker_cpu_affinity auto`, which its default leaves off).
  *
+ * BUN_JSC_* settings in the bench's environment go to the engine and its proxy processes (lib.ts
+ * runtimeOptions), to measure the runtime's options (its collector's, say).
+ *
  * Usage: bun bench/proxy.ts [--duration-s 5] [--warmup-s 1] [--runs 5] [--connections 32] [--proxy-processes N]
  *          [--wrk-threads 2] [--upstream-processes 1] [--compiled] [--no-cpu-affinity] [--nginx-cpu-affinity]
  */
@@ -44,7 +47,7 @@ import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { readTcpSockets, socketInodes } from "../src/engine/services/diagnose/ports";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir } from "../test/helpers";
-import { allocatorSettingOf, fmt, freePort, median, numericArg, printRows } from "./lib";
+import { allocatorSettingOf, fmt, freePort, median, numericArg, printRows, runtimeOptions } from "./lib";
 
 const DURATION_S = numericArg("--duration-s", 5);
 const RUNS = numericArg("--runs", 5);
@@ -327,6 +330,7 @@ Bun.serve({ hostname: "127.0.0.1", port: Number(process.env.PORT), reusePort: pr
         ENGINE_HOSTNAME: "bench",
         ...(PROXY_PROCESSES > 0 ? { ENGINE_PROXY_PROCESSES: String(PROXY_PROCESSES) } : {}),
         ...(NO_CPU_AFFINITY ? { ENGINE_PROXY_CPU_AFFINITY: "off" } : {}),
+        ...runtimeOptions(),
       },
     });
     const base = engine.url;

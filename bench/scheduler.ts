@@ -30,6 +30,7 @@
  *
  * Usage: bun bench/scheduler.ts [--runs 5] [--services 50] [--jobs 300,1000] [--kills 30]
  *          [--singles 20] [--submit-concurrency 16] [--job-user NAME] [--no-pm2] [--verbose] [--compiled] [--binary PATH] [--cpu-prof DIR]
+ * BUN_JSC_* settings in the bench's environment go to the engine (lib.ts runtimeOptions).
  * --job-user deploys the jobs with `user: NAME` (root, say), which leaves making a user per job out.
  * The data dirs go under TMPDIR: `TMPDIR=/dev/shm` measures on tmpfs, and on a VM whose /tmp is
  * ext4 without a journal (decision 473), a journaled ext4 as installers make it is one loop mount
@@ -40,7 +41,17 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { detectCgroupDriver, readProcessStat, residentKb } from "../src/engine/supervisor";
 import { reapWorkloads, type SpawnedEngine, spawnEngine, tempDir, testShim } from "../test/helpers";
-import { allocatorSettingOf, fileSystemOf, fmt, machineOf, numericArg, printRows, spawnBesideBusyCore, systemCounts } from "./lib";
+import {
+  allocatorSettingOf,
+  fileSystemOf,
+  fmt,
+  machineOf,
+  numericArg,
+  printRows,
+  runtimeOptions,
+  spawnBesideBusyCore,
+  systemCounts,
+} from "./lib";
 
 const RUNS = numericArg("--runs", 5);
 const SERVICES = numericArg("--services", 50);
@@ -402,7 +413,11 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     // Under load (other engineers' tests on the same 2 cores) a start from source can take past the tests' 20 s.
     engine = await spawnEngine(dataDir, {
       // A compiled engine runs the shim it carries, as a user's does (an empty ENGINE_SHIM is none).
-      ...(useCompiled ? { command: [binary], env: { ENGINE_SHIM: "" } } : profiled ? { command: profiled } : {}),
+      ...(useCompiled
+        ? { command: [binary], env: { ENGINE_SHIM: "", ...runtimeOptions() } }
+        : profiled
+          ? { command: profiled, env: runtimeOptions() }
+          : { env: runtimeOptions() }),
       startTimeoutMs: 90_000,
     });
     const daemonPid = engine.proc.pid;
