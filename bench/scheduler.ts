@@ -413,11 +413,8 @@ async function runOnce(run: number, pm2: string | null): Promise<Figures> {
     // Under load (other engineers' tests on the same 2 cores) a start from source can take past the tests' 20 s.
     engine = await spawnEngine(dataDir, {
       // A compiled engine runs the shim it carries, as a user's does (an empty ENGINE_SHIM is none).
-      ...(useCompiled
-        ? { command: [binary], env: { ENGINE_SHIM: "", ...runtimeOptions() } }
-        : profiled
-          ? { command: profiled, env: runtimeOptions() }
-          : { env: runtimeOptions() }),
+      command: useCompiled ? [binary] : (profiled ?? undefined),
+      env: { ...(useCompiled ? { ENGINE_SHIM: "" } : {}), ...runtimeOptions() },
       startTimeoutMs: 90_000,
     });
     const daemonPid = engine.proc.pid;
