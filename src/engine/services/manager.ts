@@ -73,6 +73,12 @@ import { EMPTY_RESTART_STATE, restartsInWindow } from "./restart-policy";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 import { EMPTY_FORENSICS, handleOf, type LiveWorkload, type RunRow, type ServiceRow, type ServiceStore, type VersionRow } from "./store";
 
+/** DeployWrite is what a deploy wrote (ServiceManager.writeDeploy): a new service, a new version, or nothing. */
+type DeployWrite =
+  | { kind: "created"; row: ServiceRow }
+  | { kind: "version"; id: string; version: number; wasLive: boolean; staysStopped: boolean }
+  | { kind: "unchanged"; id: string };
+
 /** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 const LIVE_STATUSES = new Set(["scheduled", "running", "degraded", "paused"]);
 /** ENDED_STATUSES hold no process and will not start one by themselves. */
@@ -747,7 +753,11 @@ export class ServiceManager implements ServiceDirectory {
 
   /**
    * commit checks a normalized spec against the host, the other services and the token, then
-   * writes it as a new service or a new version and acts on it (build, roll, schedule).
+   * writes it as a new service or a new version and acts on it (build, roll, schedule). The
+   * checks against the other services and the write are one step (writeDeploy), taken in the
+   * next group commit (the store's writeApart): the deploys of one turn of the event loop share
+   * one commit, each checked, as it is written, against the services as the deploys before it
+   * left them, and each refused on its own.
    */
   private async commit(
     spec: ServiceSpec,
@@ -757,6 +767,40 @@ export class ServiceManager implements ServiceDirectory {
   ): Promise<{ record: ServiceRecord; created: boolean; changed: boolean }> {
     if (spec.user) spec.user = this.checkChosenUser(spec.user);
     await this.prepareDatabaseSpec(spec, secrets, this.o.store.findService(spec.name));
+    const written = await this.o.store.writeApart(() => this.writeDeploy(spec, secrets, principal, mode));
+    if (written.kind === "unchanged") return { record: this.get(written.id), created: false, changed: false };
+    if (written.kind === "created") {
+      this.o.log.info({ service: spec.name, version: 1, kind: spec.kind }, "service deployed");
+      this.changed(written.row.id, written.row);
+      if (spec.build) void this.runVersionBuild(written.row.id, 1);
+      else this.schedule();
+      // Without a build, the row as written: nothing has run since (the placement pass runs
+      // once this turn of the event loop is done); a build starts at once and may have written to it.
+      return { record: spec.build ? this.get(written.row.id) : this.record(written.row), created: true, changed: true };
+    }
+    const { id, version, wasLive, staysStopped } = written;
+    this.changed(id);
+    this.o.log.info({ service: spec.name, version, patch: mode.patch }, mode.patch ? "service patched" : "service redeployed");
+    if (spec.build) {
+      // A build of a new version leaves the running version alone until it succeeds.
+      if (!wasLive && !staysStopped) {
+        this.update(id, { status: "building", status_message: `building version ${version}`, desired_state: "running" });
+      }
+      void this.runVersionBuild(id, version);
+    } else if (!staysStopped) {
+      await this.rollTo(id, version);
+    }
+    return { record: this.get(id), created: false, changed: true };
+  }
+
+  /**
+   * writeDeploy checks a deploy against the other services (the bindings graph, the GPU
+   * request, the token's cap, the port) and the daemon's state, then writes it: a new service
+   * with its version 1, or a new version of the one of its name. It runs inside the store's
+   * group commit and writes nothing when a check fails; a patch that changes nothing writes nothing.
+   */
+  private writeDeploy(spec: ServiceSpec, secrets: Record<string, string>, principal: Principal, mode: { patch: boolean }): DeployWrite {
+    this.assertTakesDeploys(); // a drain may have begun since the request was read
     // A cycle through the new service needs one of its own bindings: none, no cycle to look for.
     if (spec.bindings.length > 0) {
       const graph = new Map<string, string[]>();
@@ -802,17 +846,9 @@ export class ServiceManager implements ServiceDirectory {
         current_run_id: null,
         run_as: null,
       };
-      this.o.store.transaction(() => {
-        this.o.store.insertService(row);
-        this.o.store.insertVersion(this.versionRow(id, 1, spec, seal(id, 1), now));
-      });
-      this.o.log.info({ service: spec.name, version: 1, kind: spec.kind }, "service deployed");
-      this.changed(id, row);
-      if (spec.build) void this.runVersionBuild(id, 1);
-      else this.schedule();
-      // Without a build, the row as written: nothing has run since (the placement pass runs
-      // once this turn of the event loop is done); a build starts at once and may have written to it.
-      return { record: spec.build ? this.get(id) : this.record(row), created: true, changed: true };
+      this.o.store.insertService(row);
+      this.o.store.insertVersion(this.versionRow(id, 1, spec, seal(id, 1), now));
+      return { kind: "created", row };
     }
     if (existing.kind !== spec.kind) {
       throw new InputError([
@@ -826,34 +862,20 @@ export class ServiceManager implements ServiceDirectory {
     }
     const latest = this.o.store.latestVersion(existing.id);
     if (mode.patch && latest && sameSpec(latest.spec, spec) && sameSecrets(this.openSecrets(latest), secrets)) {
-      return { record: this.get(existing.id), created: false, changed: false };
+      return { kind: "unchanged", id: existing.id };
     }
     const version = (latest?.version ?? existing.version) + 1;
     // A patch leaves a service stopped by request stopped: its next start runs the new version.
     const staysStopped = mode.patch && existing.desired_state === "stopped";
-    this.o.store.transaction(() => {
-      this.o.store.insertVersion(this.versionRow(existing.id, version, spec, seal(existing.id, version), now));
-      this.o.store.updateService({
-        ...existing,
-        owner,
-        priority: spec.priority,
-        updated_at: now,
-        ...(staysStopped && !spec.build ? { version } : {}),
-      });
+    this.o.store.insertVersion(this.versionRow(existing.id, version, spec, seal(existing.id, version), now));
+    this.o.store.updateService({
+      ...existing,
+      owner,
+      priority: spec.priority,
+      updated_at: now,
+      ...(staysStopped && !spec.build ? { version } : {}),
     });
-    this.changed(existing.id);
-    this.o.log.info({ service: spec.name, version, patch: mode.patch }, mode.patch ? "service patched" : "service redeployed");
-    if (spec.build) {
-      const live = LIVE_STATUSES.has(existing.status);
-      // A build of a new version leaves the running version alone until it succeeds.
-      if (!live && !staysStopped) {
-        this.update(existing.id, { status: "building", status_message: `building version ${version}`, desired_state: "running" });
-      }
-      void this.runVersionBuild(existing.id, version);
-    } else if (!staysStopped) {
-      await this.rollTo(existing.id, version);
-    }
-    return { record: this.get(existing.id), created: false, changed: true };
+    return { kind: "version", id: existing.id, version, wasLive: LIVE_STATUSES.has(existing.status), staysStopped };
   }
 
   /**

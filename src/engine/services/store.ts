@@ -167,6 +167,13 @@ export interface LiveWorkload {
   pid: number;
 }
 
+/** SoonWrite is one write queued for the next group commit (ServiceStore.writeSoon, writeApart). */
+interface SoonWrite {
+  write: () => unknown;
+  /** apart: the write's own outcome, for a write in a savepoint of its own; null: it shares the transaction's. */
+  apart: { value: unknown; failed: boolean; error: unknown } | null;
+}
+
 /**
  * ServiceStore is the persistent record of services, their versions and their runs. It is
  * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
@@ -204,8 +211,12 @@ export class ServiceStore {
    * them at each exit of a batch job, which has one, found none. Never fewer than are there.
    */
   private readonly runCounts = new Map<string, number>();
-  /** soon are the writes asked for in this turn of the event loop, to be committed together (writeSoon). */
-  private soon: { writes: (() => void)[]; committed: PromiseWithResolvers<void> } | null = null;
+  /**
+   * soon are the writes asked for in this turn of the event loop, to be committed together
+   * (writeSoon, writeApart): `apart` is set on a write that runs in a savepoint of its own and
+   * keeps its own outcome (its value, or what it threw).
+   */
+  private soon: { writes: SoonWrite[]; committed: PromiseWithResolvers<void> } | null = null;
   /** syncing is the WAL's sync under way (syncSoon), and syncAgain the one asked for meanwhile. */
   private syncing: Promise<void> | null = null;
   private syncAgain: PromiseWithResolvers<void> | null = null;
@@ -285,13 +296,32 @@ export class ServiceStore {
    * they are then.
    */
   writeSoon(write: () => void): Promise<void> {
+    return this.queueSoon({ write, apart: null });
+  }
+
+  /**
+   * writeApart runs `write` in the same commit as writeSoon's writes of this turn, in a
+   * savepoint of its own: what it throws rolls back its own writes alone, and rejects its own
+   * promise alone (the others of the turn commit). It resolves with what `write` returned once
+   * the commit is made, and every write of the turn rejects when the commit is refused. The
+   * deploys of one turn (16 POSTs read at once) share one commit this way, each checked, as it
+   * runs, against the services as the writes before it in that commit left them.
+   */
+  async writeApart<T>(write: () => T): Promise<T> {
+    const apart: NonNullable<SoonWrite["apart"]> = { value: undefined, failed: false, error: undefined };
+    await this.queueSoon({ write, apart });
+    if (apart.failed) throw apart.error;
+    return apart.value as T;
+  }
+
+  private queueSoon(queued: SoonWrite): Promise<void> {
     if (this.handedOver) return Promise.reject(new Error("the store is the next daemon's: it takes no more writes from this one"));
     if (!this.soon) {
-      const soon = { writes: [] as (() => void)[], committed: Promise.withResolvers<void>() };
+      const soon = { writes: [] as SoonWrite[], committed: Promise.withResolvers<void>() };
       this.soon = soon;
       setImmediate(() => this.commitSoon(soon));
     }
-    this.soon.writes.push(write);
+    this.soon.writes.push(queued);
     return this.soon.committed.promise;
   }
 
@@ -301,7 +331,18 @@ export class ServiceStore {
     const writes = soon.writes.splice(0);
     try {
       this.transaction(() => {
-        for (const queued of writes) queued();
+        for (const { write, apart } of writes) {
+          if (!apart) {
+            write();
+            continue;
+          }
+          try {
+            apart.value = this.transaction(write); // a savepoint: the transaction is open
+          } catch (error) {
+            apart.failed = true;
+            apart.error = error;
+          }
+        }
       });
       soon.committed.resolve();
     } catch (error) {

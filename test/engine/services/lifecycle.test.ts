@@ -362,6 +362,34 @@ describe("bad input: a clear error and nothing created", () => {
     expect((await engine.json("GET", "/api/services/cyc-b")).status).toBe(404);
     await engine.call("DELETE", "/api/services/cyc-a");
   });
+
+  test("deploys posted together are each checked against those written before them: a cycle, a port, a name twice", async () => {
+    // Sent at once, they share the daemon's commit; the outcome is that of one after the other.
+    const [a, b, p, q, v1, v2] = await Promise.all([
+      api.deploy({ name: "tog-a", command: "exec sleep 300", bindings: ["tog-b"] }),
+      api.deploy({ name: "tog-b", command: "exec sleep 300", bindings: ["tog-a"] }),
+      api.deploy({ name: "tog-p", port: 18941, command: "exec sleep 300" }),
+      api.deploy({ name: "tog-q", port: 18941, command: "exec sleep 300" }),
+      api.deploy({ name: "tog-v", command: "exec sleep 300" }),
+      api.deploy({ name: "tog-v", command: "exec sleep 301" }),
+    ]);
+    // One of each pair is written; the other is refused with its own error, and nothing of it is there.
+    expect([a.status, b.status].sort()).toEqual([201, 422]);
+    const cyclic = a.status === 422 ? a : b;
+    expect((cyclic.body as unknown as { detail: { type: string }[] }).detail[0]).toMatchObject({ type: "binding_cycle" });
+    expect([p.status, q.status].sort()).toEqual([201, 409]);
+    const clash = (p.status === 409 ? p : q).body as unknown as { error: { code: string } };
+    expect(clash.error.code).toBe("port_taken");
+    const refused = [cyclic === a ? "tog-a" : "tog-b", p.status === 409 ? "tog-p" : "tog-q"];
+    for (const name of refused) expect((await engine.call("GET", `/api/services/${name}`)).status).toBe(404);
+    // The same name twice: a service and its second version, not two services.
+    expect([v1.status, v2.status]).toEqual([201, 201]);
+    expect([v1.body.version, v2.body.version].sort()).toEqual([1, 2]);
+    await eventually(async () => (await api.get("tog-v")).version === 2);
+    const listed = (await engine.json<{ name: string }[]>("GET", "/api/services")).body;
+    expect(listed.filter((s) => s.name === "tog-v")).toHaveLength(1);
+    for (const name of ["tog-a", "tog-b", "tog-p", "tog-q", "tog-v"]) await engine.call("DELETE", `/api/services/${name}`);
+  });
 });
 
 describe("tokens: caps and scope", () => {

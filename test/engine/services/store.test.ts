@@ -284,6 +284,47 @@ describe("ServiceStore's cached rows", () => {
     expect(fresh().getService("svc_a")?.status).toBe("scheduled");
   });
 
+  test("writeApart shares the turn's commit, sees the writes before it, and keeps its own outcome", async () => {
+    // Three deploys of one turn: the second sees the first's row and refuses its name; the third commits.
+    const insertUnlessTaken = (name: string) => () => {
+      if (store.findService(name)) throw new Error(`${name} is taken`);
+      store.insertService(row(name, "pending"));
+      return `svc_${name}`;
+    };
+    const first = store.writeApart(insertUnlessTaken("a"));
+    const second = store.writeApart(() => {
+      store.insertService(row("b", "pending")); // rolled back with its savepoint
+      return insertUnlessTaken("a")();
+    });
+    const shared = store.writeSoon(() => store.insertService(row("c", "pending")));
+    const third = store.writeApart(insertUnlessTaken("d"));
+    expect(store.findService("a")).toBeNull(); // not before the next turn
+    const outcome = (promise: Promise<unknown>) =>
+      promise.then(
+        (value) => value,
+        (error: Error) => error.message,
+      );
+    expect(await Promise.all([outcome(first), outcome(second), outcome(shared), outcome(third)])).toEqual([
+      "svc_a",
+      "a is taken",
+      undefined,
+      "svc_d",
+    ]);
+    for (const name of ["a", "c", "d"]) expect(fresh().findService(name)?.id).toBe(`svc_${name}`);
+    expect(fresh().findService("b")).toBeNull();
+    expect(store.findService("b")).toBeNull();
+
+    // A shared write that throws rolls the whole turn back: every write of it rejects, none committed.
+    const apart = store.writeApart(insertUnlessTaken("e"));
+    const refused = store.writeSoon(() => {
+      throw new Error("refused");
+    });
+    expect(await outcome(apart)).toBe("refused");
+    expect(await outcome(refused)).toBe("refused");
+    expect(fresh().findService("e")).toBeNull();
+    expect(store.findService("e")).toBeNull();
+  });
+
   test("a daemon that ran many jobs keeps a bounded number of them in memory, and still reads every one", () => {
     const count = 4200;
     store.transaction(() => {
