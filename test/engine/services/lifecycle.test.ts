@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chmodSync, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, readdirSync, readFileSync, realpathSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { RUNS_KEPT } from "../../../src/engine/services/store";
 import { createToken, eventually, REPO_ROOT, startTestEngine, type TestEngine, tempDir } from "../../helpers";
@@ -149,6 +149,28 @@ describe("statuses", () => {
     expect(diagnosis.remediation?.code).toBe("inspect_logs");
     expect(diagnosis.logs.map((l) => l.line)).toContain("boom");
     expect(diagnosis.forensics.last_crash_at).not.toBeNull();
+  });
+
+  test("a plain command string runs without a shell, in the environment the shell would have given it; one with shell syntax runs under /bin/sh", async () => {
+    // `sleep 300` under dash would leave sh as the workload, waiting for its sleep.
+    const plain = await api.deployed({ name: "plain-cmd", command: "sleep 300" });
+    expect(plain.command).toEqual(["/bin/sh", "-c", "sleep 300"]); // the record keeps the command as deployed
+    const running = await api.waitFor("plain-cmd", "running", (r) => r.pid !== null);
+    expect(readFileSync(`/proc/${running.pid}/cmdline`, "utf8").split("\0").filter(Boolean)).toEqual(["sleep", "300"]);
+    const shelled = await api.deployed({ name: "shell-cmd", command: "sleep 300; true" });
+    const shellRun = await api.waitFor("shell-cmd", "running", (r) => r.pid !== null);
+    expect(readFileSync(`/proc/${shellRun.pid}/comm`, "utf8").trim()).toBe("sh");
+    for (const name of ["plain-cmd", "shell-cmd"]) await engine.call("DELETE", `/api/services/${name}`);
+
+    // PWD is the run's working directory either way, as the shell sets it.
+    await api.deploy({ name: "pwd-plain", kind: "batch", command: "printenv PWD" });
+    await api.deploy({ name: "pwd-shell", kind: "batch", command: 'echo "$PWD"' });
+    for (const name of ["pwd-plain", "pwd-shell"]) {
+      await api.waitFor(name, "completed");
+      const lines = (await engine.json<{ line: string }[]>("GET", `/api/services/${name}/logs?tail=5`)).body.map((l) => l.line);
+      expect(lines).toContain(realpathSync(join(engine.dataDir, "data", name)));
+      await engine.call("DELETE", `/api/services/${name}`);
+    }
   });
 
   test("jobs that end together are each settled with their own exit", async () => {

@@ -15,8 +15,11 @@
  * - user next (it may create an OS user and chown the data dir: slow, and it needs the data dir);
  *   workdir then checks the directory against that user; database last, since initdb runs as
  *   the server's user, is the slowest step, and is aborted by a stop.
+ * - command last: the argv is final once the database hook gave an adapter's; a plain command
+ *   string runs without the shell from here.
  */
 import { bindingsHook } from "./bindings";
+import { commandHook } from "./command";
 import { databaseHook } from "./database";
 import { directoriesHook } from "./directories";
 import { environmentHook } from "./environment";
@@ -33,4 +36,4 @@ export { userEnv } from "./user";
 export const PREPARE_HOOKS: readonly PrepareHook[] = [bindingsHook, secretsHook, gpuHook, environmentHook];
 
 /** PRESTART_HOOKS run, in order, once the run is on record and before its process is spawned. */
-export const PRESTART_HOOKS: readonly PrestartHook[] = [directoriesHook, userHook, workdirHook, databaseHook];
+export const PRESTART_HOOKS: readonly PrestartHook[] = [directoriesHook, userHook, workdirHook, databaseHook, commandHook];
