@@ -1,3 +1,4 @@
+import { plainCommand, shellCommand } from "../../lib/shell";
 import { inheritedEnv } from "../config";
 import { asWorkloadUser } from "../users";
 import type { HealthSpec, ProbeResult, ProbeTarget } from "./spec";
@@ -180,7 +181,10 @@ async function probeTcp(spec: HealthSpec, target: ProbeTarget, deadline: Deadlin
 }
 
 async function probeExec(spec: HealthSpec, target: ProbeTarget, deadline: Deadline): Promise<Outcome> {
-  const argv = typeof spec.command === "string" ? ["/bin/sh", "-c", spec.command] : spec.command;
+  // A plain command string runs without the shell, as a service's does (scheduler/hooks/command.ts).
+  const shell = typeof spec.command === "string" ? shellCommand(spec.command) : null;
+  const plain = shell ? plainCommand(shell) : null;
+  const argv = plain ?? shell ?? (typeof spec.command === "string" ? null : spec.command);
   const empty = typeof spec.command === "string" ? spec.command.trim() === "" : !argv || argv.length === 0;
   if (!argv || empty) return { ok: false, detail: "no command to run" };
   if (deadline.signal.aborted) return { ok: false, detail: deadline.describe() };
@@ -188,7 +192,7 @@ async function probeExec(spec: HealthSpec, target: ProbeTarget, deadline: Deadli
   try {
     proc = Bun.spawn(asWorkloadUser(target.user ?? null, argv), {
       cwd: target.cwd,
-      env: { ...inheritedEnv(target.inherited), ...target.env },
+      env: { ...inheritedEnv(target.inherited), ...(plain && target.cwd ? { PWD: target.cwd } : {}), ...target.env },
       stdin: "ignore",
       stdout: "pipe",
       stderr: "pipe",

@@ -2,6 +2,7 @@ import { accessSync, constants, existsSync, statSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
 import type { ServiceDeploy, ServiceKind, ServicePatch } from "../../contract/engine";
 import { AppError } from "../../lib/errors";
+import { SHELL_SYNTAX, SHELL_WORDS, shellCommand } from "../../lib/shell";
 import { InputError, type ValidationDetail } from "../../lib/validation";
 import type { BuildSpec } from "../builds";
 import type { DatabaseEngineName } from "../databases";
@@ -59,11 +60,6 @@ function detail(loc: (string | number)[], msg: string, type: string, input: unkn
 
 function kindOfCategory(category: string): ServiceKind {
   return category === "model" || category === "database" || category === "batch" ? category : "service";
-}
-
-/** shellCommand runs a command string through /bin/sh, as Procfiles and systemd's ExecStart= with sh -c do. */
-export function shellCommand(command: string): string[] {
-  return ["/bin/sh", "-c", command];
 }
 
 /**
@@ -275,8 +271,6 @@ export function applyPatch(base: ServiceDeploy, patch: ServicePatch): ServiceDep
   return next;
 }
 
-const SHELL_SYNTAX = /[|&;<>()$`\\"'*?[\]#~=%{}\n]/;
-
 /**
  * assertCommandExists refuses a deploy whose program cannot be found, so that a typo is a
  * clear 422 rather than a crash loop. For `sh -c` strings it checks the first word when the
@@ -327,39 +321,5 @@ function onPath(program: string, path: string, cwd: string | null): boolean {
   return true;
 }
 
-/**
- * SHELL_WORDS are the words that mean something to /bin/sh as a command's first word: its
- * builtins (dash's, echo and test included, which differ from their programs in details) and
- * its keywords. A command string that starts with one needs the shell.
- */
-const SHELL_WORDS = new Set([
-  ...[".", ":", "[", "alias", "bg", "break", "cd", "chdir", "command", "continue", "echo", "eval", "exec", "exit", "export"],
-  ...["false", "fc", "fg", "getopts", "hash", "jobs", "kill", "local", "printf", "pwd", "read", "readonly", "return", "set"],
-  ...["shift", "source", "builtin", "test", "times", "trap", "true", "type", "ulimit", "umask", "unalias", "unset", "wait"],
-  ...["if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while", "until", "do", "done", "in", "function"],
-  ...["!", "[[", "time"],
-]);
-
 /** NOT_A_PROGRAM are the shell's words, and wrappers whose program is a later word: a deploy does not look for them on the PATH. */
 const NOT_A_PROGRAM = new Set([...SHELL_WORDS, "env", "nohup", "sleep"]);
-
-/**
- * plainCommand is the argv a command string stands for when running it needs nothing of the
- * shell: plain words separated by spaces or tabs (no quote, variable, glob, redirection,
- * operator or assignment: SHELL_SYNTAX), the first of them, after an optional `exec`, a
- * program and not one of the shell's words. Anything else is null, and runs under /bin/sh -c.
- * GNU make runs such a recipe line the same way, and bash -c execs a lone simple command: the
- * workload gets the argv the shell would have given it, one exec sooner and with no shell
- * process left waiting for it when the string did not say `exec`.
- */
-export function plainCommand(argv: readonly string[]): string[] | null {
-  if (argv.length !== 3 || argv[0] !== "/bin/sh" || argv[1] !== "-c") return null;
-  const text = argv[2] ?? "";
-  // Any whitespace but spaces and tabs (a newline, a carriage return) is the shell's too.
-  if (SHELL_SYNTAX.test(text) || /[^\S \t]/.test(text)) return null;
-  const words = text.split(/[ \t]+/).filter((word) => word !== "");
-  if (words[0] === "exec") words.shift();
-  const first = words[0];
-  if (first === undefined || first.startsWith("-") || SHELL_WORDS.has(first)) return null;
-  return words;
-}

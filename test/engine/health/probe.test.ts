@@ -223,6 +223,18 @@ describe("exec probe", () => {
     expect(result).toMatchObject({ ok: true, detail: "exit 0: hello" });
   });
 
+  test("a plain command string runs without the shell, with PWD its cwd as the shell would set it", async () => {
+    const result = await runProbe(
+      { ...base, type: "exec", command: "printenv PWD GREETING" },
+      { host: "127.0.0.1", port: null, cwd: scratch, env: { GREETING: "hello" } },
+    );
+    expect(result).toMatchObject({ ok: true, detail: `exit 0: ${scratch}` });
+    // Run directly, a program that is not there cannot start (through sh it would exit 127).
+    const missing = await runProbe({ ...base, type: "exec", command: "no-such-program-here --check" }, { host: "127.0.0.1", port: null });
+    expect(missing.ok).toBe(false);
+    expect(missing.detail).toStartWith("spawn failed:");
+  });
+
   test("a command that cannot start fails with the reason", async () => {
     const result = await runProbe({ ...base, type: "exec", command: [join(scratch, "no-such-binary")] }, { host: "127.0.0.1", port: null });
     expect(result.ok).toBe(false);

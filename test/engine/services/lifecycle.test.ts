@@ -157,7 +157,7 @@ describe("statuses", () => {
     expect(plain.command).toEqual(["/bin/sh", "-c", "sleep 300"]); // the record keeps the command as deployed
     const running = await api.waitFor("plain-cmd", "running", (r) => r.pid !== null);
     expect(readFileSync(`/proc/${running.pid}/cmdline`, "utf8").split("\0").filter(Boolean)).toEqual(["sleep", "300"]);
-    const shelled = await api.deployed({ name: "shell-cmd", command: "sleep 300; true" });
+    await api.deployed({ name: "shell-cmd", command: "sleep 300; true" });
     const shellRun = await api.waitFor("shell-cmd", "running", (r) => r.pid !== null);
     expect(readFileSync(`/proc/${shellRun.pid}/comm`, "utf8").trim()).toBe("sh");
     for (const name of ["plain-cmd", "shell-cmd"]) await engine.call("DELETE", `/api/services/${name}`);
