@@ -23,11 +23,12 @@
  * ratio to it. This machine is small and shared, so the ratios and the zero counts say more
  * than the ms.
  *
- * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--rebuild] [--baseline <binary>] [--no-wrk] [--wrk-close] [--proxied-loops 8] [--verbose] [--silences-over 40]
+ * Usage: bun bench/restart.ts [--runs 5] [--restarts 10] [--sleepers 3] [--rebuild] [--baseline <binary>] [--no-wrk] [--wrk-close] [--proxied-loops 8] [--verbose] [--silences-over 40]
  *   --wrk-close has wrk send `Connection: close`, so that every request opens a connection (and a
  *   TLS handshake) through the proxy generations' hand-over: the connects and handshakes a restart
  *   could refuse, hundreds of times more often than kept-alive load makes them.
  *   --baseline measures another compiled engine the same way (say, a build of main) in the same run.
+ *   --sleepers sets how many `sleep` services run beside the upstream (the adoption's share of the window grows with them).
  *   --verbose prints each silence over `--silences-over` ms among the hand-overs' logged moments (printTimeline).
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -39,7 +40,8 @@ import { fmt, freePort, machineOf, measureKillAnchor, median, numericArg, printR
 const root = join(import.meta.dir, "..");
 const runs = numericArg("--runs", 5);
 const restarts = numericArg("--restarts", 10);
-const SLEEPERS = 3;
+/** SLEEPERS are the services beside the upstream: each is adopted in every hand-over's window. */
+const SLEEPERS = numericArg("--sleepers", 3);
 /** QUIET_WINDOWS is how many windows with no restart are watched after the restarts, for the silence's anchor. */
 const QUIET_WINDOWS = 3;
 const UPSTREAM = join(root, "test", "fixtures", "proxy", "upstream.ts");
