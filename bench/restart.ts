@@ -170,6 +170,8 @@ interface PhaseLines {
   reexec: Record<string, number>[];
   release: Record<string, number>[];
   stops: Record<string, number>[];
+  /** kept counts, by side, the take-overs that kept the rows read while preparing (`store_kept`, decision 533); null where the engine does not say. */
+  kept: { standin: number; reexec: number } | null;
 }
 
 /** HandoverRecord is a hand-over's line of an engine's log: its time, its message and the fields the bench reads. */
@@ -181,6 +183,7 @@ interface HandoverRecord {
   phases_ms?: Record<string, number>;
   modules_ms?: Record<string, number>;
   window_ms?: number;
+  store_kept?: boolean;
 }
 
 /** SAID are the hand-over's other log lines printTimeline places, by message, with their short names. */
@@ -214,11 +217,16 @@ function handoverRecords(dataDir: string): HandoverRecord[] {
 
 /** readPhases collects the hand-over steps' times from an engine's log (docs/decisions.md 440). */
 function readPhases(dataDir: string): PhaseLines {
-  const lines: PhaseLines = { standin: [], reexec: [], release: [], stops: [] };
+  const lines: PhaseLines = { standin: [], reexec: [], release: [], stops: [], kept: null };
   for (const record of handoverRecords(dataDir)) {
     if (!record.phases_ms) continue;
     if (record.msg === "took the work over") {
-      (record.standin ? lines.standin : lines.reexec).push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
+      const side = record.standin ? "standin" : "reexec";
+      lines[side].push({ ...record.phases_ms, window: record.window_ms ?? Number.NaN });
+      if (record.store_kept !== undefined) {
+        lines.kept ??= { standin: 0, reexec: 0 };
+        if (record.store_kept) lines.kept[side] += 1;
+      }
     } else {
       lines.release.push(record.phases_ms);
       if (record.modules_ms) lines.stops.push(record.modules_ms);
@@ -568,7 +576,7 @@ function summarizeBinary(label: string, results: RunResult[]): string[] {
 const phaseSummaries: string[][] = [];
 
 function summarizePhases(label: string, results: RunResult[]): string[][] {
-  const sides: [string, keyof PhaseLines][] = [
+  const sides: [string, Exclude<keyof PhaseLines, "kept">][] = [
     ["stand-in takes over", "standin"],
     ["re-executed pid takes over", "reexec"],
     ["predecessor releases", "release"],
@@ -585,7 +593,13 @@ function summarizePhases(label: string, results: RunResult[]): string[][] {
     // The modules' stops: the slowest first, those that never took a millisecond left out.
     if (key === "stops") steps = steps.filter((step) => step.max >= 1).sort((a, b) => b.median - a.median);
     const cells = steps.map((step) => `${step.name} ${fmt(step.median, 1)} (${fmt(step.max, 0)})`);
-    return [[label, side, String(records.length), cells.join(", ")]];
+    // How many take-overs kept the rows their successor read while it prepared (decision 533).
+    const kept = key === "standin" || key === "reexec" ? results.map((result) => result.phases.kept?.[key]) : [];
+    const keptCell =
+      kept.length > 0 && kept.every((count) => count !== undefined)
+        ? `, rows kept in ${kept.reduce((a, b) => (a ?? 0) + (b ?? 0), 0)}`
+        : "";
+    return [[label, side, `${records.length}${keptCell}`, cells.join(", ")]];
   });
 }
 

@@ -53,6 +53,15 @@ export interface LocalAuthority {
   trust: Promise<Pick<TrustStatus, "system" | "nss">>;
 }
 
+/**
+ * HandoverOutcome is what a successor learned at its predecessor's release: `storeUnchanged`
+ * when the predecessor said it wrote no service, version or run between the switch and the
+ * release, so the rows the successor read while it prepared are the store's (decision 533).
+ */
+export interface HandoverOutcome {
+  storeUnchanged: boolean;
+}
+
 /** EnginePeers are what modules publish on the bus, by name: each is published once, by the module that starts it. */
 export interface EnginePeers {
   supervisor: Supervisor;
@@ -70,6 +79,8 @@ export interface EnginePeers {
   api: Api;
   mcp: McpEndpoint;
   tunnel: TunnelClient;
+  /** handover is how a successor's take-over went, once its predecessor released its work. */
+  handover: HandoverOutcome;
   /** proxy is the running reverse proxy: absent while it starts, and in a stand-in, which runs none of its own. */
   proxy: ProxyController;
 }

@@ -80,8 +80,10 @@ export type ToSuccessor =
       drain_ms: number;
       standin: boolean;
       pid: number;
+      /** store_writes is the predecessor's count of writes to services, versions and runs (decision 533); absent from an older engine. */
+      store_writes?: number | null;
     }
-  | { type: "released" }
+  | { type: "released"; store_writes?: number | null }
   | { type: "failed"; message: string };
 
 export type ToPredecessor =
@@ -289,6 +291,19 @@ export interface HandingOver {
    * successor; it answers how long each module's stop took (ms), for the log.
    */
   release(): Promise<Record<string, number>>;
+  /** storeWrites is how many writes to services, versions and runs this process has made (null where it cannot say). */
+  storeWrites(): number | null;
+}
+
+/**
+ * storeUnchanged says whether a predecessor wrote no service, version or run between its
+ * `switch` and its `released`: both carry its count, and the two are equal. A predecessor that
+ * says no count (an older engine, or one without a service store) may have written.
+ */
+export function storeUnchanged(order: { store_writes?: number | null }, released: { store_writes?: number | null } | null): boolean {
+  const before = order.store_writes;
+  const after = released?.store_writes;
+  return typeof before === "number" && typeof after === "number" && before === after;
 }
 
 /** SWITCH_TIMEOUT_MS bounds how long a successor may take to bind, once told to. */
@@ -321,6 +336,7 @@ export async function handOver(
     drain_ms: options.drainMs,
     standin: options.standin,
     pid: process.pid,
+    store_writes: side.storeWrites(),
   });
   try {
     await channel.next("switched", SWITCH_TIMEOUT_MS);
@@ -337,7 +353,7 @@ export async function handOver(
     phases.mark("retire");
     modules = await side.release();
     phases.mark("release");
-    channel.send({ type: "released" });
+    channel.send({ type: "released", store_writes: side.storeWrites() });
   } finally {
     if (raised) givePriorityBack();
   }

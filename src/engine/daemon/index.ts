@@ -27,6 +27,7 @@ import {
   Phases,
   type SuccessorChannel,
   type SuccessorRole,
+  storeUnchanged,
   type ToSuccessor,
 } from "./handover";
 import { ApiListeners } from "./listeners";
@@ -369,13 +370,14 @@ const RELEASE_MARGIN_MS = 60_000;
  * saying it (killed) released everything by dying, and the successor goes on; one that is
  * alive and silent fails the start.
  */
-async function awaitRelease(taking: Taking, log: Logger): Promise<void> {
+async function awaitRelease(taking: Taking, log: Logger): Promise<Extract<ToSuccessor, { type: "released" }> | null> {
   try {
-    await taking.channel.next("released", Math.max(0, taking.order.deadline - Date.now()) + RELEASE_MARGIN_MS);
+    return await taking.channel.next("released", Math.max(0, taking.order.deadline - Date.now()) + RELEASE_MARGIN_MS);
   } catch (error) {
     const state = readProcessStat(taking.order.pid)?.state;
     if (state !== undefined && state !== "Z" && state !== "X") throw error;
     log.warn({ predecessor_pid: taking.order.pid }, "the previous engine went away during the hand-over: taking over all the same");
+    return null;
   }
 }
 
@@ -388,6 +390,8 @@ interface Taking {
   phases: Phases;
   /** raised says the process runs raised until what waited is answered (decision 527). */
   raised: boolean;
+  /** storeKept says the predecessor wrote no service, version or run since the switch: the rows read while preparing are kept (decision 533). */
+  storeKept?: boolean;
 }
 
 /**
@@ -505,6 +509,7 @@ async function startIn(
       handingOver = true;
       return running.stop();
     },
+    storeWrites: () => services.storeWrites,
   });
 
   /**
@@ -786,7 +791,15 @@ async function startIn(
   const port = bus.get("listeners").port;
   const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
   log.info(
-    { url, port, socket: config.socketPath, data_dir: config.dataDir, version: VERSION, templates: bus.get("templates").list().length },
+    {
+      url,
+      port,
+      socket: config.socketPath,
+      data_dir: config.dataDir,
+      version: VERSION,
+      templates: bus.get("templates").list().length,
+      store_kept: taking?.storeKept,
+    },
     "listening",
   );
 
@@ -853,7 +866,9 @@ function takeOverModule(taking: Taking): Module {
       // New requests wait for this process from its bind on: it runs raised until it has answered them (decision 527).
       taking.raised = raiseWhileHandingOver();
       listeners = bus.provide("listeners", bindAsSuccessor(taking, config, bus.get("supervisor"), log));
-      await awaitRelease(taking, log);
+      const released = await awaitRelease(taking, log);
+      taking.storeKept = storeUnchanged(taking.order, released);
+      bus.provide("handover", { storeUnchanged: taking.storeKept });
       taking.phases.mark("wait_release");
     },
     stop() {
@@ -913,6 +928,7 @@ function firstAnswerModule(taking: Taking): Module {
             standin: taking.role.standin,
             phases_ms: taking.phases.ms,
             window_ms: taking.phases.since("bind"),
+            store_kept: taking.storeKept,
             raised_priority: raised ? -HANDOVER_BOOST : undefined,
           },
           "took the work over",

@@ -244,6 +244,8 @@ export function metricsModule(): Module {
 /** ServicesModule is the services' module; keptRunning names, after stop(), the services left running for the next start. */
 export interface ServicesModule extends Module {
   readonly keptRunning: readonly string[];
+  /** storeWrites is how many writes to the services, versions and runs this process made (null before provision): a predecessor says it at the switch and the release (decision 533). */
+  readonly storeWrites: number | null;
 }
 
 /**
@@ -264,6 +266,9 @@ export function servicesModule(
     name: "services",
     get keptRunning() {
       return keptRunning;
+    },
+    get storeWrites() {
+      return serviceStore?.writeCount ?? null;
     },
     async provision(ctx) {
       const { config, store, clock, bus } = ctx;
@@ -301,8 +306,9 @@ export function servicesModule(
       const supervisor = bus.get("supervisor");
       if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
       started = true;
-      // A successor provisioned while its predecessor still wrote the store.
-      serviceStore?.forget();
+      // A successor provisioned while its predecessor still wrote the store: it keeps the rows
+      // it read then only where the predecessor wrote none of them since (decision 533).
+      if (!bus.find("handover")?.storeUnchanged) serviceStore?.forget();
       supervisor.start();
       isolateWorkloads(config.dataDir, log, modesBefore);
       await manager.start();

@@ -224,6 +224,19 @@ export class ServiceStore {
   private handedOver = false;
   /** transact runs a function in a transaction (a savepoint when one is open): one wrapper, not one made per call. */
   private readonly transact: (fn: () => unknown) => unknown;
+  /**
+   * writeCount counts the statements this process ran that change a service, a version or a run
+   * (each counted before it runs: one rolled back counts too). A predecessor says it at the
+   * switch and at the release: where the two are equal, it changed none of them in between, and
+   * its successor keeps the rows it read while it prepared (decision 533).
+   */
+  private writes = 0;
+  /**
+   * prepared are the services reload() read, in the list's order: the rows a successor's
+   * adoption goes through, while the store keeps them (an insert or a delete, or a forget, drops
+   * the list; an update goes to the rows themselves).
+   */
+  private prepared: string[] | null = null;
 
   constructor(private readonly db: Database) {
     this.transact = db.transaction((fn: () => unknown) => fn());
@@ -234,7 +247,52 @@ export class ServiceStore {
     this.dropRows();
   }
 
+  /** writeCount is how many statements this process ran that change a service, a version or a run (decision 533). */
+  get writeCount(): number {
+    return this.writes;
+  }
+
+  /**
+   * reload drops the cached rows and reads every service, its current run and its current
+   * version, three queries in all, into the caches; it answers the services in the list's order
+   * (created_at, name), which preparedServices answers again while the store keeps them. A
+   * successor reads them while it prepares, so that its adoption, in the hand-over's window
+   * where new requests wait, reads nothing again when its predecessor wrote none of them since.
+   */
+  reload(): ServiceRow[] {
+    this.dropRows();
+    const services = this.db
+      .query<Raw<ServiceRow>, []>("SELECT * FROM services ORDER BY created_at, name")
+      .all()
+      .map((raw) => this.cache(cachedService(raw)));
+    const runs = this.db.query<Raw<RunRow>, []>(
+      "SELECT * FROM runs WHERE id IN (SELECT current_run_id FROM services WHERE current_run_id IS NOT NULL)",
+    );
+    for (const raw of runs.all()) this.cacheRun(parseRun(raw));
+    const versions = this.db.query<Raw<VersionRow>, []>(
+      "SELECT v.* FROM service_versions v JOIN services s ON s.id = v.service_id AND s.version = v.version",
+    );
+    for (const raw of versions.all()) this.cacheVersion({ ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) });
+    this.prepared = services.map((service) => service.id);
+    return services;
+  }
+
+  /**
+   * preparedServices are the services reload() read, as the store holds them now, where it has
+   * kept them since (no forget, insert or delete); else every service, read now (listServices).
+   */
+  preparedServices(): ServiceRow[] {
+    if (!this.prepared) return this.listServices();
+    const services: ServiceRow[] = [];
+    for (const id of this.prepared) {
+      const service = this.getService(id);
+      if (service) services.push(service);
+    }
+    return services;
+  }
+
   private dropRows(): void {
+    this.prepared = null;
     this.versions.clear();
     this.absent.clear();
     this.rows.clear();
@@ -423,6 +481,8 @@ export class ServiceStore {
   }
 
   insertService(row: ServiceRow): void {
+    this.writes++;
+    this.prepared = null;
     const params = serviceParams(row);
     this.db
       .query(
@@ -439,6 +499,7 @@ export class ServiceStore {
   }
 
   updateService(row: ServiceRow): void {
+    this.writes++;
     const params = serviceParams(row);
     this.db
       .query(
@@ -456,6 +517,8 @@ export class ServiceStore {
   }
 
   deleteService(id: string): void {
+    this.writes++;
+    this.prepared = null;
     this.db.query("DELETE FROM services WHERE id = ?").run(id);
     this.versions.delete(id);
     const cached = this.rows.get(id);
@@ -467,6 +530,7 @@ export class ServiceStore {
   }
 
   insertVersion(row: VersionRow): void {
+    this.writes++;
     const spec = JSON.stringify(row.spec);
     this.db
       .query(
@@ -493,6 +557,7 @@ export class ServiceStore {
     version: number,
     build: Pick<VersionRow, "build_result" | "build_reason" | "build_commit" | "build_dir">,
   ): void {
+    this.writes++;
     this.db
       .query(
         "UPDATE service_versions SET build_result = ?, build_reason = ?, build_commit = ?, build_dir = ? WHERE service_id = ? AND version = ?",
@@ -531,6 +596,7 @@ export class ServiceStore {
   }
 
   insertRun(row: RunRow): void {
+    this.writes++;
     const raw: Raw<RunRow> = {
       ...row,
       gpus: JSON.stringify(row.gpus),
@@ -567,6 +633,7 @@ export class ServiceStore {
 
   /** recordRunProcesses writes the shim's and the workload's pids and start times once the shim reported them. */
   recordRunProcesses(id: string, handle: RunHandle): void {
+    this.writes++;
     this.db
       .query("UPDATE runs SET shim_pid = ?, shim_start = ?, pid = ?, pid_start = ?, cgroup_dir = ? WHERE id = ?")
       .run(handle.shimPid, handle.shimStart, handle.pid, handle.pidStart, handle.cgroupDir, id);
@@ -584,6 +651,7 @@ export class ServiceStore {
   }
 
   endRun(id: string, endedAt: string, exit: RunRow["exit"], endReason: string): void {
+    this.writes++;
     const serialized = JSON.stringify(exit);
     this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, serialized, endReason, id);
     const cached = this.runs.get(id);
@@ -634,6 +702,7 @@ export class ServiceStore {
 
   /** setLastDump stores the record of a database service's latest restore, replacing the previous one. */
   setLastDump(serviceId: string, record: LastDump, updatedAt: string): void {
+    this.writes++;
     this.db
       .query(
         `INSERT INTO database_dumps (service_id, record, updated_at) VALUES (?, ?, ?)
@@ -656,6 +725,7 @@ export class ServiceStore {
       )
       .all(serviceId, RUNS_KEPT);
     for (const run of old) {
+      this.writes++;
       this.db.query("DELETE FROM runs WHERE id = ?").run(run.id);
       this.runs.delete(run.id);
     }

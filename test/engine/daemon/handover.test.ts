@@ -5,8 +5,10 @@
  * a log follower resumes with Last-Event-ID and misses no line; nothing is left running.
  */
 import { describe, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { storeUnchanged } from "../../../src/engine/daemon/handover";
 import { HANDOVER_BOOST } from "../../../src/lib/priority";
 import { ENGINE_ENTRY, engineScratch, eventually, nices, runCli, type SpawnedEngine } from "../../helpers";
 
@@ -74,6 +76,23 @@ function apiLoop(call: () => Promise<Response>, loop: Loop, running: () => boole
     }
   })();
 }
+
+describe("storeUnchanged", () => {
+  test("holds only where the predecessor said the same count of writes at its switch and its release", () => {
+    const cases: [number | null | undefined, number | null | undefined | "gone", boolean][] = [
+      [7, 7, true],
+      [7, 8, false],
+      [0, 0, true],
+      [undefined, undefined, false], // an older engine says no count
+      [null, null, false], // nor does one without a service store
+      [7, "gone", false], // it went away without saying released
+    ];
+    for (const [before, after, unchanged] of cases) {
+      const released = after === "gone" ? null : { store_writes: after };
+      expect({ before, after, unchanged: storeUnchanged({ store_writes: before }, released) }).toEqual({ before, after, unchanged });
+    }
+  });
+});
 
 describe("drain restart with no gap", () => {
   test("API calls over TCP and the unix socket all get answers across a restart; workloads keep their pids; the stand-in is gone after", async () => {
@@ -312,6 +331,69 @@ describe("drain restart with no gap", () => {
     await eventually(() => listeningCount(engine) >= before + 2, { timeoutMs: 40_000 });
     const tokens = (await (await fetch(`${engine.url}/api/tokens`, { headers })).json()) as { name: string }[];
     expect(tokens.map((token) => token.name)).toContain("slow-one");
+  }, 90_000);
+
+  test("a successor keeps the rows it read while preparing only where its predecessor wrote none since the switch", async () => {
+    const dataDir = scratch();
+    const engine = await started(dataDir);
+    const headers = adminHeaders(dataDir);
+    // A service that ends when told, and is not restarted (a drain would wait for a batch job):
+    // its user must see the file, so it goes in the shared /tmp.
+    const go = join(tmpdir(), `engine-handover-go-${process.pid}-${Date.now()}`);
+    defer(() => rmSync(go, { force: true }));
+    const deploy = await fetch(`${engine.url}/api/services`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ name: "waiter", command: `while [ ! -e ${go} ]; do sleep 0.05; done`, restart: { policy: "never" } }),
+    });
+    expect(deploy.status).toBe(201);
+    const status = async () =>
+      ((await (await fetch(`${engine.url}/api/services/waiter`, { headers })).json()) as { status: string }).status;
+    await eventually(async () => (await status()) === "running", { timeoutMs: 15_000 });
+    const before = listeningCount(engine);
+    // A request whose body arrives slowly keeps the old process from releasing its work after the switch.
+    const encoder = new TextEncoder();
+    let finishBody!: () => void;
+    const bodyDone = new Promise<void>((resolve) => {
+      finishBody = resolve;
+    });
+    const body = new ReadableStream<Uint8Array>({
+      async start(controller) {
+        controller.enqueue(encoder.encode('{"name": "slow-'));
+        await bodyDone;
+        controller.enqueue(encoder.encode('one", "role": "readonly"}'));
+        controller.close();
+      },
+    });
+    const slow = fetch(`${engine.url}/api/tokens`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
+    await Bun.sleep(200);
+    const restart = await fetch(`${engine.url}/api/daemon/restart`, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ drain_timeout_s: 30 }),
+    });
+    expect(restart.status).toBe(202);
+    // After its `switch`, the old process still owns the work: the service ends, and it settles the exit.
+    await eventually(() => engine.output().includes('"msg":"handing over to the new process"'), { timeoutMs: 30_000 });
+    writeFileSync(go, "");
+    const ended = () =>
+      engine
+        .output()
+        .split("\n")
+        .some((line) => line.includes('"msg":"service process ended"') && line.includes(`"pid":${engine.proc.pid},`));
+    await eventually(ended, { timeoutMs: 15_000 });
+    finishBody();
+    expect((await slow).status).toBe(201);
+    await eventually(() => listeningCount(engine) >= before + 2, { timeoutMs: 40_000 });
+    // The stand-in read the rows again (its predecessor wrote since the switch); the re-executed
+    // pid kept the rows it read while it prepared (the stand-in wrote none).
+    const starts = engine
+      .output()
+      .split("\n")
+      .filter((line) => line.includes('"msg":"listening"'))
+      .map((line) => (JSON.parse(line) as { store_kept?: boolean }).store_kept);
+    expect(starts).toEqual([undefined, false, true]);
+    expect(await status()).toBe("completed");
   }, 90_000);
 
   test("a successor builds and warms its API before it takes the ports, and logs where its take-over's time went", async () => {

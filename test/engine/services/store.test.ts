@@ -339,6 +339,108 @@ describe("ServiceStore's cached rows", () => {
   });
 });
 
+describe("a successor's prepared rows (decision 533)", () => {
+  const version = (serviceId: string, spec: Record<string, unknown>, number = 1): VersionRow => ({
+    service_id: serviceId,
+    version: number,
+    spec: spec as unknown as VersionRow["spec"],
+    sealed_secrets: null,
+    created_at: "2026-11-27T00:00:00.000Z",
+    build_result: null,
+    build_reason: null,
+    build_commit: null,
+    build_dir: null,
+  });
+
+  test("writeCount counts every statement that changes a service, a version or a run, and no read", () => {
+    const counts: Record<string, number> = {};
+    let last = store.writeCount;
+    const step = (name: string, write: () => void) => {
+      write();
+      counts[name] = store.writeCount - last;
+      last = store.writeCount;
+    };
+    step("insertService", () => store.insertService(row("a", "pending")));
+    step("insertVersion", () => store.insertVersion(version("svc_a", { command: ["true"] })));
+    step("updateBuild", () =>
+      store.updateBuild("svc_a", 1, { build_result: "succeeded", build_reason: null, build_commit: null, build_dir: null }),
+    );
+    step("insertRun", () => store.insertRun(runRow("a", "run_1")));
+    step("recordRunProcesses", () =>
+      store.recordRunProcesses("run_1", {
+        runId: "run_1",
+        runDir: "/runs/run_1",
+        shimPid: 1,
+        shimStart: 1,
+        pid: 2,
+        pidStart: 2,
+        cgroupDir: null,
+      }),
+    );
+    step("endRun", () => store.endRun("run_1", "2026-11-27T00:01:00.000Z", null, "exit"));
+    step("updateService", () => store.updateService({ ...(store.getService("svc_a") as ServiceRow), status: "completed" }));
+    step("setLastDump", () => store.setLastDump("svc_a", { engine: "postgres" } as never, "2026-11-27T00:01:00.000Z"));
+    step("reads", () => {
+      store.getService("svc_a");
+      store.findService("a");
+      store.getRun("run_1");
+      store.getVersion("svc_a", 1);
+      store.listServices();
+      store.reload();
+      store.preparedServices();
+    });
+    step("deleteService", () => store.deleteService("svc_a"));
+    expect(counts).toEqual({
+      insertService: 1,
+      insertVersion: 1,
+      updateBuild: 1,
+      insertRun: 1,
+      recordRunProcesses: 1,
+      endRun: 1,
+      updateService: 1,
+      setLastDump: 1,
+      reads: 0,
+      deleteService: 1,
+    });
+  });
+
+  test("reload reads every service with its current run and version; preparedServices answers them again until a forget, an insert or a delete", () => {
+    store.insertService({ ...row("a", "running"), current_run_id: "run_a" });
+    store.insertVersion(version("svc_a", { command: ["sleep", "1"] }));
+    store.insertRun(runRow("a", "run_a"));
+    store.insertService(row("b", "pending", "running", "2026-11-27T00:00:01.000Z"));
+    store.insertVersion(version("svc_b", { command: ["true"] }));
+    // Another process's store (a successor) prepares: it reads them all while this one still owns the file.
+    const successor = new ServiceStore(db);
+    expect(successor.reload().map((service) => service.name)).toEqual(["a", "b"]);
+    // What the owner writes after that is not in the successor's rows until it reads again...
+    store.updateService({ ...(store.getService("svc_a") as ServiceRow), status: "stopped" });
+    store.insertVersion(version("svc_a", { command: ["sleep", "2"] }, 2));
+    expect(successor.preparedServices().map((service) => [service.name, service.status])).toEqual([
+      ["a", "running"],
+      ["b", "pending"],
+    ]);
+    // ...its current run and version too came with the one read.
+    expect(successor.getRun("run_a")?.ended_at).toBeNull();
+    expect(successor.getVersion("svc_a", 1)?.spec).toEqual({ command: ["sleep", "1"] } as never);
+    // A forget (its predecessor wrote since the switch) reads them as the store holds them.
+    successor.forget();
+    expect(successor.preparedServices().map((service) => [service.name, service.status])).toEqual([
+      ["a", "stopped"],
+      ["b", "pending"],
+    ]);
+    // Its own insert or delete ends the prepared list; its own update goes to the rows.
+    successor.reload();
+    successor.updateService({ ...(successor.getService("svc_b") as ServiceRow), status: "running" });
+    expect(successor.preparedServices().map((service) => service.status)).toEqual(["stopped", "running"]);
+    successor.insertService(row("c", "pending", "running", "2026-11-27T00:00:02.000Z"));
+    expect(successor.preparedServices().map((service) => service.name)).toEqual(["a", "b", "c"]);
+    successor.reload();
+    successor.deleteService("svc_a");
+    expect(successor.preparedServices().map((service) => service.name)).toEqual(["b", "c"]);
+  });
+});
+
 describe("ServiceStore.pruneRuns", () => {
   const ended = (service: string, id: string, at: number) =>
     store.insertRun(
