@@ -10,7 +10,7 @@ import { givePriorityBack, HANDOVER_BOOST, raiseWhileHandingOver } from "../../l
  * talk over a private unix socket in the data dir, one JSON message a line:
  *
  *   successor -> predecessor   hello {pid, version}   started, ready to take the listeners
- *   predecessor -> successor   switch {port, deadline, drain_ms, standin, pid}
+ *   predecessor -> successor   switch {port, deadline, drain_ms, standin, pid, store_writes}
  *   successor                  binds the API port beside the predecessor's (new connections
  *                              are its own from now on, held until it serves) and renames
  *                              its unix sockets over engine.sock and shim.sock
@@ -18,9 +18,10 @@ import { givePriorityBack, HANDOVER_BOOST, raiseWhileHandingOver } from "../../l
  *   predecessor                stops accepting, lets requests in flight finish (until the
  *                              deadline), ends event streams, and stops its modules, leaving
  *                              workloads and proxy processes running
- *   predecessor -> successor   released
+ *   predecessor -> successor   released {store_writes}
  *   successor                  opens the store, adopts the workloads, and serves the requests
- *                              that waited
+ *                              that waited (keeping the service rows it read while it prepared
+ *                              where both store_writes are the same: decision 533)
  *   successor -> predecessor   active {control}
  *
  * Either side may say `failed {message}` instead; the predecessor then keeps (or takes back)

@@ -236,8 +236,9 @@ export class ServiceManager implements ServiceDirectory {
       void this.o.gpus.refresh().then(() => this.schedule());
     }, GPU_REFRESH_MS);
     this.gpuTimer.unref?.();
-    // A successor's rows as it read them while it prepared, where its predecessor changed none
-    // of them since (decision 533); else read now.
+    // The services meant to run or with a run not ended (ServiceStore.listLive): a successor's
+    // rows as it read them while it prepared, where its predecessor changed none of them since
+    // (decision 533); else read now.
     for (const service of this.o.store.preparedServices()) {
       const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
       if (run && run.ended_at === null) {
@@ -282,10 +283,10 @@ export class ServiceManager implements ServiceDirectory {
    * warmAdoption asks the host, before a successor's switch, what adopting the running services
    * will ask of it: each workload user's groups and home (/etc/group, NSS), read once per
    * process. Measured in the hand-over's window, the first adoption spent 1.5-5.6 ms there while
-   * requests waited. Nothing is changed or kept beyond the caches those reads fill: every
-   * service, its current run and version (ServiceStore.reload), which start() goes through
-   * again where the predecessor changed none of them since, and reads again otherwise
-   * (decision 533).
+   * requests waited. Nothing is changed or kept beyond the caches those reads fill: the live
+   * services, their open runs and those runs' versions (ServiceStore.reload), which start()
+   * goes through again where the predecessor changed none of them since, and reads again
+   * otherwise (decision 533).
    */
   warmAdoption(): void {
     for (const service of this.o.store.reload()) {

@@ -253,24 +253,35 @@ export class ServiceStore {
   }
 
   /**
-   * reload drops the cached rows and reads every service, its current run and its current
-   * version, three queries in all, into the caches; it answers the services in the list's order
-   * (created_at, name), which preparedServices answers again while the store keeps them. A
+   * listLive are the services a daemon's start goes through, in the list's order (created_at,
+   * name): those meant to run, and those whose current run has not ended (a run of a service
+   * stopped or paused is adopted too). A data dir that ran 100,000 batch jobs keeps their rows,
+   * which a start has nothing to do with.
+   */
+  listLive(): ServiceRow[] {
+    return this.db.query<Raw<ServiceRow>, []>(LIVE_SERVICES).all().map(parseService);
+  }
+
+  /**
+   * reload drops the cached rows and reads the live services (listLive), with their current
+   * runs that have not ended and those runs' versions, three queries in all, into the caches;
+   * it answers them, which preparedServices answers again while the store keeps them. A
    * successor reads them while it prepares, so that its adoption, in the hand-over's window
-   * where new requests wait, reads nothing again when its predecessor wrote none of them since.
+   * where new requests wait, reads nothing again where its predecessor wrote none of them since.
    */
   reload(): ServiceRow[] {
     this.dropRows();
     const services = this.db
-      .query<Raw<ServiceRow>, []>("SELECT * FROM services ORDER BY created_at, name")
+      .query<Raw<ServiceRow>, []>(LIVE_SERVICES)
       .all()
       .map((raw) => this.cache(cachedService(raw)));
     const runs = this.db.query<Raw<RunRow>, []>(
-      "SELECT * FROM runs WHERE id IN (SELECT current_run_id FROM services WHERE current_run_id IS NOT NULL)",
+      "SELECT r.* FROM services s JOIN runs r ON r.id = s.current_run_id WHERE r.ended_at IS NULL",
     );
     for (const raw of runs.all()) this.cacheRun(parseRun(raw));
     const versions = this.db.query<Raw<VersionRow>, []>(
-      "SELECT v.* FROM service_versions v JOIN services s ON s.id = v.service_id AND s.version = v.version",
+      `SELECT v.* FROM services s JOIN runs r ON r.id = s.current_run_id
+         JOIN service_versions v ON v.service_id = s.id AND v.version = s.version WHERE r.ended_at IS NULL`,
     );
     for (const raw of versions.all()) this.cacheVersion({ ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) });
     this.prepared = services.map((service) => service.id);
@@ -279,10 +290,10 @@ export class ServiceStore {
 
   /**
    * preparedServices are the services reload() read, as the store holds them now, where it has
-   * kept them since (no forget, insert or delete); else every service, read now (listServices).
+   * kept them since (no forget, insert or delete); else the live services, read now (listLive).
    */
   preparedServices(): ServiceRow[] {
-    if (!this.prepared) return this.listServices();
+    if (!this.prepared) return this.listLive();
     const services: ServiceRow[] = [];
     for (const id of this.prepared) {
       const service = this.getService(id);
@@ -766,6 +777,10 @@ function serviceParams(row: ServiceRow) {
     run_as: row.run_as ? toJson(row.run_as) : null,
   };
 }
+
+/** LIVE_SERVICES selects the services a start goes through (ServiceStore.listLive). */
+const LIVE_SERVICES = `SELECT s.* FROM services s LEFT JOIN runs r ON r.id = s.current_run_id
+  WHERE s.desired_state = 'running' OR (r.id IS NOT NULL AND r.ended_at IS NULL) ORDER BY s.created_at, s.name`;
 
 /**
  * CACHED_ROWS bounds each cache of rows: a daemon that ran 100,000 jobs keeps their rows in its

@@ -404,23 +404,32 @@ describe("a successor's prepared rows (decision 533)", () => {
     });
   });
 
-  test("reload reads every service with its current run and version; preparedServices answers them again until a forget, an insert or a delete", () => {
+  test("reload reads the live services with their open runs and versions; preparedServices answers them again until a forget, an insert or a delete", () => {
     store.insertService({ ...row("a", "running"), current_run_id: "run_a" });
     store.insertVersion(version("svc_a", { command: ["sleep", "1"] }));
     store.insertRun(runRow("a", "run_a"));
     store.insertService(row("b", "pending", "running", "2026-11-27T00:00:01.000Z"));
     store.insertVersion(version("svc_b", { command: ["true"] }));
-    // Another process's store (a successor) prepares: it reads them all while this one still owns the file.
+    // A job that completed, its run ended: a start has nothing to do with it.
+    store.insertService({ ...row("done", "completed", "completed", "2026-11-26T00:00:00.000Z"), current_run_id: "run_done" });
+    store.insertRun(runRow("done", "run_done", { ended_at: "2026-11-26T00:01:00.000Z" }));
+    // A stopped service whose run has not ended yet is adopted all the same.
+    store.insertService({ ...row("held", "stopped", "stopped", "2026-11-27T00:00:02.000Z"), current_run_id: "run_held" });
+    store.insertRun(runRow("held", "run_held"));
+    expect(store.listLive().map((service) => service.name)).toEqual(["a", "b", "held"]);
+    // Another process's store (a successor) prepares: it reads them while this one still owns the file.
     const successor = new ServiceStore(db);
-    expect(successor.reload().map((service) => service.name)).toEqual(["a", "b"]);
-    // What the owner writes after that is not in the successor's rows until it reads again...
+    expect(successor.reload().map((service) => service.name)).toEqual(["a", "b", "held"]);
+    // What the owner writes after that is not in the successor's rows until it reads again:
+    // the services, and the open runs and their versions, came with the one read.
     store.updateService({ ...(store.getService("svc_a") as ServiceRow), status: "stopped" });
-    store.insertVersion(version("svc_a", { command: ["sleep", "2"] }, 2));
+    store.endRun("run_a", "2026-11-27T00:02:00.000Z", null, "stopped");
+    store.updateService({ ...(store.getService("svc_held") as ServiceRow), current_run_id: null });
     expect(successor.preparedServices().map((service) => [service.name, service.status])).toEqual([
       ["a", "running"],
       ["b", "pending"],
+      ["held", "stopped"],
     ]);
-    // ...its current run and version too came with the one read.
     expect(successor.getRun("run_a")?.ended_at).toBeNull();
     expect(successor.getVersion("svc_a", 1)?.spec).toEqual({ command: ["sleep", "1"] } as never);
     // A forget (its predecessor wrote since the switch) reads them as the store holds them.
@@ -429,6 +438,7 @@ describe("a successor's prepared rows (decision 533)", () => {
       ["a", "stopped"],
       ["b", "pending"],
     ]);
+    expect(successor.getRun("run_a")?.ended_at).toBe("2026-11-27T00:02:00.000Z");
     // Its own insert or delete ends the prepared list; its own update goes to the rows.
     successor.reload();
     successor.updateService({ ...(successor.getService("svc_b") as ServiceRow), status: "running" });
