@@ -36,6 +36,21 @@ function lowered(own: number): number {
 }
 
 /**
+ * lowerFor runs `work` with every thread of this process at STARTING_NICE below its priority,
+ * and gives the priority back after: as root only, since only root may raise it again (a
+ * user's process runs `work` as it is). The threads `work` wakes (a collector's markers) run
+ * lowered too, so the engine that serves meanwhile keeps its CPU.
+ */
+export function lowerFor<T>(work: () => T): T {
+  const own = lowerWhileStarting(0);
+  try {
+    return work();
+  } finally {
+    if (own !== null) restorePriority(0, own);
+  }
+}
+
+/**
  * raiseWhileHandingOver raises this process, every thread of it, from 0 to -HANDOVER_BOOST
  * while new requests wait on it, and says whether it did. Only a daemon at the default priority
  * is raised (one an operator set otherwise keeps it), only by root, and only where each thread

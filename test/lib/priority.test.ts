@@ -2,7 +2,14 @@ import { expect, test } from "bun:test";
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { HANDOVER_BOOST, lowerWhileStarting, raiseWhileHandingOver, restorePriority, STARTING_NICE } from "../../src/lib/priority";
+import {
+  HANDOVER_BOOST,
+  lowerFor,
+  lowerWhileStarting,
+  raiseWhileHandingOver,
+  restorePriority,
+  STARTING_NICE,
+} from "../../src/lib/priority";
 import { eventually, nices } from "../helpers";
 
 /** withThreadedChild runs `check` on a Bun process that has threads besides its first, as the engine has (its I/O pool, GC and JIT helpers). */
@@ -76,4 +83,35 @@ test.skipIf(process.getuid?.() === 0)("as a user nothing is raised: only root co
   const before = nices(process.pid);
   expect(raiseWhileHandingOver()).toBe(false);
   expect(nices(process.pid)).toEqual(before);
+});
+
+/** LOWER_PROBE runs a full collection through lowerFor, as a successor does before it binds, and says each thread's priority during and after. */
+const LOWER_PROBE = `
+import { lowerFor } from ${JSON.stringify(join(import.meta.dir, "../../src/lib/priority"))};
+import { nices } from ${JSON.stringify(join(import.meta.dir, "../helpers"))};
+await require("node:fs/promises").readFile("/proc/self/stat"); // Bun's I/O pool: threads besides the first
+const before = nices(process.pid);
+const during = lowerFor(() => { Bun.gc(true); return nices(process.pid); });
+console.log(JSON.stringify({ before, during, after: nices(process.pid) }));
+`;
+
+test("lowerFor runs its work lowered on every thread as root, as it is as a user, and gives the priority back", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "engine-priority-"));
+  try {
+    writeFileSync(join(dir, "probe.ts"), LOWER_PROBE);
+    const probe = Bun.spawn([process.execPath, join(dir, "probe.ts")], { stdout: "pipe", stderr: "pipe" });
+    const [out, err] = await Promise.all([new Response(probe.stdout).text(), new Response(probe.stderr).text(), probe.exited]);
+    const seen = JSON.parse(out || err) as { before: number[]; during: number[]; after: number[] };
+    const own = seen.before[0] ?? 0;
+    expect(new Set(seen.before)).toEqual(new Set([own]));
+    expect(seen.during.length).toBeGreaterThan(1);
+    const lowered = process.getuid?.() === 0 ? Math.min(19, own + STARTING_NICE) : own;
+    expect(new Set(seen.during)).toEqual(new Set([lowered]));
+    // Every thread is given its priority back, those the collection started too.
+    expect(new Set(seen.after)).toEqual(new Set([own]));
+    // In this process it answers what its work answered.
+    expect(lowerFor(() => 42)).toBe(42);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
