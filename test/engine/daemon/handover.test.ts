@@ -49,6 +49,43 @@ async function restartAndWait(engine: SpawnedEngine, dataDir: string): Promise<v
   });
 }
 
+/**
+ * restartWithRequestInFlight posts a token whose body arrives only once `finish` is called (a
+ * request in flight, which the old process waits for before it releases its work), asks for a
+ * drain restart, and waits until the old process hands over (it said `switch`). `finish` sends
+ * the rest of the body and answers the token's response.
+ */
+async function restartWithRequestInFlight(
+  engine: SpawnedEngine,
+  headers: Record<string, string>,
+): Promise<{ finish: () => Promise<Response> }> {
+  const encoder = new TextEncoder();
+  const bodyDone = Promise.withResolvers<void>();
+  const body = new ReadableStream<Uint8Array>({
+    async start(controller) {
+      controller.enqueue(encoder.encode('{"name": "slow-'));
+      await bodyDone.promise;
+      controller.enqueue(encoder.encode('one", "role": "readonly"}'));
+      controller.close();
+    },
+  });
+  const slow = fetch(`${engine.url}/api/tokens`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
+  await Bun.sleep(200);
+  const restart = await fetch(`${engine.url}/api/daemon/restart`, {
+    method: "POST",
+    headers,
+    body: JSON.stringify({ drain_timeout_s: 30 }),
+  });
+  expect(restart.status).toBe(202);
+  await eventually(() => engine.output().includes('"msg":"handing over to the new process"'), { timeoutMs: 30_000 });
+  return {
+    finish: () => {
+      bodyDone.resolve();
+      return slow;
+    },
+  };
+}
+
 interface Loop {
   answered: number;
   failures: string[];
@@ -300,33 +337,11 @@ describe("drain restart with no gap", () => {
     const headers = adminHeaders(dataDir);
     const before = listeningCount(engine);
     // A token request whose body arrives slowly: it is in flight when the restart switches.
-    const encoder = new TextEncoder();
-    let finishBody!: () => void;
-    const bodyDone = new Promise<void>((resolve) => {
-      finishBody = resolve;
-    });
-    const body = new ReadableStream<Uint8Array>({
-      async start(controller) {
-        controller.enqueue(encoder.encode('{"name": "slow-'));
-        await bodyDone;
-        controller.enqueue(encoder.encode('one", "role": "readonly"}'));
-        controller.close();
-      },
-    });
-    const slow = fetch(`${engine.url}/api/tokens`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
-    await Bun.sleep(200);
-    const restart = await fetch(`${engine.url}/api/daemon/restart`, {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ drain_timeout_s: 30 }),
-    });
-    expect(restart.status).toBe(202);
+    const slow = await restartWithRequestInFlight(engine, headers);
     // The stand-in has switched (it holds new requests) but cannot start: the old process waits for its request.
-    await eventually(() => engine.output().includes('"msg":"handing over to the new process"'), { timeoutMs: 30_000 });
     await Bun.sleep(500);
     expect(listeningCount(engine)).toBe(before);
-    finishBody();
-    const answer = await slow;
+    const answer = await slow.finish();
     expect(answer.status).toBe(201);
     await eventually(() => listeningCount(engine) >= before + 2, { timeoutMs: 40_000 });
     const tokens = (await (await fetch(`${engine.url}/api/tokens`, { headers })).json()) as { name: string }[];
@@ -352,29 +367,8 @@ describe("drain restart with no gap", () => {
     await eventually(async () => (await status()) === "running", { timeoutMs: 15_000 });
     const before = listeningCount(engine);
     // A request whose body arrives slowly keeps the old process from releasing its work after the switch.
-    const encoder = new TextEncoder();
-    let finishBody!: () => void;
-    const bodyDone = new Promise<void>((resolve) => {
-      finishBody = resolve;
-    });
-    const body = new ReadableStream<Uint8Array>({
-      async start(controller) {
-        controller.enqueue(encoder.encode('{"name": "slow-'));
-        await bodyDone;
-        controller.enqueue(encoder.encode('one", "role": "readonly"}'));
-        controller.close();
-      },
-    });
-    const slow = fetch(`${engine.url}/api/tokens`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
-    await Bun.sleep(200);
-    const restart = await fetch(`${engine.url}/api/daemon/restart`, {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ drain_timeout_s: 30 }),
-    });
-    expect(restart.status).toBe(202);
+    const slow = await restartWithRequestInFlight(engine, headers);
     // After its `switch`, the old process still owns the work: the service ends, and it settles the exit.
-    await eventually(() => engine.output().includes('"msg":"handing over to the new process"'), { timeoutMs: 30_000 });
     writeFileSync(go, "");
     const ended = () =>
       engine
@@ -382,8 +376,7 @@ describe("drain restart with no gap", () => {
         .split("\n")
         .some((line) => line.includes('"msg":"service process ended"') && line.includes(`"pid":${engine.proc.pid},`));
     await eventually(ended, { timeoutMs: 15_000 });
-    finishBody();
-    expect((await slow).status).toBe(201);
+    expect((await slow.finish()).status).toBe(201);
     await eventually(() => listeningCount(engine) >= before + 2, { timeoutMs: 40_000 });
     // The stand-in read the rows again (its predecessor wrote since the switch); the re-executed
     // pid kept the rows it read while it prepared (the stand-in wrote none).

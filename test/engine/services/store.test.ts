@@ -70,6 +70,21 @@ function runRow(service: string, id: string, fields: Partial<RunRow> = {}): RunR
   };
 }
 
+/** versionRow is version `number` of a service with `spec`, as a deploy records it. */
+function versionRow(serviceId: string, spec: Record<string, unknown>, number = 1): VersionRow {
+  return {
+    service_id: serviceId,
+    version: number,
+    spec: spec as unknown as VersionRow["spec"],
+    sealed_secrets: null,
+    created_at: "2026-11-27T00:00:00.000Z",
+    build_result: null,
+    build_reason: null,
+    build_commit: null,
+    build_dir: null,
+  };
+}
+
 describe("ServiceStore.listPendingServices", () => {
   test("answers the services meant to run and waiting to be launched, oldest first, and nothing else", () => {
     store.insertService(row("b-late", "pending", "running", "2026-11-27T00:00:02.000Z"));
@@ -195,17 +210,7 @@ describe("ServiceStore's cached rows", () => {
   });
 
   test("a version reads back as written, frozen, and neither a version nor a name a rolled-back transaction wrote is found", () => {
-    const version = (serviceId: string, spec: Record<string, unknown>): VersionRow => ({
-      service_id: serviceId,
-      version: 1,
-      spec: spec as unknown as VersionRow["spec"],
-      sealed_secrets: null,
-      created_at: "2026-11-27T00:00:00.000Z",
-      build_result: null,
-      build_reason: null,
-      build_commit: null,
-      build_dir: null,
-    });
+    const version = (serviceId: string, spec: Record<string, unknown>) => versionRow(serviceId, spec);
     expect(store.findService("a")).toBeNull(); // looked up before it exists
     const spec = { command: ["true"], env: { A: "1" } };
     store.transaction(() => {
@@ -340,17 +345,7 @@ describe("ServiceStore's cached rows", () => {
 });
 
 describe("a successor's prepared rows (decision 533)", () => {
-  const version = (serviceId: string, spec: Record<string, unknown>, number = 1): VersionRow => ({
-    service_id: serviceId,
-    version: number,
-    spec: spec as unknown as VersionRow["spec"],
-    sealed_secrets: null,
-    created_at: "2026-11-27T00:00:00.000Z",
-    build_result: null,
-    build_reason: null,
-    build_commit: null,
-    build_dir: null,
-  });
+  const version = versionRow;
 
   test("writeCount counts every statement that changes a service, a version or a run, and no read", () => {
     const counts: Record<string, number> = {};
