@@ -594,11 +594,8 @@ function summarizePhases(label: string, results: RunResult[]): string[][] {
     if (key === "stops") steps = steps.filter((step) => step.max >= 1).sort((a, b) => b.median - a.median);
     const cells = steps.map((step) => `${step.name} ${fmt(step.median, 1)} (${fmt(step.max, 0)})`);
     // How many take-overs kept the rows their successor read while it prepared (decision 533).
-    const kept = key === "standin" || key === "reexec" ? results.map((result) => result.phases.kept?.[key]) : [];
-    const keptCell =
-      kept.length > 0 && kept.every((count) => count !== undefined)
-        ? `, rows kept in ${kept.reduce((a, b) => (a ?? 0) + (b ?? 0), 0)}`
-        : "";
+    const said = (key === "standin" || key === "reexec") && results.every((result) => result.phases.kept);
+    const keptCell = said ? `, rows kept in ${results.reduce((sum, result) => sum + (result.phases.kept?.[key] ?? 0), 0)}` : "";
     return [[label, side, `${records.length}${keptCell}`, cells.join(", ")]];
   });
 }

@@ -36,6 +36,19 @@ test.skipIf(process.getuid?.() !== 0)("a process lowered while it starts is lowe
   });
 });
 
+/** runProbe runs `source` as a script of its own (its priorities are its own) and answers the JSON it prints. */
+async function runProbe<T>(source: string): Promise<T> {
+  const dir = mkdtempSync(join(tmpdir(), "engine-priority-"));
+  try {
+    writeFileSync(join(dir, "probe.ts"), source);
+    const probe = Bun.spawn([process.execPath, join(dir, "probe.ts")], { stdout: "pipe", stderr: "pipe" });
+    const [out, err] = await Promise.all([new Response(probe.stdout).text(), new Response(probe.stderr).text(), probe.exited]);
+    return JSON.parse(out || err) as T;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 /** RAISE_PROBE raises its own process as a side of a hand-over, starts a process meanwhile, gives the raise back and says what it saw. */
 const RAISE_PROBE = `
 import { givePriorityBack, raiseWhileHandingOver } from ${JSON.stringify(join(import.meta.dir, "../../src/lib/priority"))};
@@ -54,28 +67,14 @@ console.log(JSON.stringify({ before, raised, during, childNice, after: nices(pro
 test.skipIf(process.getuid?.() !== 0)(
   "a side of a hand-over is raised on every thread, what it starts meanwhile is not, and the raise is given back",
   async () => {
-    const dir = mkdtempSync(join(tmpdir(), "engine-priority-"));
-    try {
-      writeFileSync(join(dir, "probe.ts"), RAISE_PROBE);
-      const probe = Bun.spawn([process.execPath, join(dir, "probe.ts")], { stdout: "pipe", stderr: "pipe" });
-      const [out, err] = await Promise.all([new Response(probe.stdout).text(), new Response(probe.stderr).text(), probe.exited]);
-      const seen = JSON.parse(out || err) as {
-        before: number[];
-        raised: boolean;
-        during: number[];
-        childNice: number[];
-        after: number[];
-      };
-      expect(new Set(seen.before)).toEqual(new Set([0]));
-      expect(seen.raised).toBe(true);
-      expect(seen.during.length).toBeGreaterThan(1);
-      expect(new Set(seen.during)).toEqual(new Set([-HANDOVER_BOOST]));
-      // SCHED_RESET_ON_FORK: a process started while raised starts at 0, as it would have without the raise.
-      expect(seen.childNice).toEqual([0]);
-      expect(seen.after).toEqual(seen.before);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const seen = await runProbe<{ before: number[]; raised: boolean; during: number[]; childNice: number[]; after: number[] }>(RAISE_PROBE);
+    expect(new Set(seen.before)).toEqual(new Set([0]));
+    expect(seen.raised).toBe(true);
+    expect(seen.during.length).toBeGreaterThan(1);
+    expect(new Set(seen.during)).toEqual(new Set([-HANDOVER_BOOST]));
+    // SCHED_RESET_ON_FORK: a process started while raised starts at 0, as it would have without the raise.
+    expect(seen.childNice).toEqual([0]);
+    expect(seen.after).toEqual(seen.before);
   },
 );
 
@@ -96,22 +95,14 @@ console.log(JSON.stringify({ before, during, after: nices(process.pid) }));
 `;
 
 test("lowerFor runs its work lowered on every thread as root, as it is as a user, and gives the priority back", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "engine-priority-"));
-  try {
-    writeFileSync(join(dir, "probe.ts"), LOWER_PROBE);
-    const probe = Bun.spawn([process.execPath, join(dir, "probe.ts")], { stdout: "pipe", stderr: "pipe" });
-    const [out, err] = await Promise.all([new Response(probe.stdout).text(), new Response(probe.stderr).text(), probe.exited]);
-    const seen = JSON.parse(out || err) as { before: number[]; during: number[]; after: number[] };
-    const own = seen.before[0] ?? 0;
-    expect(new Set(seen.before)).toEqual(new Set([own]));
-    expect(seen.during.length).toBeGreaterThan(1);
-    const lowered = process.getuid?.() === 0 ? Math.min(19, own + STARTING_NICE) : own;
-    expect(new Set(seen.during)).toEqual(new Set([lowered]));
-    // Every thread is given its priority back, those the collection started too.
-    expect(new Set(seen.after)).toEqual(new Set([own]));
-    // In this process it answers what its work answered.
-    expect(lowerFor(() => 42)).toBe(42);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  const seen = await runProbe<{ before: number[]; during: number[]; after: number[] }>(LOWER_PROBE);
+  const own = seen.before[0] ?? 0;
+  expect(new Set(seen.before)).toEqual(new Set([own]));
+  expect(seen.during.length).toBeGreaterThan(1);
+  const lowered = process.getuid?.() === 0 ? Math.min(19, own + STARTING_NICE) : own;
+  expect(new Set(seen.during)).toEqual(new Set([lowered]));
+  // Every thread is given its priority back, those the collection started too.
+  expect(new Set(seen.after)).toEqual(new Set([own]));
+  // In this process it answers what its work answered.
+  expect(lowerFor(() => 42)).toBe(42);
 });

@@ -390,8 +390,6 @@ interface Taking {
   phases: Phases;
   /** raised says the process runs raised until what waited is answered (decision 527). */
   raised: boolean;
-  /** storeKept says the predecessor wrote no service, version or run since the switch: the rows read while preparing are kept (decision 533). */
-  storeKept?: boolean;
 }
 
 /**
@@ -798,7 +796,7 @@ async function startIn(
       data_dir: config.dataDir,
       version: VERSION,
       templates: bus.get("templates").list().length,
-      store_kept: taking?.storeKept,
+      store_kept: bus.find("handover")?.storeUnchanged,
     },
     "listening",
   );
@@ -871,8 +869,7 @@ function takeOverModule(taking: Taking): Module {
       taking.raised = raiseWhileHandingOver();
       listeners = bus.provide("listeners", bindAsSuccessor(taking, config, bus.get("supervisor"), log));
       const released = await awaitRelease(taking, log);
-      taking.storeKept = storeUnchanged(taking.order, released);
-      bus.provide("handover", { storeUnchanged: taking.storeKept });
+      bus.provide("handover", { storeUnchanged: storeUnchanged(taking.order, released) });
       taking.phases.mark("wait_release");
     },
     stop() {
@@ -932,7 +929,7 @@ function firstAnswerModule(taking: Taking): Module {
             standin: taking.role.standin,
             phases_ms: taking.phases.ms,
             window_ms: taking.phases.since("bind"),
-            store_kept: taking.storeKept,
+            store_kept: bus.find("handover")?.storeUnchanged,
             raised_priority: raised ? -HANDOVER_BOOST : undefined,
           },
           "took the work over",

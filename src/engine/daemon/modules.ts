@@ -307,8 +307,9 @@ export function servicesModule(
       if (!supervisor.cgroup) log.warn({ reason: supervisor.cgroupReason }, "memory limits are not enforced: no usable memory cgroup");
       started = true;
       // A successor provisioned while its predecessor still wrote the store: it keeps the rows
-      // it read then only where the predecessor wrote none of them since (decision 533).
-      if (!bus.find("handover")?.storeUnchanged) serviceStore?.forget();
+      // it read then only where the predecessor wrote none of them since (decision 533). A
+      // first start read them with nobody else writing, and keeps them.
+      if (bus.find("handover")?.storeUnchanged === false) serviceStore?.forget();
       supervisor.start();
       isolateWorkloads(config.dataDir, log, modesBefore);
       await manager.start();

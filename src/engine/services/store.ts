@@ -1,4 +1,4 @@
-import type { Database } from "bun:sqlite";
+import type { Database, SQLQueryBindings } from "bun:sqlite";
 import { open } from "node:fs/promises";
 import type { LastDump } from "../databases";
 import type { ExitRecord, RunHandle } from "../supervisor";
@@ -252,6 +252,12 @@ export class ServiceStore {
     return this.writes;
   }
 
+  /** write runs a statement that changes the store, counted in writeCount first: every write of this store goes through it. */
+  private write(sql: string, ...params: SQLQueryBindings[]): void {
+    this.writes++;
+    this.db.query<unknown, SQLQueryBindings[]>(sql).run(...params);
+  }
+
   /**
    * listLive are the services a daemon's start goes through, in the list's order (created_at,
    * name): those meant to run, and those whose current run has not ended (a run of a service
@@ -492,17 +498,15 @@ export class ServiceStore {
   }
 
   insertService(row: ServiceRow): void {
-    this.writes++;
     this.prepared = null;
     const params = serviceParams(row);
-    this.db
-      .query(
-        `INSERT INTO services (id, name, kind, version, desired_state, status, status_message, owner, priority, submitted_at,
+    this.write(
+      `INSERT INTO services (id, name, kind, version, desired_state, status, status_message, owner, priority, submitted_at,
            created_at, updated_at, restart_state, forensics, current_run_id, run_as)
          VALUES ($id, $name, $kind, $version, $desired_state, $status, $status_message, $owner, $priority, $submitted_at,
            $created_at, $updated_at, $restart_state, $forensics, $current_run_id, $run_as)`,
-      )
-      .run(params);
+      params,
+    );
     this.absent.delete(row.id);
     this.absent.delete(row.name);
     this.cache(cachedService(params));
@@ -510,17 +514,15 @@ export class ServiceStore {
   }
 
   updateService(row: ServiceRow): void {
-    this.writes++;
     const params = serviceParams(row);
-    this.db
-      .query(
-        `UPDATE services SET kind = $kind, version = $version, desired_state = $desired_state, status = $status,
+    this.write(
+      `UPDATE services SET kind = $kind, version = $version, desired_state = $desired_state, status = $status,
            status_message = $status_message, owner = $owner, priority = $priority, submitted_at = $submitted_at,
            updated_at = $updated_at, restart_state = $restart_state, forensics = $forensics, current_run_id = $current_run_id,
            run_as = $run_as
          WHERE id = $id`,
-      )
-      .run(params);
+      params,
+    );
     // What the store holds, parsed back: the caller's objects stay its own. The name never
     // changes; a row that is not there was not written.
     const previous = this.rows.get(row.id);
@@ -528,9 +530,8 @@ export class ServiceStore {
   }
 
   deleteService(id: string): void {
-    this.writes++;
     this.prepared = null;
-    this.db.query("DELETE FROM services WHERE id = ?").run(id);
+    this.write("DELETE FROM services WHERE id = ?", id);
     this.versions.delete(id);
     const cached = this.rows.get(id);
     if (cached) this.names.delete(cached.name);
@@ -541,24 +542,20 @@ export class ServiceStore {
   }
 
   insertVersion(row: VersionRow): void {
-    this.writes++;
     const spec = JSON.stringify(row.spec);
-    this.db
-      .query(
-        `INSERT INTO service_versions (service_id, version, spec, sealed_secrets, created_at, build_result, build_reason, build_commit, build_dir)
+    this.write(
+      `INSERT INTO service_versions (service_id, version, spec, sealed_secrets, created_at, build_result, build_reason, build_commit, build_dir)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-      )
-      .run(
-        row.service_id,
-        row.version,
-        spec,
-        row.sealed_secrets,
-        row.created_at,
-        row.build_result,
-        row.build_reason,
-        row.build_commit,
-        row.build_dir,
-      );
+      row.service_id,
+      row.version,
+      spec,
+      row.sealed_secrets,
+      row.created_at,
+      row.build_result,
+      row.build_reason,
+      row.build_commit,
+      row.build_dir,
+    );
     // The spec as read back from the store: a copy, not the caller's object.
     this.cacheVersion({ ...row, spec: JSON.parse(spec) });
   }
@@ -568,12 +565,15 @@ export class ServiceStore {
     version: number,
     build: Pick<VersionRow, "build_result" | "build_reason" | "build_commit" | "build_dir">,
   ): void {
-    this.writes++;
-    this.db
-      .query(
-        "UPDATE service_versions SET build_result = ?, build_reason = ?, build_commit = ?, build_dir = ? WHERE service_id = ? AND version = ?",
-      )
-      .run(build.build_result, build.build_reason, build.build_commit, build.build_dir, serviceId, version);
+    this.write(
+      "UPDATE service_versions SET build_result = ?, build_reason = ?, build_commit = ?, build_dir = ? WHERE service_id = ? AND version = ?",
+      build.build_result,
+      build.build_reason,
+      build.build_commit,
+      build.build_dir,
+      serviceId,
+      version,
+    );
     this.versions.get(serviceId)?.delete(version);
   }
 
@@ -607,35 +607,31 @@ export class ServiceStore {
   }
 
   insertRun(row: RunRow): void {
-    this.writes++;
     const raw: Raw<RunRow> = {
       ...row,
       gpus: JSON.stringify(row.gpus),
       env_keys: JSON.stringify(row.env_keys),
       exit: row.exit ? JSON.stringify(row.exit) : null,
     };
-    this.db
-      .query(
-        `INSERT INTO runs (id, service_id, version, run_dir, shim_pid, shim_start, pid, pid_start, cgroup_dir, gpus, env_keys, started_at, ended_at, exit, end_reason)
+    this.write(
+      `INSERT INTO runs (id, service_id, version, run_dir, shim_pid, shim_start, pid, pid_start, cgroup_dir, gpus, env_keys, started_at, ended_at, exit, end_reason)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-      )
-      .run(
-        row.id,
-        row.service_id,
-        row.version,
-        row.run_dir,
-        row.shim_pid,
-        row.shim_start,
-        row.pid,
-        row.pid_start,
-        row.cgroup_dir,
-        raw.gpus as string,
-        raw.env_keys as string,
-        row.started_at,
-        row.ended_at,
-        raw.exit as string | null,
-        row.end_reason,
-      );
+      row.id,
+      row.service_id,
+      row.version,
+      row.run_dir,
+      row.shim_pid,
+      row.shim_start,
+      row.pid,
+      row.pid_start,
+      row.cgroup_dir,
+      raw.gpus as string,
+      raw.env_keys as string,
+      row.started_at,
+      row.ended_at,
+      raw.exit as string | null,
+      row.end_reason,
+    );
     // What the store holds, parsed back: the caller's objects stay its own (the cache freezes its entries).
     this.cacheRun(parseRun(raw));
     const count = this.runCounts.get(row.service_id);
@@ -644,10 +640,15 @@ export class ServiceStore {
 
   /** recordRunProcesses writes the shim's and the workload's pids and start times once the shim reported them. */
   recordRunProcesses(id: string, handle: RunHandle): void {
-    this.writes++;
-    this.db
-      .query("UPDATE runs SET shim_pid = ?, shim_start = ?, pid = ?, pid_start = ?, cgroup_dir = ? WHERE id = ?")
-      .run(handle.shimPid, handle.shimStart, handle.pid, handle.pidStart, handle.cgroupDir, id);
+    this.write(
+      "UPDATE runs SET shim_pid = ?, shim_start = ?, pid = ?, pid_start = ?, cgroup_dir = ? WHERE id = ?",
+      handle.shimPid,
+      handle.shimStart,
+      handle.pid,
+      handle.pidStart,
+      handle.cgroupDir,
+      id,
+    );
     const cached = this.runs.get(id);
     if (cached) {
       this.cacheRun({
@@ -662,9 +663,8 @@ export class ServiceStore {
   }
 
   endRun(id: string, endedAt: string, exit: RunRow["exit"], endReason: string): void {
-    this.writes++;
     const serialized = JSON.stringify(exit);
-    this.db.query("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?").run(endedAt, serialized, endReason, id);
+    this.write("UPDATE runs SET ended_at = ?, exit = ?, end_reason = ? WHERE id = ?", endedAt, serialized, endReason, id);
     const cached = this.runs.get(id);
     // The exit as read back from the store: a copy, not the caller's object.
     if (cached) this.cacheRun({ ...cached, ended_at: endedAt, exit: JSON.parse(serialized), end_reason: endReason });
@@ -713,13 +713,13 @@ export class ServiceStore {
 
   /** setLastDump stores the record of a database service's latest restore, replacing the previous one. */
   setLastDump(serviceId: string, record: LastDump, updatedAt: string): void {
-    this.writes++;
-    this.db
-      .query(
-        `INSERT INTO database_dumps (service_id, record, updated_at) VALUES (?, ?, ?)
+    this.write(
+      `INSERT INTO database_dumps (service_id, record, updated_at) VALUES (?, ?, ?)
          ON CONFLICT (service_id) DO UPDATE SET record = excluded.record, updated_at = excluded.updated_at`,
-      )
-      .run(serviceId, JSON.stringify(record), updatedAt);
+      serviceId,
+      JSON.stringify(record),
+      updatedAt,
+    );
   }
 
   /** pruneRuns keeps the newest RUNS_KEPT runs of a service and returns the run dirs it dropped. */
@@ -736,8 +736,7 @@ export class ServiceStore {
       )
       .all(serviceId, RUNS_KEPT);
     for (const run of old) {
-      this.writes++;
-      this.db.query("DELETE FROM runs WHERE id = ?").run(run.id);
+      this.write("DELETE FROM runs WHERE id = ?", run.id);
       this.runs.delete(run.id);
     }
     this.runCounts.set(serviceId, count - old.length);
