@@ -6,11 +6,11 @@ import { bindUnixAt, ownsPath, removeIfOwned, type UnixSocketName } from "../../
 import { credentialsArg, type WorkloadUser } from "../users";
 import { type CgroupDriver, detectCgroupDriver } from "./cgroup";
 import { ShimLauncher } from "./launcher";
-import { isSameProcess, readProcessStat } from "./procfs";
+import { isSameProcess, type ProcessStat, readProcessStat } from "./procfs";
 import { ensureShim } from "./shim";
 
 export { type CgroupDriver, detectCgroupDriver } from "./cgroup";
-export { isSameProcess, processTreeUsage, readProcessStat, residentKb, type TreeUsage } from "./procfs";
+export { isSameProcess, type ProcessStat, processTreeUsage, readProcessStat, residentKb, type TreeUsage } from "./procfs";
 export { compileShim, ensureShim, installByHash, shimSource } from "./shim";
 
 /** LaunchSpec is one run of one service, as the supervisor starts it. */
@@ -323,14 +323,15 @@ export class Supervisor {
   /**
    * adopt takes over a run started by an earlier daemon. It reports "running" when the
    * shim is the same process that was recorded (pid and start time: a reused pid is never
-   * adopted), else the exit the shim recorded, else a lost run.
+   * adopted), else the exit the shim recorded, else a lost run. `seen` is what this adoption
+   * pass read of each shim's process, shared by the runs one launcher holds.
    */
-  adopt(handle: RunHandle): { state: "running" } | { state: "exited"; exit: ExitRecord } {
+  adopt(handle: RunHandle, seen?: Map<number, ProcessStat | null>): { state: "running" } | { state: "exited"; exit: ExitRecord } {
     this.byRunDir.set(handle.runDir, handle.runId);
     // A launcher holds other runs after one has ended: a run whose holder lives may have ended
     // (and told a daemon that was not there), so its record is read first.
     const recorded = this.readExit(handle.runDir, handle.cgroupDir);
-    if (!recorded && isSameProcess(handle.shimPid, handle.shimStart)) {
+    if (!recorded && isSameProcess(handle.shimPid, handle.shimStart, seen)) {
       this.watched.set(handle.runId, { handle, reported: false });
       // It may end between the check and the watch; the sweep catches that.
       return { state: "running" };
@@ -399,16 +400,11 @@ export class Supervisor {
    * still drains the run's output. Each launcher is looked at once, however many runs it holds.
    */
   private sweep(): void {
-    const holders = new Map<number, boolean>();
+    const seen = new Map<number, ProcessStat | null>();
     for (const [runId, watched] of this.watched) {
       if (watched.reported) continue;
       const { shimPid, shimStart, pid, pidStart } = watched.handle;
-      let holder = holders.get(shimPid);
-      if (holder === undefined) {
-        holder = isSameProcess(shimPid, shimStart);
-        holders.set(shimPid, holder);
-      }
-      if (!holder || !isSameProcess(pid, pidStart)) this.finish(runId);
+      if (!isSameProcess(shimPid, shimStart, seen) || !isSameProcess(pid, pidStart)) this.finish(runId);
     }
   }
 
@@ -428,9 +424,13 @@ export class Supervisor {
 
   /** readExit reads a run's exit.json and its cgroup's OOM counter; null while it has not ended. */
   readExit(runDir: string, cgroupDir: string | null): ExitRecord | null {
+    const path = join(runDir, "exit.json");
+    // A run still going has none: asked first, as a failed read costs an exception each time
+    // (an adoption asks of every run).
+    if (!existsSync(path)) return null;
     let raw: Record<string, unknown>;
     try {
-      raw = JSON.parse(readFileSync(join(runDir, "exit.json"), "utf8"));
+      raw = JSON.parse(readFileSync(path, "utf8"));
     } catch {
       return null;
     }

@@ -71,10 +71,15 @@ export function readProcessTable(procDir = "/proc"): Map<number, ProcessStat> {
 
 /**
  * isSameProcess says whether `pid` is still the process that started at `startTime` and has
- * not exited: a pid reused by another process, or a zombie, is not.
+ * not exited: a pid reused by another process, or a zombie, is not. `seen` keeps what one pass
+ * read of each pid (a shim launcher holds many runs: it is read once, not once per run).
  */
-export function isSameProcess(pid: number, startTime: number): boolean {
-  const stat = readProcessStat(pid);
+export function isSameProcess(pid: number, startTime: number, seen?: Map<number, ProcessStat | null>): boolean {
+  let stat = seen?.get(pid);
+  if (stat === undefined) {
+    stat = readProcessStat(pid);
+    seen?.set(pid, stat);
+  }
   return stat !== null && stat.startTime === startTime && stat.state !== "Z" && stat.state !== "X";
 }
 
