@@ -297,14 +297,14 @@ export class ServiceRunner {
   }
 
   /**
-   * adopt takes over a run a previous daemon started, found still running: no restart counted.
-   * A database still starting is running once it accepts connections, as at launch.
+   * adopt takes over a run a previous daemon started, found still running: no restart counted
+   * (the manager logs one line for all it adopted). A database still starting is running once
+   * it accepts connections, as at launch.
    */
   adopt(service: ServiceRow, run: RunRow, handle: RunHandle, user: WorkloadUser | null): void {
     this.run = handle;
     this.hold = run.gpus;
     this.user = user;
-    this.ctx.log.info({ service: service.name, workload_pid: handle.pid }, "adopted a running service");
     const database = this.ctx.host.database(service);
     if (database && service.status === "scheduled" && service.desired_state !== "stopped") {
       return void this.awaitDatabaseReady(run.id, database);

@@ -54,7 +54,7 @@ import {
   ServiceRunner,
   userEnv,
 } from "../scheduler";
-import { type ExitRecord, processTreeUsage, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
+import { type ExitRecord, type ProcessStat, processTreeUsage, type RunHandle, readProcessStat, type Supervisor } from "../supervisor";
 import type { TemplateCatalog } from "../templates";
 import {
   canSwitchUsers,
@@ -130,6 +130,12 @@ export interface ManagerOptions {
  */
 export class ServiceManager implements ServiceDirectory {
   private readonly runners = new Map<string, ServiceRunner>();
+  /**
+   * adoptionUsers are the workload identities warmAdoption rebuilt before a successor's switch,
+   * by service, with the row they were rebuilt from: start() takes one where it adopts that same
+   * row (rows are frozen and replaced when changed), and rebuilds it otherwise.
+   */
+  private adoptionUsers = new Map<string, { row: ServiceRow; user: WorkloadUser | null }>();
   private scheduleQueued = false;
   private draining = false;
   private stopped = false;
@@ -236,17 +242,32 @@ export class ServiceManager implements ServiceDirectory {
       void this.o.gpus.refresh().then(() => this.schedule());
     }, GPU_REFRESH_MS);
     this.gpuTimer.unref?.();
-    // The services meant to run or with a run not ended (ServiceStore.listLive): a successor's
-    // rows as it read them while it prepared, where its predecessor changed none of them since
-    // (decision 533); else read now.
+    this.adoptAll();
+    this.adoptionUsers.clear();
+    // Exits that ended while no daemon watched; on a full disk they wait for space, the
+    // daemon starts anyway (a throw here was a crash loop under systemd).
+    this.settlePending();
+    this.schedule();
+  }
+
+  /**
+   * adoptAll goes through the services meant to run or with a run not ended
+   * (ServiceStore.listLive), as start() says, in one synchronous pass: a successor's rows as it
+   * read them while it prepared, where its predecessor changed none of them since (decision
+   * 533); else read now.
+   */
+  private adoptAll(): void {
+    // What this pass read of each shim's process: a launcher holding thirty runs is read once.
+    const seen = new Map<number, ProcessStat | null>();
+    const adopted: { services: string[]; workload_pids: number[] } = { services: [], workload_pids: [] };
     for (const service of this.o.store.preparedServices()) {
       const run = service.current_run_id ? this.o.store.getRun(service.current_run_id) : null;
       if (run && run.ended_at === null) {
         // A run recorded before its shim reported: find the shim through the run directory.
         const handle = run.shim_pid === null ? this.o.supervisor.recover(run.id, run.run_dir) : handleOf(run);
         if (run.shim_pid === null) this.o.store.recordRunProcesses(run.id, handle);
-        const adopted = this.o.supervisor.adopt(handle);
-        if (adopted.state === "running") {
+        const found = this.o.supervisor.adopt(handle, seen);
+        if (found.state === "running") {
           if (this.switchUsers && !service.run_as && this.serverUserOf(this.currentSpec(service).spec) === null) {
             // Started by an older engine, which ran Redis and SQLite services (and every service before decision 117) as root.
             this.o.log.warn(
@@ -254,11 +275,15 @@ export class ServiceManager implements ServiceDirectory {
               "this service was started as root by an older engine: restart it to run it as its own user",
             );
           }
-          this.runner(service.id).adopt(service, run, handle, this.recordedUser(service));
+          const warmed = this.adoptionUsers.get(service.id);
+          const user = warmed?.row === service ? warmed.user : this.recordedUser(service);
+          this.runner(service.id).adopt(service, run, handle, user);
+          adopted.services.push(service.name);
+          adopted.workload_pids.push(handle.pid);
           continue;
         }
-        this.o.log.info({ service: service.name, exit: adopted.exit }, "a service ended while the daemon was away");
-        this.unsettled.set(run.id, adopted.exit);
+        this.o.log.info({ service: service.name, exit: found.exit }, "a service ended while the daemon was away");
+        this.unsettled.set(run.id, found.exit);
         continue;
       }
       if (service.desired_state !== "running") continue;
@@ -273,26 +298,28 @@ export class ServiceManager implements ServiceDirectory {
         this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       }
     }
-    // Exits that ended while no daemon watched; on a full disk they wait for space, the
-    // daemon starts anyway (a throw here was a crash loop under systemd).
-    this.settlePending();
-    this.schedule();
+    // One line for the pass, as the stop says which services it left running: a line per service
+    // cost 15-80 µs each in the hand-over's window, where new requests wait (decision 535).
+    const count = adopted.services.length;
+    if (count > 0) this.o.log.info(adopted, count === 1 ? "adopted a running service" : `adopted ${count} running services`);
   }
 
   /**
-   * warmAdoption asks the host, before a successor's switch, what adopting the running services
-   * will ask of it: each workload user's groups and home (/etc/group, NSS), read once per
-   * process. Measured in the hand-over's window, the first adoption spent 1.5-5.6 ms there while
-   * requests waited. Nothing is changed or kept beyond the caches those reads fill: the live
-   * services, their open runs and those runs' versions (ServiceStore.reload), which start()
-   * goes through again where the predecessor changed none of them since, and reads again
-   * otherwise (decision 533).
+   * warmAdoption works out, before a successor's switch, what adopting the running services
+   * asks of the host: each workload user's identity, groups and home (/etc/group, NSS; the
+   * first adoption spent 1.5-5.6 ms there while requests waited), and the runner each is
+   * adopted into. It reads the live services, their open runs and those runs' versions
+   * (ServiceStore.reload), which start() goes through again where the predecessor changed none
+   * of them since, and reads again otherwise (decision 533); it changes nothing on the host or
+   * in the store. An identity is used only for the row it was rebuilt from (decision 535).
    */
   warmAdoption(): void {
+    this.adoptionUsers.clear();
     for (const service of this.o.store.reload()) {
-      if (!service.current_run_id || !service.run_as) continue;
+      if (!service.current_run_id) continue;
+      this.runner(service.id);
       try {
-        this.recordedUser(service);
+        this.adoptionUsers.set(service.id, { row: service, user: this.recordedUser(service) });
       } catch {
         // start() meets the same fault and reports it
       }
