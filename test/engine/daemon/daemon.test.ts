@@ -223,8 +223,10 @@ describe("daemon process", () => {
       body: JSON.stringify({ name: "nap", command: ["sleep", "300"] }),
     });
     expect(deploy.status).toBe(201);
+    let pid = 0;
     await eventually(async () => {
-      const record = (await (await fetch(`${first.url}/api/services/nap`, { headers: auth })).json()) as { status: string };
+      const record = (await (await fetch(`${first.url}/api/services/nap`, { headers: auth })).json()) as { status: string; pid: number };
+      pid = record.pid;
       return record.status === "running";
     });
     expect(await first.stop()).toBe(0);
@@ -237,6 +239,10 @@ describe("daemon process", () => {
 
     const second = await started(dir);
     await eventually(() => second.output().includes("adopted a running service"));
+    // One line for the adoption's pass, naming what it adopted as the stop's line named it (decision 535).
+    const adopted = jsonLines(second.output()).filter((line) => String(line.msg).startsWith("adopted "));
+    expect(adopted).toHaveLength(1);
+    expect(adopted[0]).toMatchObject({ level: 30, msg: "adopted a running service", services: ["nap"], workload_pids: [pid] });
     const stopped = await runCli(["--data-dir", dir, "services", "stop", "--all"]);
     expect(stopped).toMatchObject({ code: 0, stdout: "stopped nap (was running, now stopped)\n", stderr: "" });
     expect(await runCli(["--data-dir", dir, "services", "stop", "--all"])).toMatchObject({
