@@ -131,11 +131,11 @@ export interface ManagerOptions {
 export class ServiceManager implements ServiceDirectory {
   private readonly runners = new Map<string, ServiceRunner>();
   /**
-   * adoptionUsers are the workload identities warmAdoption rebuilt before a successor's switch,
-   * by service, with the row they were rebuilt from: start() takes one where it adopts that same
+   * warmedUsers are the workload identities warmAdoption rebuilt before a successor's switch,
+   * keyed by the row they were rebuilt from: start() finds one only where it adopts that same
    * row (rows are frozen and replaced when changed), and rebuilds it otherwise.
    */
-  private adoptionUsers = new Map<string, { row: ServiceRow; user: WorkloadUser | null }>();
+  private readonly warmedUsers = new WeakMap<ServiceRow, WorkloadUser | null>();
   private scheduleQueued = false;
   private draining = false;
   private stopped = false;
@@ -243,7 +243,6 @@ export class ServiceManager implements ServiceDirectory {
     }, GPU_REFRESH_MS);
     this.gpuTimer.unref?.();
     this.adoptAll();
-    this.adoptionUsers.clear();
     // Exits that ended while no daemon watched; on a full disk they wait for space, the
     // daemon starts anyway (a throw here was a crash loop under systemd).
     this.settlePending();
@@ -275,8 +274,7 @@ export class ServiceManager implements ServiceDirectory {
               "this service was started as root by an older engine: restart it to run it as its own user",
             );
           }
-          const warmed = this.adoptionUsers.get(service.id);
-          const user = warmed?.row === service ? warmed.user : this.recordedUser(service);
+          const user = this.warmedUsers.has(service) ? (this.warmedUsers.get(service) ?? null) : this.recordedUser(service);
           this.runner(service.id).adopt(service, run, handle, user);
           adopted.services.push(service.name);
           adopted.workload_pids.push(handle.pid);
@@ -314,12 +312,11 @@ export class ServiceManager implements ServiceDirectory {
    * in the store. An identity is used only for the row it was rebuilt from (decision 535).
    */
   warmAdoption(): void {
-    this.adoptionUsers.clear();
     for (const service of this.o.store.reload()) {
       if (!service.current_run_id) continue;
       this.runner(service.id);
       try {
-        this.adoptionUsers.set(service.id, { row: service, user: this.recordedUser(service) });
+        this.warmedUsers.set(service, this.recordedUser(service));
       } catch {
         // start() meets the same fault and reports it
       }
