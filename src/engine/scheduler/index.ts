@@ -6,5 +6,7 @@
  */
 export { describeExit, type ExitFacts, type ExitPlan, planExit } from "./exit";
 export { type HookHost, type Launch, type ManagedDatabase, PREPARE_HOOKS, PRESTART_HOOKS, userEnv } from "./hooks";
-export { type Holding, type LaunchPlan, type PendingService, planLaunches, type TokenCaps } from "./plan";
+export { Placement, type PlacementContext } from "./placement";
+export { gpuRequestOf, type Holding, type LaunchPlan, type PendingService, planLaunches, type TokenCaps } from "./plan";
 export { RETRY_SOON_MS, type RunnerContext, type RunnerHost, ServiceRunner } from "./runner";
+export { ExitSettler, type SettleContext } from "./settle";

@@ -31,6 +31,11 @@ export interface Holding {
   hold: GpuHold | null;
 }
 
+/** gpuRequestOf is what a service's spec asks of the GPUs, queued by priority and then by `submittedAt` (ms). */
+export function gpuRequestOf(id: string, spec: Pick<GpuRequest, "gpus" | "gpu_memory_mb" | "priority">, submittedAt: number): GpuRequest {
+  return { id, gpus: spec.gpus, gpu_memory_mb: spec.gpu_memory_mb, priority: spec.priority, submitted_at: submittedAt };
+}
+
 /** LaunchPlan is the outcome of one pass: who starts now with which GPUs, and who waits for what. */
 export interface LaunchPlan {
   launch: { id: string; hold: GpuHold | null }[];

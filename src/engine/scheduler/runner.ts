@@ -158,7 +158,7 @@ export class ServiceRunner {
     if (!service) return;
     this.launchingNow = true;
     this.hold = hold;
-    const version = this.versionOf(service);
+    const version = this.ctx.store.currentVersion(service);
     const { spec } = version;
     const runId = randomId("run");
     const dataDir = host.serviceDataDir(service.name);
@@ -372,7 +372,7 @@ export class ServiceRunner {
     const handle = this.run;
     if (!handle || !supervisor.isWatching(handle.runId)) return;
     const service = this.ctx.store.getService(this.serviceId);
-    const timeoutS = service ? this.versionOf(service).spec.stop_timeout_s : 10;
+    const timeoutS = service ? this.ctx.store.currentVersion(service).spec.stop_timeout_s : 10;
     this.stopping = true;
     this.stopHealth();
     const ended = new Promise<void>((resolve) => this.exitWaiters.push(resolve));
@@ -433,7 +433,7 @@ export class ServiceRunner {
     const { store, host, log } = this.ctx;
     const service = store.getService(this.serviceId);
     if (!service) return () => undefined;
-    const version = this.versionOf(service);
+    const version = this.ctx.store.currentVersion(service);
     const plan = planExit({
       service,
       spec: version.spec,
@@ -541,7 +541,7 @@ export class ServiceRunner {
   startHealth(): void {
     const service = this.ctx.store.getService(this.serviceId);
     if (!service || this.ctx.handedOver()) return;
-    const { spec } = this.versionOf(service);
+    const { spec } = this.ctx.store.currentVersion(service);
     this.stopHealth();
     if (!spec.health) return;
     // The start period counts from the run's start: a monitor started again for a workload that
@@ -583,7 +583,7 @@ export class ServiceRunner {
       this.update({ status: "degraded", status_message: `health check failing: ${state.last?.detail ?? "no detail"}` });
     }
     if (state.healthy === true) this.ctx.schedule(); // dependents may be waiting on this
-    const { spec } = this.versionOf(service);
+    const { spec } = this.ctx.store.currentVersion(service);
     if (!state.threshold_reached || spec.restart.policy === "never" || !this.run) return;
     this.ctx.log.warn(
       { service: service.name, failures: state.consecutive_failures },
@@ -594,12 +594,6 @@ export class ServiceRunner {
     const handle = this.run;
     this.ctx.supervisor.signal(handle, "SIGTERM");
     setTimeout(() => this.ctx.supervisor.signal(handle, "SIGKILL"), spec.stop_timeout_s * 1000);
-  }
-
-  private versionOf(service: ServiceRow): VersionRow {
-    const version = this.ctx.store.getVersion(service.id, service.version);
-    if (!version) throw new Error(`service ${service.name} has no version ${service.version}`);
-    return version;
   }
 
   /** update writes a change of the service's row and tells the subscribers. */

@@ -1,5 +1,6 @@
 import type { Database, SQLQueryBindings } from "bun:sqlite";
 import { open } from "node:fs/promises";
+import { AppError } from "../../lib/errors";
 import type { LastDump } from "../databases";
 import type { ExitRecord, RunHandle } from "../supervisor";
 import type { RecordedUser } from "../users";
@@ -178,6 +179,9 @@ interface SoonWrite {
  * ServiceStore is the persistent record of services, their versions and their runs. It is
  * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
  */
+/** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
+export const LIVE_STATUSES: ReadonlySet<string> = new Set(["scheduled", "running", "degraded", "paused"]);
+
 export class ServiceStore {
   /**
    * versions caches version rows by service, written through like the service rows below: they
@@ -585,6 +589,13 @@ export class ServiceStore {
       .get(serviceId, version);
     if (!raw) return null;
     return this.cacheVersion({ ...(raw as unknown as VersionRow), spec: JSON.parse(raw.spec as string) });
+  }
+
+  /** currentVersion is the version a service runs (or will run): its row's `version`, which always exists. */
+  currentVersion(service: ServiceRow): VersionRow {
+    const version = this.getVersion(service.id, service.version);
+    if (!version) throw new AppError("internal", `service ${service.name} has no version ${service.version}`);
+    return version;
   }
 
   private cacheVersion(row: VersionRow): VersionRow {

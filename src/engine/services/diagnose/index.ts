@@ -17,6 +17,7 @@ export {
   portsInArgs,
   redactor,
 } from "./causes";
+export { CrashReader, type CrashReaderContext, type LiveRun, serviceOfPid } from "./crash";
 export { explainPortClash, findPortHolder, freePortNear } from "./ports";
 
 /** DiagnosisInput is everything the engine knows about one service, gathered by the manager. */
