@@ -51,6 +51,7 @@ export interface ManagedDatabasesOptions {
  * src/engine/databases.
  */
 export class ManagedDatabases {
+  /** restores restores dumps into the database services (POST /api/databases/{name}/restore). */
   readonly restores: RestoreCoordinator;
   private readonly engines: DatabaseEngines;
 
@@ -139,15 +140,6 @@ export class ManagedDatabases {
     this.o.log.info({ service: service.name, by: principal.name, token_id: principal.tokenId }, "database connection details revealed");
     this.o.files.appendLog(service.id, `connection details (password included) revealed to ${who}`);
     return { engine, ...details };
-  }
-
-  /** restore restores a dump into a database service; see RestoreCoordinator. */
-  restore(
-    name: string,
-    dump: string,
-    timeoutS: number,
-  ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }> {
-    return this.restores.restore(name, dump, timeoutS);
   }
 
   /**

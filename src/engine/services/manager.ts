@@ -467,7 +467,7 @@ export class ServiceManager implements ServiceDirectory {
     dump: string,
     timeoutS: number,
   ): Promise<{ service_name: string; dump: string; engine: string; duration_s: number }> {
-    return this.databases.restore(name, dump, timeoutS);
+    return this.databases.restores.restore(name, dump, timeoutS);
   }
 
   /** restoreServer stops and starts a database's server for a restore that replaces its files. */

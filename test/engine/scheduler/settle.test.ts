@@ -5,12 +5,12 @@ import { join } from "node:path";
 import pino from "pino";
 import { RETRY_SOON_MS } from "../../../src/engine/scheduler/runner";
 import { ExitSettler } from "../../../src/engine/scheduler/settle";
-import { EMPTY_RESTART_STATE } from "../../../src/engine/services/restart-policy";
-import { EMPTY_FORENSICS, type RunRow, type ServiceRow, ServiceStore } from "../../../src/engine/services/store";
+import { type RunRow, ServiceStore } from "../../../src/engine/services/store";
 import type { Database } from "../../../src/engine/store";
 import { openStore } from "../../../src/engine/store";
 import type { ExitRecord, RunHandle } from "../../../src/engine/supervisor";
 import { eventually, tempDir } from "../../helpers";
+import { runRow, serviceRow } from "../services/rows";
 
 /** LogLine is one line the settler logged, as pino wrote it. */
 interface LogLine {
@@ -54,7 +54,7 @@ beforeEach(() => {
   timers = null;
   const log = pino({ level: "debug" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
   settler = new ExitSettler({ store, log, recordExit, handedOver: () => handedOver });
-  for (const name of ["app", "web", "db"]) store.insertService(serviceRow(name));
+  for (const name of ["app", "web", "db"]) store.insertService(serviceRow(name, { kind: "batch", status: "running" }));
 });
 
 afterEach(() => {
@@ -105,48 +105,9 @@ function runOnDisk(id: string): CommittedRun | null {
   return reader.query<CommittedRun, [string]>("SELECT ended_at, pid, exit FROM runs WHERE id = ?").get(id);
 }
 
-function serviceRow(name: string): ServiceRow {
-  const createdAt = "2026-11-27T00:00:00.000Z";
-  return {
-    id: `svc_${name}`,
-    name,
-    kind: "batch",
-    version: 1,
-    desired_state: "running",
-    status: "running",
-    status_message: null,
-    owner: { token_id: null, name: "admin", max_gpus: null, max_concurrent_jobs: null },
-    priority: 0,
-    submitted_at: createdAt,
-    created_at: createdAt,
-    updated_at: createdAt,
-    restart_state: EMPTY_RESTART_STATE,
-    forensics: EMPTY_FORENSICS,
-    current_run_id: null,
-    run_as: null,
-  };
-}
-
 /** startRun records a run of `service` as a launch does, before the shim reported its processes. */
 function startRun(service: string, id: string, fields: Partial<RunRow> = {}): RunRow {
-  const run: RunRow = {
-    id,
-    service_id: `svc_${service}`,
-    version: 1,
-    run_dir: join(dir, "runs", id),
-    shim_pid: null,
-    shim_start: null,
-    pid: null,
-    pid_start: null,
-    cgroup_dir: null,
-    gpus: null,
-    env_keys: [],
-    started_at: "2026-11-27T00:00:05.000Z",
-    ended_at: null,
-    exit: null,
-    end_reason: null,
-    ...fields,
-  };
+  const run = runRow(service, id, fields);
   store.insertRun(run);
   return run;
 }

@@ -2,17 +2,11 @@ import { afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { EMPTY_RESTART_STATE } from "../../../src/engine/services/restart-policy";
-import {
-  EMPTY_FORENSICS,
-  RUNS_KEPT,
-  type RunRow,
-  type ServiceRow,
-  ServiceStore,
-  type VersionRow,
-} from "../../../src/engine/services/store";
+import { EMPTY_FORENSICS, RUNS_KEPT, type ServiceRow, ServiceStore, type VersionRow } from "../../../src/engine/services/store";
 import type { Database } from "../../../src/engine/store";
 import { openStore } from "../../../src/engine/store";
 import { tempDir } from "../../helpers";
+import { runRow } from "./rows";
 
 let dir: string;
 let db: Database;
@@ -45,28 +39,6 @@ function row(name: string, status: string, desired = "running", createdAt = "202
     forensics: EMPTY_FORENSICS,
     current_run_id: null,
     run_as: null,
-  };
-}
-
-/** runRow is a run of `service` as a launch records it, with `fields` over it. */
-function runRow(service: string, id: string, fields: Partial<RunRow> = {}): RunRow {
-  return {
-    id,
-    service_id: `svc_${service}`,
-    version: 1,
-    run_dir: `/runs/${id}`,
-    shim_pid: null,
-    shim_start: null,
-    pid: null,
-    pid_start: null,
-    cgroup_dir: null,
-    gpus: null,
-    env_keys: [],
-    started_at: "2026-11-27T00:00:05.000Z",
-    ended_at: null,
-    exit: null,
-    end_reason: null,
-    ...fields,
   };
 }
 

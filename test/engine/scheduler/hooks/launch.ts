@@ -2,20 +2,9 @@ import { chmodSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { HookHost, Launch } from "../../../../src/engine/scheduler/hooks";
 import { defaultRestartPolicy, type ServiceSpec } from "../../../../src/engine/services";
-import { EMPTY_RESTART_STATE } from "../../../../src/engine/services/restart-policy";
-import { EMPTY_FORENSICS, type ServiceRow } from "../../../../src/engine/services/store";
+import { serviceRow } from "../../services/rows";
 
-/** serviceRow is a stored service named `name`, as the hooks read it. */
-export function serviceRow(name: string, fields: Partial<ServiceRow> = {}): ServiceRow {
-  const at = "2026-11-27T00:00:00.000Z";
-  const owner = { token_id: null, name: "local", max_gpus: null, max_concurrent_jobs: null };
-  return {
-    ...{ id: `svc_${name}`, name, kind: "service", version: 1, desired_state: "running", status: "pending", status_message: null },
-    ...{ owner, priority: 0, submitted_at: at, created_at: at, updated_at: at, restart_state: EMPTY_RESTART_STATE },
-    ...{ forensics: EMPTY_FORENSICS, current_run_id: null, run_as: null },
-    ...fields,
-  };
-}
+export { serviceRow };
 
 /** launchOf is a launch of a service `app` (command `true`, no port) from `dataDir`, with `spec` fields changed. */
 export function launchOf(dataDir: string, spec: Partial<ServiceSpec> = {}, fields: Partial<Launch> = {}): Launch {
