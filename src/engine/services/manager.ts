@@ -880,7 +880,7 @@ export class ServiceManager implements ServiceDirectory {
   /**
    * remove stops a service and deletes its record, runs, logs and builds. Its data directory
    * stays, and with it the user who owns it; a data dir left empty goes, and the service's own
-   * user with it (releaseUser).
+   * user with it (WorkloadIdentities.release).
    */
   async remove(ident: string): Promise<void> {
     const service = this.find(ident);
@@ -895,7 +895,7 @@ export class ServiceManager implements ServiceDirectory {
     await runner.stop("deleted");
     runner.cancelPending();
     this.runners.delete(service.id);
-    // A write of the account files in flight holds their locks: releaseUser below must not meet it.
+    // A write of the account files in flight holds their locks: the release below must not meet it.
     if (this.identities.switching) await this.identities.idle();
     // The row as it ends: a launch under way when the delete came may have recorded its user since.
     const last = this.o.store.getService(service.id) ?? service;
