@@ -194,12 +194,23 @@ export async function waitProxied(httpPort: number, host: string, service: strin
   );
 }
 
-/** freePort returns a TCP port that was free a moment ago, found by listening on port 0. */
+/** handedOutPorts are the ports freePort has answered in this process. */
+const handedOutPorts = new Set<number>();
+
+/** freePort returns a TCP port that was free a moment ago, found by listening on port 0, and not answered before in this process. */
 export async function freePort(): Promise<number> {
-  const server = Bun.serve({ port: 0, fetch: () => new Response() });
-  const port = server.port ?? 0;
-  server.stop(true);
-  return port;
+  // A port handed out a moment ago may not be bound yet (a service deployed on it still starts),
+  // and the kernel may offer it again: two upstreams of one test then declared the same port
+  // and the second deploy was a 409. Each port goes out once per test process.
+  for (let attempt = 0; ; attempt++) {
+    const server = Bun.serve({ port: 0, fetch: () => new Response() });
+    const port = server.port ?? 0;
+    server.stop(true);
+    if (!handedOutPorts.has(port) || attempt >= 100) {
+      handedOutPorts.add(port);
+      return port;
+    }
+  }
 }
 
 /**
