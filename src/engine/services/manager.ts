@@ -36,6 +36,7 @@ import { ServiceSecrets } from "./secrets";
 import { applyPatch, deployOf, normalizeDeploy, type ServiceSpec } from "./spec";
 import {
   EMPTY_FORENSICS,
+  ENDED_STATUSES,
   handleOf,
   LIVE_STATUSES,
   type LiveWorkload,
@@ -51,15 +52,12 @@ type DeployWrite =
   | { kind: "version"; id: string; version: number; wasLive: boolean; staysStopped: boolean }
   | { kind: "unchanged"; id: string };
 
-/** ENDED_STATUSES hold no process and will not start one by themselves. */
-const ENDED_STATUSES = new Set(["completed", "failed", "cancelled", "stopped"]);
 /** GPU_REFRESH_MS is how often the GPU inventory is asked again. */
 const GPU_REFRESH_MS = 60_000;
 /** GPU_FRESH_MS is how recent a refresh made before start (a successor's, while it prepared) may be to stand for start's own. */
 const GPU_FRESH_MS = 10_000;
 /** DIAGNOSIS_LOG_LINES is how many of the latest log lines a Diagnosis carries. */
 const DIAGNOSIS_LOG_LINES = 50;
-const SETTLED_STATUSES = new Set(["stopped", "failed", "completed", "cancelled"]);
 
 export interface ManagerOptions {
   store: ServiceStore;
@@ -284,7 +282,7 @@ export class ServiceManager implements ServiceDirectory {
         else this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       } else if ((service.status === "restarting" || service.status === "retrying") && service.restart_state.next_retry_at) {
         this.runner(service.id).armRetry(Date.parse(service.restart_state.next_retry_at) - this.now().getTime());
-      } else if (!SETTLED_STATUSES.has(service.status)) {
+      } else if (!ENDED_STATUSES.has(service.status)) {
         this.update(service.id, { status: "pending", status_message: "waiting to be scheduled" });
       }
     }

@@ -181,6 +181,8 @@ interface SoonWrite {
  */
 /** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 export const LIVE_STATUSES: ReadonlySet<string> = new Set(["scheduled", "running", "degraded", "paused"]);
+/** ENDED_STATUSES hold no process and will not start one by themselves: a service settled until someone acts on it. */
+export const ENDED_STATUSES: ReadonlySet<string> = new Set(["completed", "failed", "cancelled", "stopped"]);
 
 export class ServiceStore {
   /**

@@ -3,7 +3,8 @@ import type { ServiceKind } from "../../../src/contract/engine";
 import { type ExitFacts, planExit } from "../../../src/engine/scheduler/exit";
 import type { RestartPolicy } from "../../../src/engine/services";
 import type { ExitRecord } from "../../../src/engine/supervisor";
-import { launchOf, serviceRow } from "./hooks/launch";
+import { serviceRow } from "../services/rows";
+import { launchOf } from "./hooks/launch";
 
 const ENDED_AT = "2026-11-27T12:00:00.000Z";
 const NOW_MS = Date.parse(ENDED_AT);

@@ -1,6 +1,7 @@
 import { expect, test } from "bun:test";
 import { bindingsHook } from "../../../../src/engine/scheduler/hooks/bindings";
-import { hostOf, launchOf, serviceRow } from "./launch";
+import { serviceRow } from "../../services/rows";
+import { hostOf, launchOf } from "./launch";
 
 test("gives the run the variables of each bound service that exists, none of one deleted meanwhile", () => {
   const launch = launchOf("/nonexistent", { bindings: ["cache", "gone"] });

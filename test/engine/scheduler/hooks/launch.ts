@@ -4,8 +4,6 @@ import type { HookHost, Launch } from "../../../../src/engine/scheduler/hooks";
 import { defaultRestartPolicy, type ServiceSpec } from "../../../../src/engine/services";
 import { serviceRow } from "../../services/rows";
 
-export { serviceRow };
-
 /** launchOf is a launch of a service `app` (command `true`, no port) from `dataDir`, with `spec` fields changed. */
 export function launchOf(dataDir: string, spec: Partial<ServiceSpec> = {}, fields: Partial<Launch> = {}): Launch {
   const full = {
