@@ -175,15 +175,15 @@ interface SoonWrite {
   apart: { value: unknown; failed: boolean; error: unknown } | null;
 }
 
-/**
- * ServiceStore is the persistent record of services, their versions and their runs. It is
- * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
- */
 /** LIVE_STATUSES are those in which a service holds (or is about to hold) a running process. */
 export const LIVE_STATUSES: ReadonlySet<string> = new Set(["scheduled", "running", "degraded", "paused"]);
 /** ENDED_STATUSES hold no process and will not start one by themselves: a service settled until someone acts on it. */
 export const ENDED_STATUSES: ReadonlySet<string> = new Set(["completed", "failed", "cancelled", "stopped"]);
 
+/**
+ * ServiceStore is the persistent record of services, their versions and their runs. It is
+ * the truth a restarted daemon reconciles from; the manager keeps no state it cannot rebuild.
+ */
 export class ServiceStore {
   /**
    * versions caches version rows by service, written through like the service rows below: they
