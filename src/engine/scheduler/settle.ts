@@ -100,8 +100,7 @@ export class ExitSettler {
             // back too (SQLITE_FULL can), so nothing more is written in it. It goes last, so
             // that a retry tries the others first.
             failed = { error, runId };
-            this.unsettled.delete(runId);
-            this.unsettled.set(runId, exit);
+            this.deferService(runId);
             break;
           }
         }
@@ -148,5 +147,25 @@ export class ExitSettler {
       this.settle();
     }, RETRY_SOON_MS);
     this.timer.unref?.();
+  }
+
+  /**
+   * deferService moves a refused exit to the end of the queue, and the later exits of its own
+   * service with it, in their order: the other services' exits are tried first on the retry,
+   * while one service's exits are still recorded in the order they were told.
+   */
+  private deferService(runId: string): void {
+    const serviceOf = (id: string) => this.ctx.store.getRun(id)?.service_id;
+    const service = serviceOf(runId);
+    const moved: [string, ExitRecord][] = [];
+    let reached = false;
+    for (const entry of this.unsettled) {
+      reached ||= entry[0] === runId;
+      if (reached && (entry[0] === runId || (service !== undefined && serviceOf(entry[0]) === service))) moved.push(entry);
+    }
+    for (const [id, exit] of moved) {
+      this.unsettled.delete(id);
+      this.unsettled.set(id, exit);
+    }
   }
 }

@@ -281,6 +281,26 @@ describe("ExitSettler", () => {
     expect(logged(RECOVERED)[0]!.level).toBe(INFO);
   });
 
+  test("a refused exit goes last with its own service's later exits, which stay in their order", () => {
+    startRun("app", "run_1");
+    startRun("app", "run_2");
+    startRun("web", "run_w");
+    refusals.set("run_1", 1);
+    settler.queue("run_1", exited(1));
+    settler.queue("run_2", exited(2));
+    settler.queue("run_w", exited(0));
+
+    settler.settle();
+    expect(events).toEqual(["record run_1"]);
+    expect(endedOnDisk()).toEqual([]);
+
+    // The retry (called here, not waited for): web's exit first, then app's two in the order they were told.
+    settler.settle();
+    expect(events.slice(1)).toEqual(["record run_w", "record run_1", "follow run_w", "follow run_1", "record run_2", "follow run_2"]);
+    expect(endedOnDisk()).toEqual(["run_1", "run_2", "run_w"]);
+    for (const id of ["run_1", "run_2", "run_w"]) expect(settler.pending(id)).toBeUndefined();
+  });
+
   test("a refused exit arms no retry once the daemon handed over, and stays pending for a later settle", async () => {
     const retriesArmed = watchTimers();
     handedOver = true;
