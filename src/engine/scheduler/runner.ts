@@ -12,7 +12,7 @@ import type { GpuHold, RunRow, ServiceRow, ServiceStore, VersionRow } from "../s
 import type { ExitRecord, LaunchResult, RunHandle, Supervisor } from "../supervisor";
 import type { WorkloadUser } from "../users";
 import { planExit } from "./exit";
-import { type HookHost, type Launch, type ManagedDatabase, PREPARE_HOOKS, PRESTART_HOOKS, userEnv } from "./hooks";
+import { type HookHost, type Launch, type ManagedDatabase, PREPARE_HOOKS, runPrestart, userEnv } from "./hooks";
 import { describeStopCommand, runStopCommand, stopCommandOf } from "./stop";
 
 /** RunNotRecorded stops a launch whose run record was rolled back with its placement pass. */
@@ -198,7 +198,7 @@ export class ServiceRunner {
     let result: LaunchResult;
     this.setup = setup;
     try {
-      for (const hook of PRESTART_HOOKS) await hook.run(launch, host);
+      await runPrestart(launch, host);
       // The record was written in the placement pass's transaction, committed when the pass
       // returned: if that commit failed (a full disk), no process may start for a run not on record.
       if (!store.getRun(runId)) throw new RunNotRecorded(runId);

@@ -20,6 +20,13 @@ const BUILDS_DIR = ".builds";
  */
 export class ServiceFiles {
   private readonly made = new Map<string, number>();
+  /**
+   * making are the ensureAsync calls under way, by directory: a launch's directory hook and its
+   * user hook run together (hooks/index.ts), and the second asks for the same data dir while
+   * the first's mkdir waits on the disk. It waits for that one instead of a second mkdir (which
+   * would find the directory there, and chmod it again).
+   */
+  private readonly making = new Map<string, { mode: number; done: Promise<void> }>();
   /** umask is the daemon's, read once at start. */
   private readonly umask = process.umask();
 
@@ -122,6 +129,18 @@ export class ServiceFiles {
   /** ensureAsync is ensure off the event loop, for a launch's data dir: a new directory waits on the disk's journal. */
   async ensureAsync(dir: string, mode = 0o700): Promise<void> {
     if (this.made.get(dir) === mode) return;
+    const underWay = this.making.get(dir);
+    if (underWay?.mode === mode) return underWay.done;
+    const done = this.makeAsync(dir, mode);
+    this.making.set(dir, { mode, done });
+    try {
+      await done;
+    } finally {
+      if (this.making.get(dir)?.done === done) this.making.delete(dir);
+    }
+  }
+
+  private async makeAsync(dir: string, mode: number): Promise<void> {
     let made = false;
     try {
       await mkdir(dir, { mode });

@@ -122,6 +122,20 @@ describe.each([
   });
 });
 
+test("two launches asking for one directory at once share its making: one attempt, one outcome", async () => {
+  // A path under a file cannot be made: each attempt would fail with an error of its own.
+  writeFileSync(join(root, "file"), "x");
+  const dir = join(root, "file", "data");
+  const both = await Promise.allSettled([files.ensureAsync(dir, 0o700), files.ensureAsync(dir, 0o700)]);
+  const [first, second] = both.map((result) => (result.status === "rejected" ? result.reason : null));
+  expect(first).toMatchObject({ code: "ENOTDIR" });
+  expect(second).toBe(first);
+  // Once that attempt is over, the next one tries again.
+  const again = await files.ensureAsync(dir, 0o700).catch((error: unknown) => error);
+  expect(again).toMatchObject({ code: "ENOTDIR" });
+  expect(again).not.toBe(first);
+});
+
 test.each([
   ["traversable", true, 0o711],
   ["private", false, 0o700],

@@ -12,9 +12,11 @@
  * - directories first of these: every later step, and the workload, writes there. It waits on
  *   the disk, so it runs off the event loop; a full disk fails the launch as ENOSPC, and the
  *   exit plan queues the service again (pending, "the disk is full"), never failed.
- * - user next (it may create an OS user and chown the data dir: slow, and it needs the data dir);
- *   workdir then checks the directory against that user; database last, since initdb runs as
- *   the server's user, is the slowest step, and is aborted by a stop.
+ * - user beside it (it may create an OS user, whose account files wait on the disk too): the
+ *   two waits overlap, and the user hook waits for the data dir only to give it to the user
+ *   (ServiceFiles.ensureAsync joins the directory hook's mkdir under way). Workdir then checks
+ *   the directory against that user; database last, since initdb runs as the server's user, is
+ *   the slowest step, and is aborted by a stop.
  * - command last: the argv is final once the database hook gave an adapter's; a plain command
  *   string runs without the shell from here.
  */
@@ -25,7 +27,7 @@ import { directoriesHook } from "./directories";
 import { environmentHook } from "./environment";
 import { gpuHook } from "./gpu";
 import { secretsHook } from "./secrets";
-import type { PrepareHook, PrestartHook } from "./types";
+import type { HookHost, Launch, PrepareHook, PrestartHook } from "./types";
 import { userHook } from "./user";
 import { workdirHook } from "./workdir";
 
@@ -35,5 +37,34 @@ export { userEnv } from "./user";
 /** PREPARE_HOOKS run, in order and synchronously, before the run is recorded. */
 export const PREPARE_HOOKS: readonly PrepareHook[] = [bindingsHook, secretsHook, gpuHook, environmentHook];
 
-/** PRESTART_HOOKS run, in order, once the run is on record and before its process is spawned. */
-export const PRESTART_HOOKS: readonly PrestartHook[] = [directoriesHook, userHook, workdirHook, databaseHook, commandHook];
+/**
+ * PRESTART_HOOKS run once the run is on record and before its process is spawned: stage after
+ * stage, the hooks of one stage together (runPrestart).
+ */
+export const PRESTART_HOOKS: readonly (readonly PrestartHook[])[] = [
+  [directoriesHook, userHook],
+  [workdirHook],
+  [databaseHook],
+  [commandHook],
+];
+
+/**
+ * runPrestart runs the prestart stages in order. A stage's hooks run together, and the stage
+ * ends once all of them have: a failure is thrown only then (the first hook's in the stage's
+ * order), so no hook of a failed launch is still at work when the launch is settled.
+ */
+export async function runPrestart(
+  launch: Launch,
+  host: HookHost,
+  stages: readonly (readonly PrestartHook[])[] = PRESTART_HOOKS,
+): Promise<void> {
+  for (const stage of stages) {
+    if (stage.length === 1) {
+      await stage[0]?.run(launch, host);
+      continue;
+    }
+    const results = await Promise.allSettled(stage.map(async (hook) => hook.run(launch, host)));
+    const failed = results.find((result): result is PromiseRejectedResult => result.status === "rejected");
+    if (failed) throw failed.reason;
+  }
+}
